@@ -1,0 +1,268 @@
+"""YAML config -> frozen dataclasses.
+
+Strict: unknown keys are errors, and every error is reported at once with its key
+path (`targets[1].url: ...`), so one `check-config` run shows all that is wrong.
+Defaults live in the dataclasses below and nowhere else.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+import yaml
+
+ENV_CONFIG_FILE = "PREFIX_CACHE_EXPORTER_CONFIG"
+
+
+class ConfigError(Exception):
+    def __init__(self, errors: list[str]):
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    url: str
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class GlobalConfig:
+    poll_interval: float = 5.0
+    connect_timeout: float = 2.0
+    read_timeout: float = 4.0
+    body_size_limit: int = 16 * 1024 * 1024
+    min_query_tokens: float = 1000.0
+    windows: tuple[tuple[str, float], ...] = (("1m", 60.0), ("5m", 300.0), ("15m", 900.0), ("1h", 3600.0))
+    jitter: float = 0.5
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    listen_address: str = ":9464"
+
+
+@dataclass(frozen=True)
+class Config:
+    targets: tuple[Target, ...] = ()
+    global_: GlobalConfig = field(default_factory=GlobalConfig)
+    web: WebConfig = field(default_factory=WebConfig)
+
+    @property
+    def longest_window(self) -> float:
+        return max(s for _, s in self.global_.windows)
+
+
+# --- value parsers: text -> value, or raise ValueError with a message ----------------
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*(B|KB|KiB|MB|MiB|GB|GiB)?$")
+_SIZE_UNITS = {None: 1, "B": 1, "KB": 1000, "KiB": 1024, "MB": 1000**2, "MiB": 1024**2, "GB": 1000**3, "GiB": 1024**3}
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+def parse_duration(value: Any) -> float:
+    """Prometheus durations (`5s`, `1m30s`, `500ms`); a bare number is seconds."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration like 5s, 1m or 1h30m")
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise ValueError("must be positive")
+        return float(value)
+    text = str(value).strip()
+    pos, total = 0, 0.0
+    while pos < len(text):
+        m = _DURATION_PART.match(text, pos)
+        if m is None:
+            raise ValueError(f"{value!r} is not a duration like 5s, 1m or 1h30m")
+        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+        pos = m.end()
+    if total <= 0:
+        raise ValueError(f"{value!r} must be a positive duration")
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds * 1000)}ms"
+
+
+def parse_size(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError("expected a size like 16MiB")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError("must be positive")
+        return value
+    m = _SIZE.match(str(value).strip())
+    if m is None:
+        raise ValueError(f"{value!r} is not a size like 16MiB")
+    size = int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+    if size <= 0:
+        raise ValueError("must be positive")
+    return size
+
+
+def parse_listen_address(value: Any) -> tuple[str, int]:
+    text = str(value)
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def _url(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("must be a string URL")
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"{value!r} is not an http(s) URL")
+    return value
+
+
+def _positive_number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError("must be a non-negative number")
+    return float(value)
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("must be a non-empty string")
+    return value
+
+
+# --- the strict reader -----------------------------------------------------------------
+class _Reader:
+    """Walks a mapping, records errors with their path, never raises."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = errors
+
+    def mapping(self, value: Any, path: str, allowed: set[str]) -> dict:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.errors.append(f"{path or '<root>'}: must be a mapping")
+            return {}
+        for key in value:
+            if key not in allowed:
+                self.errors.append(f"{_join(path, str(key))}: unknown key (allowed: {', '.join(sorted(allowed))})")
+        return value
+
+    def value(self, data: dict, path: str, key: str, parse: Callable[[Any], Any], default: Any) -> Any:
+        if key not in data:
+            return default
+        try:
+            return parse(data[key])
+        except (ValueError, TypeError) as exc:
+            self.errors.append(f"{_join(path, key)}: {exc}")
+            return default
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _global(r: _Reader, raw: Any) -> GlobalConfig:
+    d = GlobalConfig()
+    data = r.mapping(raw, "global", set(GlobalConfig.__dataclass_fields__))
+    windows = d.windows
+    if "windows" in data:
+        if not isinstance(data["windows"], list) or not data["windows"]:
+            r.errors.append("global.windows: must be a non-empty list of durations")
+        else:
+            parsed = []
+            for i, w in enumerate(data["windows"]):
+                try:
+                    parsed.append((str(w), parse_duration(w)))
+                except ValueError as exc:
+                    r.errors.append(f"global.windows[{i}]: {exc}")
+            if len({s for _, s in parsed}) != len(parsed):
+                r.errors.append("global.windows: windows must differ")
+            windows = tuple(sorted(parsed, key=lambda p: p[1])) or d.windows
+    g = GlobalConfig(
+        poll_interval=r.value(data, "global", "poll_interval", parse_duration, d.poll_interval),
+        connect_timeout=r.value(data, "global", "connect_timeout", parse_duration, d.connect_timeout),
+        read_timeout=r.value(data, "global", "read_timeout", parse_duration, d.read_timeout),
+        body_size_limit=r.value(data, "global", "body_size_limit", parse_size, d.body_size_limit),
+        min_query_tokens=r.value(data, "global", "min_query_tokens", _positive_number, d.min_query_tokens),
+        windows=windows,
+        jitter=r.value(data, "global", "jitter", lambda v: parse_duration(v) if v not in (0, "0", "0s") else 0.0, d.jitter),
+    )
+    if g.connect_timeout + g.read_timeout > g.poll_interval * 4:
+        r.errors.append("global.read_timeout: connect_timeout + read_timeout must stay under 4 poll intervals")
+    return g
+
+
+def _targets(r: _Reader, raw: Any) -> tuple[Target, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        r.errors.append("targets: must be a list")
+        return ()
+    out, names = [], set()
+    for i, item in enumerate(raw):
+        path = f"targets[{i}]"
+        data = r.mapping(item, path, {"name", "url", "labels"})
+        for key in ("name", "url"):
+            if key not in data:
+                r.errors.append(f"{path}.{key}: required")
+        name = r.value(data, path, "name", _string, f"target-{i}")
+        url = r.value(data, path, "url", _url, "")
+        labels = ()
+        if "labels" in data:
+            lab = data["labels"]
+            if not isinstance(lab, dict):
+                r.errors.append(f"{path}.labels: must be a mapping of label name to value")
+            else:
+                for k, v in lab.items():
+                    if not _LABEL_NAME.match(str(k)) or str(k).startswith("__"):
+                        r.errors.append(f"{path}.labels.{k}: not a valid label name")
+                    elif k in RESERVED_LABELS:
+                        r.errors.append(f"{path}.labels.{k}: reserved by the exporter")
+                labels = tuple(sorted((str(k), str(v)) for k, v in lab.items()))
+        if name in names:
+            r.errors.append(f"{path}.name: duplicate target name {name!r}")
+        names.add(name)
+        out.append(Target(name=name, url=url, labels=labels))
+    return tuple(out)
+
+
+RESERVED_LABELS = {"target", "model_name", "engine", "window", "quantile", "result", "unit", "alertname", "state", "le"}
+
+
+def load(data: Any) -> Config:
+    """Parsed YAML -> Config, or ConfigError listing every problem."""
+    errors: list[str] = []
+    r = _Reader(errors)
+    top = r.mapping(data, "", {"global", "web", "targets"})
+    g = _global(r, top.get("global"))
+    web_data = r.mapping(top.get("web"), "web", {"listen_address"})
+    listen = r.value(web_data, "web", "listen_address", lambda v: (parse_listen_address(v), str(v))[1], WebConfig.listen_address)
+    cfg = Config(targets=_targets(r, top.get("targets")), global_=g, web=WebConfig(listen_address=listen))
+    if errors:
+        raise ConfigError(errors)
+    return cfg
+
+
+def load_text(text: str, source: str = "<config>") -> Config:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{source}: not valid YAML: {exc}"]) from None
+    return load(data)
+
+
+def load_file(path: str) -> Config:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read: {exc.strerror}"]) from None
+    return load_text(text, path)

@@ -1,0 +1,494 @@
+"""Simulated vLLM replicas: the demo's fleet, the tests' targets, the benchmarks' load.
+
+A replica runs a seeded stream of chat requests through a model of vLLM's automatic
+prefix caching: prompts are real token sequences cut into full blocks, each block's
+hash chains its parent's hash, tokens and extra keys, and a request hits the longest
+run of leading blocks already in an LRU block pool (capped at num_tokens - 1, whole
+blocks only). TTFT grows with the uncached tokens. The replica renders what it counted
+as vLLM /metrics text of a chosen generation.
+
+Time is whatever the caller passes to `advance()`, so the same replica runs on the wall
+clock behind HTTP and on a simulated clock when writing recordings.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import random
+import re
+import threading
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Iterator, Sequence
+
+GENERATIONS = ("v0", "v0.8", "v0.10", "current")
+
+TTFT_BUCKETS_OLD = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+TTFT_BUCKETS = TTFT_BUCKETS_OLD + (20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+_ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+# --- a small deterministic tokenizer ---------------------------------------------------
+_PIECE = re.compile(r"\s*\w+|\s*[^\w\s]|\s+")
+
+
+class Tokenizer:
+    """Word pieces (leading space attached) -> stable ids; decoding joins the pieces."""
+
+    def __init__(self) -> None:
+        self._pieces: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    def encode(self, text: str) -> list[int]:
+        ids = []
+        for piece in _PIECE.findall(text):
+            token = 1000 + zlib.crc32(piece.encode()) % 1_000_000
+            ids.append(token)
+            if token not in self._pieces:
+                with self._lock:
+                    self._pieces.setdefault(token, piece)
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self._pieces.get(i, f"<{i}>") for i in ids)
+
+
+# --- scenarios -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Event:
+    """At `at` seconds after the replica starts, set `what` to `value`.
+
+    what: "prompt" ("static" | "timestamp" | "tail_edit"), "restart" (value ignored),
+    "output_tokens", "request_rate", "kv_blocks", "hits_broken", "prefix_caching"."""
+
+    at: float
+    what: str
+    value: object = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    request_rate: float = 5.0  # requests/s per replica
+    tenants: int = 100  # distinct system prompts, equally popular
+    system_tokens: int = 1200
+    preamble_tokens: int = 20  # static text before where a deploy may insert a timestamp
+    user_tokens: tuple[int, int] = (100, 200)
+    output_tokens: int = 200
+    block_size: int = 16
+    kv_blocks: int = 16000
+    prefix_caching: bool = True
+    hits_broken: bool = False
+    prompt: str = "static"
+    events: tuple[Event, ...] = ()
+    # TTFT model: seconds = base + per_uncached * uncached + per_cached * cached, x noise
+    ttft_base: float = 0.06
+    ttft_per_uncached: float = 0.00018
+    ttft_per_cached: float = 0.000004
+    decode_seconds_per_token: float = 0.01
+
+
+def incident(deploy_at: float, **overrides) -> Scenario:
+    """The story: healthy, then a client deploy puts a timestamp atop the system prompt."""
+    return replace(Scenario(**overrides), events=(Event(deploy_at, "prompt", "timestamp"),))
+
+
+def kv_pressure(start: float, ramp: float, **overrides) -> Scenario:
+    """Longer outputs raise concurrency until KV memory evicts cached prefixes."""
+    steps = 10
+    events = tuple(Event(start + ramp * i / steps, "output_tokens", int(200 + 1600 * i / steps)) for i in range(1, steps + 1))
+    return replace(Scenario(**overrides), events=events)
+
+
+# --- a replica -------------------------------------------------------------------------
+class _Hist:
+    __slots__ = ("bounds", "counts", "sum", "count")
+
+    def __init__(self, bounds: Sequence[float]):
+        self.bounds = tuple(bounds)
+        self.counts = [0] * len(self.bounds)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        i = bisect.bisect_left(self.bounds, value)
+        if i < len(self.counts):
+            self.counts[i] += 1
+        self.sum += value
+        self.count += 1
+
+
+class _Engine:
+    """The counters and block pool of one engine (data-parallel rank)."""
+
+    def __init__(self) -> None:
+        self.pool: OrderedDict[int, None] = OrderedDict()
+        self.queries = 0
+        self.hits = 0
+        self.query_blocks = 0
+        self.hit_blocks = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.preemptions = 0
+        self.requests = 0
+        self.kv_usage = 0.0
+        self.hist = {
+            "ttft": _Hist(TTFT_BUCKETS),
+            "ttft_old": _Hist(TTFT_BUCKETS_OLD),
+            "e2e_request_latency_seconds": _Hist(_LATENCY_BUCKETS),
+            "request_queue_time_seconds": _Hist(_LATENCY_BUCKETS),
+            "request_inference_time_seconds": _Hist(_LATENCY_BUCKETS),
+            "request_prefill_time_seconds": _Hist(_LATENCY_BUCKETS),
+            "request_decode_time_seconds": _Hist(_LATENCY_BUCKETS),
+            "inter_token_latency_seconds": _Hist(_ITL_BUCKETS),
+            "request_prompt_tokens": _Hist(_TOKEN_BUCKETS),
+            "request_generation_tokens": _Hist(_TOKEN_BUCKETS),
+            "iteration_tokens_total": _Hist(_ITERATION_BUCKETS),
+        }
+
+
+class Replica:
+    def __init__(self, name: str, scenario: Scenario, start: float, seed: int = 0,
+                 generation: str = "current", model_names: Sequence[str] = ("demo/llama-3-8b",),
+                 engines: int = 1, tokenizer: Tokenizer | None = None):
+        if generation not in GENERATIONS:
+            raise ValueError(f"unknown generation {generation!r}; one of {GENERATIONS}")
+        self.name = name
+        self.scenario = scenario
+        self.generation = generation
+        self.model_names = tuple(model_names)
+        self.n_engines = engines
+        self.tokenizer = tokenizer or Tokenizer()
+        self.lock = threading.Lock()
+        self._rng = random.Random(seed)
+        self._started = start
+        self._now = start
+        self._next_arrival = start + self._rng.expovariate(scenario.request_rate)
+        self._pending = sorted(scenario.events, key=lambda e: e.at)
+        self._state = {
+            "prompt": scenario.prompt, "output_tokens": scenario.output_tokens,
+            "request_rate": scenario.request_rate, "kv_blocks": scenario.kv_blocks,
+            "hits_broken": scenario.hits_broken, "prefix_caching": scenario.prefix_caching,
+        }
+        self._system = [self._system_prompt(k) for k in range(scenario.tenants)]
+        self._restart(start)
+
+    # what /tokenize serves and the diagnose tests use
+    def system_prompt_text(self, tenant: int) -> str:
+        return self._system_text[tenant]
+
+    def _system_prompt(self, tenant: int) -> list[int]:
+        words = random.Random(f"tenant-{tenant}")
+        vocab = ("answer the customer politely cite the policy never reveal internal notes "
+                 "escalate refunds above limits summarise orders in tables use metric units").split()
+        text = f"You are the support assistant for tenant {tenant}. Follow these rules."
+        missing = self.scenario.system_tokens - len(self.tokenizer.encode(text))
+        # each " word" is one token of our tokenizer
+        text += "".join(" " + words.choice(vocab) for _ in range(max(0, missing)))
+        if not hasattr(self, "_system_text"):
+            self._system_text = {}
+        self._system_text[tenant] = text
+        return self.tokenizer.encode(text)[: self.scenario.system_tokens]
+
+    def _restart(self, t: float) -> None:
+        self.created = t
+        self.engines = [_Engine() for _ in range(self.n_engines * len(self.model_names))]
+
+    # --- the simulation --------------------------------------------------------------
+    def advance(self, now: float) -> None:
+        with self.lock:
+            while True:
+                next_event = self._started + self._pending[0].at if self._pending else math.inf
+                if self._next_arrival <= now and self._next_arrival <= next_event:
+                    self._serve(self._next_arrival)
+                    self._next_arrival += self._rng.expovariate(self._state["request_rate"])
+                elif next_event <= now:
+                    self._apply(self._pending.pop(0), next_event)
+                else:
+                    break
+            self._now = max(self._now, now)
+
+    def _apply(self, event: Event, t: float) -> None:
+        if event.what == "restart":
+            self._restart(t)
+        elif event.what in self._state:
+            self._state[event.what] = event.value
+        else:
+            raise ValueError(f"unknown event {event.what!r}")
+
+    def _prompt_tokens(self, tenant: int, t: float) -> list[int]:
+        system = self._system[tenant]
+        mode = self._state["prompt"]
+        if mode == "timestamp":
+            stamp = datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+            cut = self.scenario.preamble_tokens
+            system = system[:cut] + self.tokenizer.encode(f" Current date and time: {stamp}.") + system[cut:]
+        elif mode == "tail_edit":
+            system = system[:-24] + self.tokenizer.encode(" Release notes v2: answer in the customer's language.")
+        low, high = self.scenario.user_tokens
+        n_user = self._rng.randint(low, high)
+        unique = self._rng.getrandbits(40) << 12
+        return system + list(range(unique, unique + n_user))
+
+    def _serve(self, t: float) -> None:
+        sc = self.scenario
+        engine = self.engines[self._rng.randrange(len(self.engines))]
+        tenant = self._rng.randrange(sc.tenants)
+        tokens = self._prompt_tokens(tenant, t)
+        n = len(tokens)
+        bs = sc.block_size
+        output = max(1, int(self._rng.expovariate(1.0 / self._state["output_tokens"])))
+        # Little's law on the means: blocks held by running requests; what is left of
+        # the KV memory may keep cached prefixes
+        mean_output = self._state["output_tokens"]
+        e2e = sc.ttft_base + mean_output * sc.decode_seconds_per_token
+        demand = self._state["request_rate"] / len(self.engines) * e2e * ((n + mean_output) / bs)
+        capacity = self._state["kv_blocks"]
+        engine.kv_usage = min(1.0, demand / capacity)
+        if demand > capacity and self._rng.random() < (demand - capacity) / demand:
+            engine.preemptions += 1
+        free_for_cache = max(0, int(capacity - demand))
+
+        matched = 0
+        if self._state["prefix_caching"]:
+            parent = 0
+            still_matching = True
+            for start in range(0, n - n % bs, bs):
+                parent = hash((parent, tuple(tokens[start:start + bs])))
+                if still_matching and parent in engine.pool:
+                    engine.pool.move_to_end(parent)
+                    matched += 1
+                else:
+                    still_matching = False
+                    engine.pool[parent] = None
+            while len(engine.pool) > free_for_cache:
+                engine.pool.popitem(last=False)
+        hit_tokens = min(matched * bs, ((n - 1) // bs) * bs)
+        if self._state["hits_broken"]:
+            hit_tokens = 0
+        if self._state["prefix_caching"]:
+            engine.queries += n
+            engine.hits += hit_tokens
+            engine.query_blocks += n // bs
+            engine.hit_blocks += hit_tokens // bs
+        engine.prompt_tokens += n
+        engine.generation_tokens += output
+        engine.requests += 1
+        uncached = n - hit_tokens
+        noise = math.exp(self._rng.gauss(0.0, 0.15))
+        ttft = (sc.ttft_base + sc.ttft_per_uncached * uncached + sc.ttft_per_cached * hit_tokens) * noise
+        decode = output * sc.decode_seconds_per_token * noise
+        h = engine.hist
+        h["ttft"].observe(ttft)
+        h["ttft_old"].observe(ttft)
+        h["e2e_request_latency_seconds"].observe(ttft + decode)
+        h["request_queue_time_seconds"].observe(ttft * 0.1)
+        h["request_inference_time_seconds"].observe(ttft * 0.9 + decode)
+        h["request_prefill_time_seconds"].observe(ttft * 0.9)
+        h["request_decode_time_seconds"].observe(decode)
+        h["inter_token_latency_seconds"].observe(sc.decode_seconds_per_token * noise)
+        h["request_prompt_tokens"].observe(n)
+        h["request_generation_tokens"].observe(output)
+        h["iteration_tokens_total"].observe(min(16384, uncached))
+
+    # --- exposition ------------------------------------------------------------------
+    def render(self) -> str:
+        with self.lock:
+            return _render(self)
+
+
+def _labels(**labels: str | None) -> str:
+    parts = []
+    for k, v in labels.items():
+        if v is None:
+            continue
+        v = str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+        parts.append(f'{k}="{v}"')
+    return "{" + ",".join(parts) + "}"
+
+
+def _fmt(v: float) -> str:
+    return repr(float(v))
+
+
+def _render(r: Replica) -> str:
+    g = r.generation
+    out: list[str] = []
+    add = out.append
+    v1 = g != "v0"
+    has_engine = v1
+    created = g in ("v0.8", "v0.10", "current")
+    rows = []  # (model_name, engine label, _Engine)
+    for mi, model in enumerate(r.model_names):
+        for e in range(r.n_engines):
+            rows.append((model, str(e) if has_engine else None, r.engines[mi * r.n_engines + e]))
+
+    def family(name: str, kind: str, help_text: str, values):
+        add(f"# HELP {name} {help_text}")
+        add(f"# TYPE {name} {kind}")
+        for model, engine, v in values:
+            add(f"{name}{_labels(engine=engine, model_name=model)} {_fmt(v)}")
+
+    def counter(name: str, help_text: str, attr: str):
+        family(name + "_total", "counter", help_text, [(m, e, getattr(x, attr)) for m, e, x in rows])
+        if created:
+            family(name + "_created", "gauge", help_text, [(m, e, r.created) for m, e, x in rows])
+
+    def histogram(name: str, help_text: str, key: str):
+        add(f"# HELP {name} {help_text}")
+        add(f"# TYPE {name} histogram")
+        for model, engine, x in rows:
+            h = x.hist[key]
+            cum = 0
+            for le, c in zip(h.bounds, h.counts):
+                cum += c
+                add(f"{name}_bucket{_labels(engine=engine, le=_fmt(le), model_name=model)} {_fmt(cum)}")
+            add(f"{name}_bucket{_labels(engine=engine, le='+Inf', model_name=model)} {_fmt(h.count)}")
+            add(f"{name}_count{_labels(engine=engine, model_name=model)} {_fmt(h.count)}")
+            add(f"{name}_sum{_labels(engine=engine, model_name=model)} {_fmt(h.sum)}")
+        if created:
+            family(name + "_created", "gauge", help_text, [(m, e, r.created) for m, e, x in rows])
+
+    add("# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.")
+    add("# TYPE process_start_time_seconds gauge")
+    add(f"process_start_time_seconds {_fmt(r.created)}")
+    caching = r._state["prefix_caching"]
+    if g in ("v0.10", "current"):
+        add("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
+        add("# TYPE vllm:cache_config_info gauge")
+        for e in sorted({e for _, e, _ in rows}):
+            info = _labels(block_size=str(r.scenario.block_size), cache_dtype="auto", enable_prefix_caching=str(bool(caching)),
+                           engine=e, gpu_memory_utilization="0.9", num_gpu_blocks=str(r._state["kv_blocks"]),
+                           prefix_caching_hash_algo="sha256")
+            add(f"vllm:cache_config_info{info} 1.0")
+    family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+           [(m, e, round(x.kv_usage * 20)) for m, e, x in rows])
+    family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", [(m, e, 0) for m, e, x in rows])
+    if g == "v0":
+        family("vllm:gpu_cache_usage_perc", "gauge", "GPU KV-cache usage. 1 means 100 percent usage.", [(m, e, x.kv_usage) for m, e, x in rows])
+        family("vllm:gpu_prefix_cache_hit_rate", "gauge", "GPU prefix cache block hit rate.",
+               [(m, e, (x.hit_blocks / x.query_blocks if x.query_blocks else 0.0) if caching else -1) for m, e, x in rows])
+        family("vllm:cpu_prefix_cache_hit_rate", "gauge", "CPU prefix cache block hit rate.", [(m, e, 0.0 if caching else -1) for m, e, x in rows])
+    if g == "v0.8":
+        family("vllm:gpu_cache_usage_perc", "gauge", "GPU KV-cache usage. 1 means 100 percent usage.", [(m, e, x.kv_usage) for m, e, x in rows])
+        counter("vllm:gpu_prefix_cache_queries", "GPU prefix cache queries, in terms of number of queried blocks.", "query_blocks")
+        counter("vllm:gpu_prefix_cache_hits", "GPU prefix cache hits, in terms of number of cached blocks.", "hit_blocks")
+    if g == "v0.10":
+        family("vllm:gpu_cache_usage_perc", "gauge", "GPU KV-cache usage. 1 means 100 percent usage. DEPRECATED: Use vllm:kv_cache_usage_perc instead.", [(m, e, x.kv_usage) for m, e, x in rows])
+        counter("vllm:gpu_prefix_cache_queries", "GPU prefix cache queries, in terms of number of queried tokens. DEPRECATED: Use vllm:prefix_cache_queries instead.", "queries")
+        counter("vllm:gpu_prefix_cache_hits", "GPU prefix cache hits, in terms of number of cached tokens. DEPRECATED: Use vllm:prefix_cache_hits instead.", "hits")
+    if g in ("v0.10", "current"):
+        family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", [(m, e, x.kv_usage) for m, e, x in rows])
+        counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", "queries")
+        counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", "hits")
+    if g == "current":
+        family("vllm:external_prefix_cache_queries_total", "counter", "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.", [(m, e, 0.0) for m, e, x in rows])
+        family("vllm:external_prefix_cache_hits_total", "counter", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.", [(m, e, 0.0) for m, e, x in rows])
+        counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).", "hits")
+    counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", "preemptions")
+    counter("vllm:prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens")
+    counter("vllm:generation_tokens", "Number of generation tokens processed.", "generation_tokens")
+    histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", "ttft_old" if g == "v0" else "ttft")
+    if g == "current":
+        for key in ("e2e_request_latency_seconds", "request_queue_time_seconds", "request_inference_time_seconds",
+                    "request_prefill_time_seconds", "request_decode_time_seconds", "inter_token_latency_seconds",
+                    "request_prompt_tokens", "request_generation_tokens", "iteration_tokens_total"):
+            histogram("vllm:" + key, f"Histogram of {key.replace('_', ' ')}.", key)
+    return "\n".join(out) + "\n"
+
+
+# --- serving over HTTP -----------------------------------------------------------------
+class Fleet:
+    """Replicas served by one HTTP server on 127.0.0.1: `/<name>/metrics`, and `/metrics`
+    too when there is a single replica."""
+
+    def __init__(self, replicas: Sequence[Replica], clock, host: str = "127.0.0.1", port: int = 0):
+        self.replicas = {r.name: r for r in replicas}
+        self.clock = clock
+        self.down: set[str] = set()
+        fleet = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # keep the demo console clean
+                pass
+
+            def do_GET(self):
+                fleet._handle(self)
+
+            def do_POST(self):
+                fleet._handle(self)
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self._thread = threading.Thread(target=self.server.serve_forever, name="simulator", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self.server.server_address[1]
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{name}"
+
+    def metrics_url(self, name: str) -> str:
+        return self.url(name) + "/metrics"
+
+    def start(self) -> "Fleet":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _handle(self, req: BaseHTTPRequestHandler) -> None:
+        parts = req.path.split("?", 1)[0].strip("/").split("/")
+        if len(parts) == 1 and len(self.replicas) == 1:
+            parts = [next(iter(self.replicas))] + parts
+        replica = self.replicas.get(parts[0]) if len(parts) == 2 else None
+        if replica is None:
+            return _reply(req, 404, b"not found\n", "text/plain")
+        if replica.name in self.down:
+            return _reply(req, 503, b"replica is down\n", "text/plain")
+        endpoint = parts[1]
+        if endpoint == "metrics" and req.command == "GET":
+            replica.advance(self.clock())
+            return _reply(req, 200, replica.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
+        return _reply(req, 404, b"not found\n", "text/plain")
+
+
+def _reply(req: BaseHTTPRequestHandler, status: int, body: bytes, content_type: str) -> None:
+    req.send_response(status)
+    req.send_header("Content-Type", content_type)
+    req.send_header("Content-Length", str(len(body)))
+    req.end_headers()
+    req.wfile.write(body)
+
+
+# --- recordings without a server ----------------------------------------------------------
+def recording_lines(replicas: Sequence[Replica], start: float, duration: float, interval: float,
+                    deploys: Sequence[tuple[float, str | None, str]] = ()) -> Iterator[dict]:
+    """Scrape every replica every `interval` seconds of simulated time, as recording
+    lines (DESIGN.md); `deploys` are (seconds after start, target or None, version)."""
+    events = sorted(deploys, key=lambda d: d[0])
+    steps = int(duration // interval)
+    for i in range(steps + 1):
+        t = start + i * interval
+        while events and start + events[0][0] <= t:
+            at, target, version = events.pop(0)
+            yield {"t": start + at, "event": "deploy", "target": target, "version": version}
+        for r in replicas:
+            r.advance(t)
+            yield {"t": t, "target": r.name, "body": r.render()}
+
+
+def dumps_lines(lines: Iterator[dict]) -> Iterator[str]:
+    for line in lines:
+        yield json.dumps(line, separators=(",", ":")) + "\n"

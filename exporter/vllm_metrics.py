@@ -1,0 +1,406 @@
+"""vLLM's /metrics text -> Snapshot.
+
+This module holds the one table of upstream vLLM metric names (every generation, see
+shared/vllm-metrics.md) and a parser that reads only the lines named in it. Reading
+only what we need is what makes it fast: a current vLLM payload is mostly histogram
+buckets we never look at.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+# --- the one table of upstream names ------------------------------------------------
+# Each entry: exposition name -> (role, field). Roles tell the parser how to file the
+# sample; the field is where it lands on SeriesSnapshot or Snapshot.
+V0_GPU_HIT_RATE = "vllm:gpu_prefix_cache_hit_rate"
+V0_CPU_HIT_RATE = "vllm:cpu_prefix_cache_hit_rate"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+GPU_PREFIX_QUERIES = "vllm:gpu_prefix_cache_queries_total"  # deprecated 0.9.2, gone 0.12
+GPU_PREFIX_HITS = "vllm:gpu_prefix_cache_hits_total"
+EXTERNAL_QUERIES = "vllm:external_prefix_cache_queries_total"
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
+TTFT = "vllm:time_to_first_token_seconds"
+KV_USAGE = "vllm:kv_cache_usage_perc"  # 0.9.2 on
+GPU_CACHE_USAGE = "vllm:gpu_cache_usage_perc"  # V0 and V1 up to 0.10.x
+PREEMPTIONS = "vllm:num_preemptions_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+PROMPT_TOKENS_CACHED = "vllm:prompt_tokens_cached_total"  # 0.16 on
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+REQUESTS_RUNNING = "vllm:num_requests_running"
+REQUESTS_WAITING = "vllm:num_requests_waiting"
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+LORA_REQUESTS_INFO = "vllm:lora_requests_info"
+PROCESS_START_TIME = "process_start_time_seconds"
+
+# Counters whose `<name>_created` sample marks when the series began: a changed value
+# is a restart. The queries counters move on every request, so they are the ones read.
+CREATED_OF = {
+    "vllm:prefix_cache_queries_created": "new",
+    "vllm:gpu_prefix_cache_queries_created": "deprecated",
+}
+
+_ROLE_BY_NAME: dict[str, tuple[str, str]] = {
+    V0_GPU_HIT_RATE: ("gauge", "v0_gpu_hit_rate"),
+    V0_CPU_HIT_RATE: ("gauge", "v0_cpu_hit_rate"),
+    PREFIX_QUERIES: ("counter", "queries"),
+    PREFIX_HITS: ("counter", "hits"),
+    GPU_PREFIX_QUERIES: ("counter", "gpu_queries"),
+    GPU_PREFIX_HITS: ("counter", "gpu_hits"),
+    EXTERNAL_QUERIES: ("counter", "external_queries"),
+    EXTERNAL_HITS: ("counter", "external_hits"),
+    TTFT + "_bucket": ("bucket", "ttft"),
+    TTFT + "_sum": ("counter", "ttft_sum"),
+    TTFT + "_count": ("counter", "ttft_count"),
+    KV_USAGE: ("gauge", "kv_usage"),
+    GPU_CACHE_USAGE: ("gauge", "gpu_cache_usage"),
+    PREEMPTIONS: ("counter", "preemptions"),
+    PROMPT_TOKENS: ("counter", "prompt_tokens"),
+    PROMPT_TOKENS_CACHED: ("counter", "prompt_tokens_cached"),
+    GENERATION_TOKENS: ("counter", "generation_tokens"),
+    REQUESTS_RUNNING: ("gauge", "requests_running"),
+    REQUESTS_WAITING: ("gauge", "requests_waiting"),
+    CACHE_CONFIG_INFO: ("info", "cache_config"),
+    LORA_REQUESTS_INFO: ("info", "lora"),
+    PROCESS_START_TIME: ("process", "process_start_time"),
+    **{name: ("created", kind) for name, kind in CREATED_OF.items()},
+}
+# HELP lines are read for these only: the 0.7.3-0.8.x `gpu_` pair counts blocks, the
+# 0.9.x pair counts tokens, and HELP is the only place the text says which.
+_UNIT_FROM_HELP = {GPU_PREFIX_QUERIES, GPU_PREFIX_HITS}
+
+
+# --- the parsed result ---------------------------------------------------------------
+@dataclass(frozen=True)
+class CounterPair:
+    """None where the text carries only one half of the pair."""
+
+    queries: float | None
+    hits: float | None
+    unit: str  # "tokens" or "blocks"
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Cumulative buckets sorted by upper bound; `+Inf` is math.inf."""
+
+    buckets: tuple[tuple[float, float], ...]
+    count: float | None
+    sum: float | None
+
+    @property
+    def bounds(self) -> tuple[float, ...]:
+        return tuple(le for le, _ in self.buckets)
+
+
+@dataclass(frozen=True)
+class SeriesSnapshot:
+    model_name: str
+    engine: str | None
+    prefix_cache: CounterPair | None
+    external_prefix_cache: CounterPair | None
+    ttft: Histogram | None
+    kv_cache_usage: float | None
+    preemptions: float | None
+    prompt_tokens: float | None
+    prompt_tokens_cached: float | None = None
+    generation_tokens: float | None = None
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    hit_rate_since_start: float | None = None  # V0 gauge, block ratio since start
+    created: float | None = None  # `_created` of the queries counter
+
+    @property
+    def key(self) -> tuple[str, str | None]:
+        return (self.model_name, self.engine)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    prefix_caching_enabled: bool | None
+    block_size: int | None
+    series: tuple[SeriesSnapshot, ...]
+    warnings: tuple[str, ...]
+    process_start_time: float | None = None
+    cache_config: tuple[tuple[str, str], ...] | None = None
+    lora_config: tuple[tuple[str, str], ...] | None = None
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return tuple(sorted({s.model_name for s in self.series}))
+
+    def to_json(self) -> dict:
+        """The `parse` output contract of DESIGN.md."""
+        return {
+            "prefix_caching_enabled": self.prefix_caching_enabled,
+            "block_size": self.block_size,
+            "process_start_time": self.process_start_time,
+            "cache_config": dict(self.cache_config) if self.cache_config is not None else None,
+            "lora_config": dict(self.lora_config) if self.lora_config is not None else None,
+            "series": [_series_json(s) for s in self.series],
+            "warnings": list(self.warnings),
+        }
+
+
+def _series_json(s: SeriesSnapshot) -> dict:
+    def pair(p: CounterPair | None):
+        return None if p is None else {"queries": p.queries, "hits": p.hits, "unit": p.unit}
+
+    ttft = None
+    if s.ttft is not None:
+        ttft = {
+            "count": s.ttft.count,
+            "sum": s.ttft.sum,
+            "buckets": [["+Inf" if math.isinf(le) else le, c] for le, c in s.ttft.buckets],
+        }
+    return {
+        "model_name": s.model_name,
+        "engine": s.engine,
+        "prefix_cache": pair(s.prefix_cache),
+        "external_prefix_cache": pair(s.external_prefix_cache),
+        "ttft": ttft,
+        "kv_cache_usage": s.kv_cache_usage,
+        "preemptions": s.preemptions,
+        "prompt_tokens": s.prompt_tokens,
+        "prompt_tokens_cached": s.prompt_tokens_cached,
+        "hit_rate_since_start": s.hit_rate_since_start,
+        "created": s.created,
+    }
+
+
+# --- the parser ----------------------------------------------------------------------
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+(\S+)(?:[ \t]+(\S+))?[ \t]*$")
+_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(,|$)')
+_UNESCAPE = re.compile(r"\\(.)")
+_UNESCAPED = {"n": "\n", "\\": "\\", '"': '"'}
+
+
+def _labels(text: str) -> dict[str, str] | None:
+    """Label text between the braces -> dict, or None when it is not well formed."""
+    out: dict[str, str] = {}
+    pos = 0
+    end = len(text)
+    while pos < end:
+        m = _LABEL.match(text, pos)
+        if m is None:
+            return None
+        value = m.group(2)
+        if "\\" in value:
+            value = _UNESCAPE.sub(lambda e: _UNESCAPED.get(e.group(1), "\\" + e.group(1)), value)
+        out[m.group(1)] = value
+        pos = m.end()
+        if m.group(3) == "" and pos < end:
+            return None
+    return out
+
+
+def _le(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+class _SeriesBuilder:
+    __slots__ = ("values", "buckets", "created")
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+        self.buckets: dict[float, float] = {}
+        self.created: dict[str, float] = {}
+
+
+def parse(text: str) -> Snapshot:
+    """Parse one /metrics body. Never raises: what cannot be read becomes a warning."""
+    warnings: list[str] = []
+    series: dict[tuple[str, str | None], _SeriesBuilder] = {}
+    infos: dict[str, list[dict[str, str]]] = {}
+    helps: dict[str, str] = {}
+    process_start: float | None = None
+    roles = _ROLE_BY_NAME
+
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if not line:
+            continue
+        if line[0] == "#":
+            if line.startswith("# HELP "):
+                name, _, help_text = line[7:].partition(" ")
+                if name in _UNIT_FROM_HELP:
+                    helps[name] = help_text
+            continue
+        brace = line.find("{")
+        space = line.find(" ")
+        cut = brace if brace != -1 and (space == -1 or brace < space) else space
+        name = line[:cut] if cut != -1 else line
+        role = roles.get(name)
+        if role is None:
+            continue
+        m = _SAMPLE.match(line.rstrip("\r"))
+        if m is None:
+            warnings.append(f"line {lineno}: malformed sample for {name}")
+            continue
+        label_text, value_text = m.group(2), m.group(3)
+        labels = _labels(label_text) if label_text else {}
+        if labels is None:
+            warnings.append(f"line {lineno}: malformed labels for {name}")
+            continue
+        try:
+            value = float(value_text)
+        except ValueError:
+            warnings.append(f"line {lineno}: bad value {value_text[:40]!r} for {name}")
+            continue
+        kind, field_name = role
+        if kind == "info":
+            infos.setdefault(field_name, []).append(labels)
+            continue
+        if kind == "process":
+            process_start = value
+            continue
+        model = labels.get("model_name")
+        if model is None:
+            warnings.append(f"line {lineno}: {name} has no model_name label")
+            continue
+        key = (model, labels.get("engine"))
+        builder = series.get(key)
+        if builder is None:
+            builder = series[key] = _SeriesBuilder()
+        if kind == "bucket":
+            le = _le(labels.get("le", ""))
+            if le is None:
+                warnings.append(f"line {lineno}: {name} has a bad le label")
+                continue
+            builder.buckets[le] = value
+        elif kind == "created":
+            builder.created[field_name] = value
+        elif field_name in builder.values:
+            if kind != "gauge" or "pid" not in labels:
+                warnings.append(f"line {lineno}: duplicate sample for {name} {key}; keeping the last")
+                builder.values[field_name] = value
+            else:
+                # multiprocess mode gives some gauges a pid label, one row a process
+                builder.values[field_name] = max(builder.values[field_name], value)
+        else:
+            builder.values[field_name] = value
+
+    gpu_unit = _gpu_pair_unit(helps)
+    built = []
+    for (model, engine), b in sorted(series.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        built.append(_series(model, engine, b, gpu_unit, warnings))
+
+    cache_config = _single_info(infos.get("cache_config"), "cache_config_info", warnings)
+    lora = _single_info(infos.get("lora"), "lora_requests_info", warnings)
+    v0_gauges = [b.values["v0_gpu_hit_rate"] for b in series.values() if "v0_gpu_hit_rate" in b.values]
+    enabled, block_size = _cache_settings(cache_config, v0_gauges, warnings)
+    if gpu_unit is None and any(b.values.get("gpu_queries") is not None and "queries" not in b.values for b in series.values()):
+        warnings.append("vllm:gpu_prefix_cache_* has no HELP line; assuming tokens (0.9.x) not blocks (0.8.x)")
+    return Snapshot(
+        prefix_caching_enabled=enabled,
+        block_size=block_size,
+        series=tuple(built),
+        warnings=tuple(warnings),
+        process_start_time=process_start,
+        cache_config=tuple(sorted(cache_config.items())) if cache_config is not None else None,
+        lora_config=tuple(sorted((k, v) for k, v in lora.items() if k not in ("running_lora_adapters", "waiting_lora_adapters"))) if lora is not None else None,
+    )
+
+
+def _gpu_pair_unit(helps: dict[str, str]) -> str | None:
+    for name in (GPU_PREFIX_QUERIES, GPU_PREFIX_HITS):
+        text = helps.get(name, "").lower()
+        if "block" in text:
+            return "blocks"
+        if "token" in text:
+            return "tokens"
+    return None
+
+
+def _pair(values: dict[str, float], queries: str, hits: str, unit: str, what: str, warnings: list[str]) -> CounterPair | None:
+    q, h = values.get(queries), values.get(hits)
+    if q is None and h is None:
+        return None
+    if q is None or h is None:
+        warnings.append(f"{what}: only {'hits' if q is None else 'queries'} of the hits/queries pair is present")
+    return CounterPair(queries=q, hits=h, unit=unit)
+
+
+def _prefix_pair(values: dict[str, float], gpu_unit: str | None, what: str, warnings: list[str]) -> tuple[CounterPair | None, bool]:
+    """The new pair wins; the deprecated `gpu_` pair is never added to it. A half
+    missing from the new pair (an excerpt, a cut body) is taken from the deprecated
+    one, which counts the same tokens in 0.9.2-0.11.x. Returns (pair, used_deprecated)."""
+    new = _pair(values, "queries", "hits", "tokens", what, [])
+    old_unit = gpu_unit or "tokens"
+    old = _pair(values, "gpu_queries", "gpu_hits", old_unit, what, [])
+    if new is None:
+        if old is not None and (old.queries is None or old.hits is None):
+            warnings.append(f"{what}: only one half of vllm:gpu_prefix_cache_* is present")
+        return old, old is not None
+    if (new.queries is None or new.hits is None) and old is not None and old_unit == "tokens":
+        queries = new.queries if new.queries is not None else old.queries
+        hits = new.hits if new.hits is not None else old.hits
+        warnings.append(f"{what}: vllm:prefix_cache_* is incomplete; the missing half is read from the deprecated gpu_ pair")
+        new = CounterPair(queries=queries, hits=hits, unit="tokens")
+    if new.queries is None or new.hits is None:
+        warnings.append(f"{what}: only one half of vllm:prefix_cache_* is present")
+    return new, False
+
+
+def _series(model: str, engine: str | None, b: _SeriesBuilder, gpu_unit: str | None, warnings: list[str]) -> SeriesSnapshot:
+    v = b.values
+    what = f"model_name={model!r} engine={engine!r}"
+    # 0.9.2-0.11.x expose both pairs: the new one wins, they are never added.
+    prefix, deprecated = _prefix_pair(v, gpu_unit, what, warnings)
+    created = b.created.get("deprecated" if deprecated else "new", b.created.get("new"))
+    ttft = None
+    if b.buckets or "ttft_count" in v or "ttft_sum" in v:
+        buckets = tuple(sorted(b.buckets.items()))
+        count = v.get("ttft_count")
+        if not buckets or not math.isinf(buckets[-1][0]):
+            warnings.append(f"{what}: TTFT histogram has no +Inf bucket (truncated?)")
+        ttft = Histogram(buckets=buckets, count=count, sum=v.get("ttft_sum"))
+    v0 = v.get("v0_gpu_hit_rate")
+    return SeriesSnapshot(
+        model_name=model,
+        engine=engine,
+        prefix_cache=prefix,
+        external_prefix_cache=_pair(v, "external_queries", "external_hits", "tokens", what + " external", warnings),
+        ttft=ttft,
+        kv_cache_usage=v.get("kv_usage", v.get("gpu_cache_usage")),
+        preemptions=v.get("preemptions"),
+        prompt_tokens=v.get("prompt_tokens"),
+        prompt_tokens_cached=v.get("prompt_tokens_cached"),
+        generation_tokens=v.get("generation_tokens"),
+        requests_running=v.get("requests_running"),
+        requests_waiting=v.get("requests_waiting"),
+        hit_rate_since_start=v0 if v0 is not None and v0 >= 0 else None,
+        created=created,
+    )
+
+
+def _single_info(rows: list[dict[str, str]] | None, what: str, warnings: list[str]) -> dict[str, str] | None:
+    if not rows:
+        return None
+    merged = {k: v for k, v in rows[0].items() if k != "engine"}
+    if any({k: v for k, v in r.items() if k != "engine"} != merged for r in rows[1:]):
+        warnings.append(f"{what}: engines disagree; using the first")
+    return merged
+
+
+def _cache_settings(cache_config: dict[str, str] | None, v0_gauges: list[float], warnings: list[str]) -> tuple[bool | None, int | None]:
+    enabled: bool | None = None
+    block_size: int | None = None
+    if cache_config is not None:
+        flag = cache_config.get("enable_prefix_caching")
+        if flag is not None:
+            enabled = flag.strip().lower() == "true"
+        size = cache_config.get("block_size")
+        if size is not None:
+            try:
+                block_size = int(float(size))
+            except ValueError:
+                warnings.append(f"cache_config_info: bad block_size {size!r}")
+    if enabled is None and v0_gauges:
+        # V0 reports -1 in its hit-rate gauge when prefix caching is off
+        enabled = not any(value < 0 for value in v0_gauges)
+    return enabled, block_size
