@@ -7,6 +7,7 @@ a decrease in a counter is a reset and the new value is the increase since it
 from __future__ import annotations
 
 import math
+from array import array
 from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -16,69 +17,156 @@ from .vllm_metrics import Histogram, Snapshot
 QUANTILES = (0.5, 0.9, 0.99)
 
 
-@dataclass(frozen=True)
-class SeriesSample:
-    """The counters of one (model_name, engine) series at one scrape."""
+# Counters kept per series, in this order in every sample's value array.
+COUNTERS = ("queries", "hits", "external_queries", "external_hits", "ttft_sum", "ttft_count", "prompt_tokens", "preemptions")
+_GAUGES = ("kv_cache_usage",)
+_FIXED = COUNTERS + _GAUGES
+NAN = math.nan
 
-    queries: float | None
-    hits: float | None
-    unit: str | None
-    external_queries: float | None
-    external_hits: float | None
-    ttft_bounds: tuple[float, ...] | None
-    ttft_buckets: tuple[float, ...] | None
-    ttft_sum: float | None
-    ttft_count: float | None
-    prompt_tokens: float | None
-    preemptions: float | None
-    kv_cache_usage: float | None
+SeriesKey = tuple  # (model_name, engine)
 
 
 @dataclass(frozen=True)
+class Layout:
+    """Where each series' values sit in a sample's array. Consecutive samples with the
+    same series share one Layout object, so a sample costs one float array."""
+
+    keys: tuple[SeriesKey, ...]
+    units: tuple[str | None, ...]
+    bounds: tuple[tuple[float, ...] | None, ...]
+    offsets: tuple[int, ...]
+    size: int
+
+    @staticmethod
+    def build(keys, units, bounds) -> "Layout":
+        offsets, pos = [], 0
+        for b in bounds:
+            offsets.append(pos)
+            pos += len(_FIXED) + (len(b) if b else 0)
+        return Layout(tuple(keys), tuple(units), tuple(bounds), tuple(offsets), pos)
+
+    def index(self, key: SeriesKey) -> int | None:
+        try:
+            return self.keys.index(key)
+        except ValueError:
+            return None
+
+
 class TargetSample:
-    t: float
-    series: dict[tuple[str, str | None], SeriesSample]
+    """One scrape of one target. Counter values are reset-adjusted: each reset adds the
+    value seen before it, so `last - first` over any two samples is PromQL's increase()
+    without extrapolation, however many samples were thinned out between them."""
+
+    __slots__ = ("t", "layout", "values")
+
+    def __init__(self, t: float, layout: Layout, values: array):
+        self.t = t
+        self.layout = layout
+        self.values = values
+
+    def get(self, key: SeriesKey, name: str) -> float | None:
+        i = self.layout.index(key)
+        if i is None:
+            return None
+        v = self.values[self.layout.offsets[i] + _FIXED.index(name)]
+        return None if v != v else v
+
+    def buckets(self, key: SeriesKey) -> tuple[tuple[float, ...], list[float]] | None:
+        i = self.layout.index(key)
+        if i is None or not self.layout.bounds[i]:
+            return None
+        start = self.layout.offsets[i] + len(_FIXED)
+        bounds = self.layout.bounds[i]
+        return bounds, list(self.values[start:start + len(bounds)])
+
+    def unit(self, key: SeriesKey) -> str | None:
+        i = self.layout.index(key)
+        return None if i is None else self.layout.units[i]
 
 
-def sample_from_snapshot(t: float, snap: Snapshot) -> TargetSample:
-    out = {}
-    for s in snap.series:
-        pc, ext, h = s.prefix_cache, s.external_prefix_cache, s.ttft
-        complete_ttft = h is not None and h.buckets and math.isinf(h.buckets[-1][0])
-        out[s.key] = SeriesSample(
-            queries=pc.queries if pc else None,
-            hits=pc.hits if pc else None,
-            unit=pc.unit if pc else None,
-            external_queries=ext.queries if ext else None,
-            external_hits=ext.hits if ext else None,
-            ttft_bounds=h.bounds if complete_ttft else None,
-            ttft_buckets=tuple(c for _, c in h.buckets) if complete_ttft else None,
-            ttft_sum=h.sum if h else None,
-            ttft_count=h.count if h else None,
-            prompt_tokens=s.prompt_tokens,
-            preemptions=s.preemptions,
-            kv_cache_usage=s.kv_cache_usage,
-        )
-    return TargetSample(t=t, series=out)
+def _raw_values(s) -> tuple[list[float], tuple[float, ...] | None, str | None]:
+    pc, ext, h = s.prefix_cache, s.external_prefix_cache, s.ttft
+    complete = h is not None and bool(h.buckets) and math.isinf(h.buckets[-1][0])
+    fixed = [
+        pc.queries if pc else None, pc.hits if pc else None,
+        ext.queries if ext else None, ext.hits if ext else None,
+        h.sum if h else None, h.count if h else None,
+        s.prompt_tokens, s.preemptions, s.kv_cache_usage,
+    ]
+    values = [NAN if v is None else float(v) for v in fixed]
+    if complete:
+        values.extend(float(c) for _, c in h.buckets)
+    return values, (h.bounds if complete else None), (pc.unit if pc else None)
 
 
 class History:
-    """A target's samples, kept only as far back as the longest window needs.
+    """A target's samples, reset-adjusted, kept as far back as the longest window needs.
 
+    Samples newer than `fine_seconds` are all kept; older ones are thinned to one per
+    `coarse_step`, which the adjusted counters allow without changing any increase.
     Not thread-safe: the poller owns one per target and appends from its job only."""
 
-    def __init__(self, keep_seconds: float) -> None:
+    def __init__(self, keep_seconds: float, fine_seconds: float | None = None, coarse_step: float = 60.0):
         self.keep_seconds = keep_seconds
+        self.fine_seconds = keep_seconds if fine_seconds is None else min(fine_seconds, keep_seconds)
+        self.coarse_step = coarse_step
         self._samples: deque[TargetSample] = deque()
+        self._layout: Layout | None = None
+        self._last_raw: dict[tuple[SeriesKey, int], float] = {}
+        self._offset: dict[tuple[SeriesKey, int], float] = {}
 
-    def append(self, sample: TargetSample) -> None:
-        if self._samples and sample.t <= self._samples[-1].t:
-            return  # out-of-order or duplicate time: the earlier sample stands
+    def append(self, t: float, snapshot: Snapshot) -> TargetSample | None:
+        if self._samples and t <= self._samples[-1].t:
+            return None  # out-of-order or duplicate time: the earlier sample stands
+        keys, units, bounds, rows = [], [], [], []
+        for s in snapshot.series:
+            values, b, unit = _raw_values(s)
+            keys.append(s.key)
+            units.append(unit)
+            bounds.append(b)
+            rows.append(values)
+        layout = self._layout
+        if layout is None or layout.keys != tuple(keys) or layout.units != tuple(units) or layout.bounds != tuple(bounds):
+            layout = self._layout = Layout.build(keys, units, bounds)
+        flat = array("d")
+        for key, values, b in zip(keys, rows, bounds):
+            for j, raw in enumerate(values):
+                if j == len(COUNTERS):  # the gauge is taken as it is
+                    flat.append(raw)
+                    continue
+                flat.append(self._adjust((key, j if j < len(_FIXED) else (j, b)), raw))
+        sample = TargetSample(t, layout, flat)
         self._samples.append(sample)
-        horizon = sample.t - self.keep_seconds
+        self._prune(t)
+        return sample
+
+    def _adjust(self, slot, raw: float) -> float:
+        if raw != raw:
+            return NAN
+        prev = self._last_raw.get(slot)
+        offset = self._offset.get(slot, 0.0)
+        if prev is not None and raw < prev:
+            offset += prev
+            self._offset[slot] = offset
+        self._last_raw[slot] = raw
+        return raw + offset
+
+    def _prune(self, now: float) -> None:
+        samples = self._samples
+        horizon = now - self.keep_seconds
         # keep one sample at or before the horizon so a full window has a left edge
-        while len(self._samples) > 2 and self._samples[1].t <= horizon:
-            self._samples.popleft()
+        while len(samples) > 2 and samples[1].t <= horizon:
+            samples.popleft()
+        # thin the part older than the fine horizon to one sample per coarse step
+        fine = now - self.fine_seconds
+        if len(samples) < 3 or samples[1].t > fine:
+            return
+        kept: list[TargetSample] = []
+        while len(samples) > 1 and samples[0].t <= fine:
+            s = samples.popleft()
+            if not kept or s.t - kept[-1].t >= self.coarse_step or samples[0].t > fine:
+                kept.append(s)
+        samples.extendleft(reversed(kept))
 
     def samples(self) -> tuple[TargetSample, ...]:
         return tuple(self._samples)
@@ -99,10 +187,6 @@ def counter_increase(values: Sequence[float]) -> float | None:
             total += prev
         prev = v
     return total
-
-
-def interval_delta(prev: float, cur: float) -> float:
-    return cur if cur < prev else cur - prev
 
 
 def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float:
@@ -204,24 +288,22 @@ def _within(samples: Sequence[TargetSample], now: float, seconds: float) -> list
     return [s for s in samples if now - seconds < s.t <= now]
 
 
-def _series_values(samples: Iterable[TargetSample], key, attr: str) -> list[float]:
+def _values(samples: Iterable[TargetSample], key: SeriesKey, name: str) -> list[float]:
     out = []
     for s in samples:
-        ser = s.series.get(key)
-        if ser is None:
-            continue
-        v = getattr(ser, attr)
+        v = s.get(key, name)
         if v is not None:
             out.append(v)
     return out
 
 
-def _sum_increase(samples: Sequence[TargetSample], keys, attr: str) -> float | None:
+def _sum_increase(samples: Sequence[TargetSample], keys, name: str) -> float | None:
+    """Increase summed over engines; the values are reset-adjusted already."""
     total, seen = 0.0, False
     for key in keys:
-        inc = counter_increase(_series_values(samples, key, attr))
-        if inc is not None:
-            total += inc
+        values = _values(samples, key, name)
+        if len(values) >= 2:
+            total += values[-1] - values[0]
             seen = True
     return total if seen else None
 
@@ -232,22 +314,17 @@ def _ttft_bucket_increase(samples: Sequence[TargetSample], keys) -> list[tuple[f
     summed: dict[float, float] = {}
     seen = False
     for key in keys:
-        rows = [(s.series[key].ttft_bounds, s.series[key].ttft_buckets) for s in samples
-                if key in s.series and s.series[key].ttft_bounds is not None]
+        rows = [b for b in (s.buckets(key) for s in samples) if b is not None]
         if len(rows) < 2:
             continue
         bounds = rows[-1][0]
-        run = []
-        for b, counts in reversed(rows):
-            if b != bounds:
-                break
-            run.append(counts)
-        run.reverse()
-        if len(run) < 2:
+        first = len(rows) - 1
+        while first > 0 and rows[first - 1][0] == bounds:
+            first -= 1
+        if first == len(rows) - 1:
             continue
-        for i, le in enumerate(bounds):
-            inc = counter_increase([c[i] for c in run])
-            summed[le] = summed.get(le, 0.0) + (inc or 0.0)
+        for le, a, b in zip(bounds, rows[first][1], rows[-1][1]):
+            summed[le] = summed.get(le, 0.0) + (b - a)
         seen = True
     return sorted(summed.items()) if seen else None
 
@@ -258,15 +335,14 @@ def _intervals(samples: Sequence[TargetSample], keys) -> tuple[list[float], list
     for prev, cur in zip(samples, samples[1:]):
         dq = dh = ds = dc = 0.0
         for key in keys:
-            a, b = prev.series.get(key), cur.series.get(key)
-            if a is None or b is None:
-                continue
-            if None not in (a.queries, b.queries, a.hits, b.hits):
-                dq += interval_delta(a.queries, b.queries)
-                dh += interval_delta(a.hits, b.hits)
-            if None not in (a.ttft_sum, b.ttft_sum, a.ttft_count, b.ttft_count):
-                ds += interval_delta(a.ttft_sum, b.ttft_sum)
-                dc += interval_delta(a.ttft_count, b.ttft_count)
+            q0, q1, h0, h1 = prev.get(key, "queries"), cur.get(key, "queries"), prev.get(key, "hits"), cur.get(key, "hits")
+            if None not in (q0, q1, h0, h1):
+                dq += q1 - q0
+                dh += h1 - h0
+            s0, s1, c0, c1 = prev.get(key, "ttft_sum"), cur.get(key, "ttft_sum"), prev.get(key, "ttft_count"), cur.get(key, "ttft_count")
+            if None not in (s0, s1, c0, c1):
+                ds += s1 - s0
+                dc += c1 - c0
         if dq > 0 and dc > 0:
             ratios.append(dh / dq)
             ttfts.append(ds / dc)
@@ -283,8 +359,8 @@ def window_stats(
     block_size: int | None = None,
 ) -> WindowStats:
     inside = _within(samples, now, seconds)
-    keys = sorted({k for s in inside for k in s.series if k[0] == model_name}, key=lambda k: k[1] or "")
-    units = {s.series[k].unit for s in inside for k in keys if s.series[k].unit is not None}
+    keys = sorted({k for s in inside for k in s.layout.keys if k[0] == model_name}, key=lambda k: k[1] or "")
+    units = {u for s in inside for k in keys if (u := s.unit(k)) is not None}
     unit = units.pop() if len(units) == 1 else None
     queries = _sum_increase(inside, keys, "queries")
     hits = _sum_increase(inside, keys, "hits")
@@ -307,7 +383,7 @@ def window_stats(
     ttft_count = _sum_increase(inside, keys, "ttft_count")
     ratios, ttfts = _intervals(inside, keys)
     fit = pearson(ratios, ttfts)
-    kv = [v for k in keys for v in _series_values(inside, k, "kv_cache_usage")]
+    kv = [v for k in keys for v in _values(inside, k, "kv_cache_usage")]
     return WindowStats(
         window=window,
         seconds=seconds,
@@ -338,7 +414,7 @@ def summarize(
     block_size: int | None = None,
 ) -> dict[str, dict[str, WindowStats]]:
     """model_name -> window name -> WindowStats, for every model seen in the history."""
-    models = sorted({k[0] for s in samples for k in s.series})
+    models = sorted({k[0] for s in samples for k in s.layout.keys})
     return {
         m: {name: window_stats(samples, m, now, name, secs, min_query_tokens, block_size) for name, secs in windows}
         for m in models

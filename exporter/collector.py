@@ -1,0 +1,225 @@
+"""Our /metrics: a custom Collector over the latest published state.
+
+METRICS is the one table of our metric names. `collect()` builds fresh families from
+the state every scrape; it does no I/O and must never raise.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from . import __version__
+from .state import State, TargetView
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    name: str
+    kind: str  # gauge | counter | histogram
+    help: str
+    labels: tuple[str, ...]
+
+
+def _m(name: str, kind: str, help_text: str, *labels: str) -> MetricDef:
+    return MetricDef("prefixcache_" + name, kind, help_text, labels)
+
+
+_W = "over the sliding window in label `window` (configured: {windows})"
+# name -> definition. Labels after `target` get the target's configured extra labels.
+METRICS: dict[str, MetricDef] = {d.name: d for d in (
+    _m("build_info", "gauge", "Build information of vllm-prefix-cache-exporter; value 1.", "version"),
+    _m("config_last_reload_successful", "gauge", "1 if the last configuration load succeeded; a failed reload keeps the old config."),
+    _m("config_last_reload_success_timestamp_seconds", "gauge", "Unix time of the last successful configuration load."),
+    _m("target_up", "gauge", "1 if the last poll of the vLLM target returned vLLM metrics, else 0.", "target"),
+    _m("scrape_duration_seconds", "gauge", "Duration of the last poll of the vLLM target's /metrics.", "target"),
+    _m("last_scrape_success_timestamp_seconds", "gauge", "Unix time of the last successful poll of the target.", "target"),
+    _m("scrapes", "counter", "Polls of the vLLM target by result (success, timeout, connection_error, http_error, too_large, decode_error, no_vllm_metrics, internal_error).", "target", "result"),
+    _m("parse_warnings", "gauge", "Lines of the last /metrics body the parser could not use (see the log).", "target"),
+    _m("history_samples", "gauge", "Samples kept in the target's window history (bounded by the longest window).", "target"),
+    _m("prefix_caching_enabled", "gauge", "1 if vLLM reports prefix caching on (cache_config_info or V0 gauge), 0 if off; absent if unknown.", "target"),
+    _m("block_size_tokens", "gauge", "KV-cache block size from vllm:cache_config_info; only full blocks can be hit.", "target"),
+    # raw counters, re-exported so PromQL can recompute every derived value
+    _m("vllm_prefix_cache_queries", "counter", "vLLM prefix-cache queries as read from the target (vllm:prefix_cache_queries_total or the gpu_ pair), in `unit`.", "target", "model_name", "engine", "unit"),
+    _m("vllm_prefix_cache_hits", "counter", "vLLM prefix-cache hits as read from the target, in `unit`.", "target", "model_name", "engine", "unit"),
+    _m("vllm_external_prefix_cache_queries", "counter", "vLLM external (KV connector) prefix-cache queries, tokens.", "target", "model_name", "engine"),
+    _m("vllm_external_prefix_cache_hits", "counter", "vLLM external (KV connector) prefix-cache hits, tokens.", "target", "model_name", "engine"),
+    _m("vllm_prompt_tokens", "counter", "vLLM prompt tokens processed, as read from the target.", "target", "model_name", "engine"),
+    _m("vllm_preemptions", "counter", "vLLM preemptions, as read from the target.", "target", "model_name", "engine"),
+    _m("vllm_time_to_first_token_seconds", "histogram", "vLLM time-to-first-token histogram as read from the target (buckets as vLLM sets them).", "target", "model_name", "engine"),
+    _m("vllm_kv_cache_usage_ratio", "gauge", "vLLM KV-cache usage, 0-1 (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc).", "target", "model_name", "engine"),
+    _m("vllm_hit_ratio_since_start", "gauge", "V0 engines only: vLLM's block hit rate averaged since start (vllm:gpu_prefix_cache_hit_rate); no window can be derived from it.", "target", "model_name"),
+    # derived per window
+    _m("hit_ratio", "gauge", "Token-weighted prefix-cache hit ratio increase(hits)/increase(queries), summed over engines, " + _W + "; absent below global.min_query_tokens.", "target", "model_name", "window"),
+    _m("query_tokens_per_second", "gauge", "Prefix-cache query tokens per second " + _W + " (blocks for 0.8.x targets).", "target", "model_name", "window"),
+    _m("hit_tokens_per_second", "gauge", "Prefix-cache hit tokens per second " + _W + " (blocks for 0.8.x targets).", "target", "model_name", "window"),
+    _m("recomputed_tokens_per_second", "gauge", "Prompt tokens per second that missed the prefix cache and were prefilled again " + _W + ".", "target", "model_name", "window"),
+    _m("external_hit_ratio", "gauge", "External (KV connector) prefix-cache hit ratio " + _W + ".", "target", "model_name", "window"),
+    _m("ttft_seconds", "gauge", "Time to first token at `quantile`, histogram_quantile over the bucket increase " + _W + ".", "target", "model_name", "window", "quantile"),
+    _m("ttft_mean_seconds", "gauge", "Mean time to first token " + _W + ".", "target", "model_name", "window"),
+    _m("ttft_hit_ratio_correlation", "gauge", "Pearson correlation between per-poll hit ratio and per-poll mean TTFT " + _W + "; negative means misses cost latency.", "target", "model_name", "window"),
+    _m("ttft_change_per_10pt_hit_ratio_seconds", "gauge", "Fitted change of mean TTFT when the hit ratio rises by 10 percentage points " + _W + ".", "target", "model_name", "window"),
+    _m("kv_cache_usage_max_ratio", "gauge", "Highest KV-cache usage seen " + _W + ".", "target", "model_name", "window"),
+)}
+
+
+def _fmt_window_help(help_text: str, windows: str) -> str:
+    return help_text.replace("{windows}", windows)
+
+
+class PrefixCacheCollector(Collector):
+    def __init__(self, state: State, windows: Iterable[str], extra: Iterable[Callable[[State, "Families"], None]] = ()):
+        self.state = state
+        self.windows = ", ".join(windows)
+        self.extra = list(extra)
+
+    def describe(self) -> list[Metric]:
+        # an empty describe keeps registration from calling collect()
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            fams = Families(self.windows, self._label_names())
+            self._fill(fams)
+            for hook in self.extra:
+                hook(self.state, fams)
+            yield from fams.done()
+        except Exception:  # noqa: BLE001 - a scrape of us must not fail on our bug
+            log.exception("collect failed")
+            yield from ()
+
+    def _label_names(self) -> tuple[str, ...]:
+        names: set[str] = set()
+        for v in self.state.targets():
+            names.update(k for k, _ in v.target.labels)
+        return tuple(sorted(names))
+
+    def _fill(self, f: "Families") -> None:
+        proc = self.state.process()
+        f.add("prefixcache_build_info", (__version__,), 1.0, target=None)
+        f.add("prefixcache_config_last_reload_successful", (), 1.0 if proc.config_reload_success else 0.0, target=None)
+        if proc.config_reload_time is not None:
+            f.add("prefixcache_config_last_reload_success_timestamp_seconds", (), proc.config_reload_time, target=None)
+        for view in sorted(self.state.targets(), key=lambda v: v.target.name):
+            self._target(f, view)
+
+    def _target(self, f: "Families", v: TargetView) -> None:
+        t = v.target
+        f.add("prefixcache_target_up", (), 1.0 if v.up else 0.0, target=t)
+        if v.scrape_duration is not None:
+            f.add("prefixcache_scrape_duration_seconds", (), v.scrape_duration, target=t)
+        if v.last_success_time is not None:
+            f.add("prefixcache_last_scrape_success_timestamp_seconds", (), v.last_success_time, target=t)
+        for result, count in v.scrapes:
+            f.add("prefixcache_scrapes", (result,), count, target=t)
+        f.add("prefixcache_history_samples", (), v.samples_kept, target=t)
+        snap = v.snapshot
+        if snap is not None:
+            f.add("prefixcache_parse_warnings", (), len(snap.warnings), target=t)
+            if snap.prefix_caching_enabled is not None:
+                f.add("prefixcache_prefix_caching_enabled", (), 1.0 if snap.prefix_caching_enabled else 0.0, target=t)
+            if snap.block_size is not None:
+                f.add("prefixcache_block_size_tokens", (), snap.block_size, target=t)
+        if snap is not None and v.up:
+            for s in snap.series:
+                engine = s.engine or ""
+                pc, ext = s.prefix_cache, s.external_prefix_cache
+                if pc is not None:
+                    if pc.queries is not None:
+                        f.add("prefixcache_vllm_prefix_cache_queries", (s.model_name, engine, pc.unit), pc.queries, target=t)
+                    if pc.hits is not None:
+                        f.add("prefixcache_vllm_prefix_cache_hits", (s.model_name, engine, pc.unit), pc.hits, target=t)
+                if ext is not None:
+                    if ext.queries is not None:
+                        f.add("prefixcache_vllm_external_prefix_cache_queries", (s.model_name, engine), ext.queries, target=t)
+                    if ext.hits is not None:
+                        f.add("prefixcache_vllm_external_prefix_cache_hits", (s.model_name, engine), ext.hits, target=t)
+                for name, value in (("prefixcache_vllm_prompt_tokens", s.prompt_tokens), ("prefixcache_vllm_preemptions", s.preemptions),
+                                    ("prefixcache_vllm_kv_cache_usage_ratio", s.kv_cache_usage)):
+                    if value is not None:
+                        f.add(name, (s.model_name, engine), value, target=t)
+                if s.hit_rate_since_start is not None:
+                    f.add("prefixcache_vllm_hit_ratio_since_start", (s.model_name,), s.hit_rate_since_start, target=t)
+                h = s.ttft
+                if h is not None and h.buckets and math.isinf(h.buckets[-1][0]) and h.sum is not None:
+                    f.histogram("prefixcache_vllm_time_to_first_token_seconds", (s.model_name, engine), h.buckets, h.sum, target=t)
+        for model, windows in sorted(v.stats.items()):
+            for window, ws in windows.items():
+                labels = (model, window)
+                if ws.hit_ratio is not None:
+                    f.add("prefixcache_hit_ratio", labels, ws.hit_ratio, target=t)
+                if ws.query_rate is not None:
+                    f.add("prefixcache_query_tokens_per_second", labels, ws.query_rate, target=t)
+                if ws.hit_rate is not None:
+                    f.add("prefixcache_hit_tokens_per_second", labels, ws.hit_rate, target=t)
+                if ws.query_rate is not None and ws.hit_rate is not None:
+                    f.add("prefixcache_recomputed_tokens_per_second", labels, ws.query_rate - ws.hit_rate, target=t)
+                if ws.external_hit_ratio is not None:
+                    f.add("prefixcache_external_hit_ratio", labels, ws.external_hit_ratio, target=t)
+                for q, value in sorted(ws.ttft_quantiles.items()):
+                    f.add("prefixcache_ttft_seconds", (model, window, _quantile(q)), value, target=t)
+                if ws.ttft_mean is not None:
+                    f.add("prefixcache_ttft_mean_seconds", labels, ws.ttft_mean, target=t)
+                if ws.correlation is not None:
+                    f.add("prefixcache_ttft_hit_ratio_correlation", labels, ws.correlation, target=t)
+                if ws.ttft_per_10_points is not None:
+                    f.add("prefixcache_ttft_change_per_10pt_hit_ratio_seconds", labels, ws.ttft_per_10_points, target=t)
+                if ws.kv_cache_usage_max is not None:
+                    f.add("prefixcache_kv_cache_usage_max_ratio", labels, ws.kv_cache_usage_max, target=t)
+
+
+def _quantile(q: float) -> str:
+    return repr(q)
+
+
+class Families:
+    """Builds families from METRICS; target labels (and configured extras) are added."""
+
+    def __init__(self, windows: str, extra_label_names: tuple[str, ...]):
+        self.windows = windows
+        self.extra = extra_label_names
+        self._fams: dict[str, Metric] = {}
+
+    def _family(self, name: str) -> Metric:
+        fam = self._fams.get(name)
+        if fam is None:
+            d = METRICS[name]
+            labels = list(d.labels)
+            if "target" in labels:
+                labels[1:1] = self.extra
+            help_text = _fmt_window_help(d.help, self.windows)
+            base = name
+            cls = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily, "histogram": HistogramMetricFamily}[d.kind]
+            fam = self._fams[name] = cls(base, help_text, labels=labels)
+        return fam
+
+    def _labels(self, name: str, values: tuple, target) -> list[str]:
+        if target is None:
+            return [str(v) for v in values]
+        extra = dict(target.labels)
+        return [target.name] + [extra.get(k, "") for k in self.extra] + [str(v) for v in values]
+
+    def add(self, name: str, values: tuple, value: float, target) -> None:
+        self._family(name).add_metric(self._labels(name, values, target), value)
+
+    def histogram(self, name: str, values: tuple, buckets, total: float, target) -> None:
+        fam = self._family(name)
+        fam.add_metric(self._labels(name, values, target), [("+Inf" if math.isinf(le) else _le(le), c) for le, c in buckets], total)
+
+    def done(self) -> Iterator[Metric]:
+        return iter(self._fams.values())
+
+
+def _le(le: float) -> str:
+    return repr(float(le))

@@ -1,0 +1,168 @@
+"""The WSGI app (/metrics, health, landing page, status API) and its threaded server."""
+from __future__ import annotations
+
+import gzip
+import html
+import json
+import logging
+import math
+import threading
+from socketserver import ThreadingMixIn
+from typing import Callable, Iterable
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from . import __version__
+from .state import State
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[dict], tuple[int, str, bytes]]  # environ -> (status, content type, body)
+
+_STATUS = {200: "200 OK", 202: "202 Accepted", 204: "204 No Content", 400: "400 Bad Request", 401: "401 Unauthorized",
+           404: "404 Not Found", 405: "405 Method Not Allowed", 411: "411 Length Required", 413: "413 Payload Too Large",
+           415: "415 Unsupported Media Type", 500: "500 Internal Server Error", 503: "503 Service Unavailable"}
+
+
+def json_response(status: int, payload) -> tuple[int, str, bytes]:
+    return status, "application/json", (json.dumps(payload, default=_json_default, allow_nan=False) + "\n").encode()
+
+
+def _json_default(value):
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
+def _finite(v):
+    return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
+
+
+class App:
+    """Routes: (method, path) -> handler. Later stages add their routes with `route()`."""
+
+    def __init__(self, state: State, registry: CollectorRegistry, ready: Callable[[], tuple[bool, str]] | None = None):
+        self.state = state
+        self.registry = registry
+        self.ready_check = ready or (lambda: (state.ready(), "every target polled at least once"))
+        self.routes: dict[tuple[str, str], Handler] = {}
+        self.route("GET", "/metrics", self._metrics)
+        self.route("GET", "/-/healthy", lambda env: (200, "text/plain", b"Healthy.\n"))
+        self.route("GET", "/-/ready", self._ready)
+        self.route("GET", "/", self._landing)
+        self.route("GET", "/api/v1/status", self._status)
+
+    def route(self, method: str, path: str, handler: Handler) -> None:
+        self.routes[(method, path)] = handler
+        if method == "GET":
+            self.routes.setdefault(("HEAD", path), handler)
+
+    def __call__(self, environ: dict, start_response) -> Iterable[bytes]:
+        method, path = environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "/") or "/"
+        handler = self.routes.get((method, path))
+        if handler is None:
+            if any(p == path for _, p in self.routes):
+                status, ctype, body = 405, "text/plain", f"method {method} not allowed on {path}\n".encode()
+            else:
+                status, ctype, body = 404, "text/plain", f"{path} not found\n".encode()
+        else:
+            try:
+                status, ctype, body = handler(environ)
+            except Exception:  # noqa: BLE001 - answer 500, keep serving
+                log.exception("handler for %s %s failed", method, path)
+                status, ctype, body = 500, "text/plain", b"internal error\n"
+        headers = [("Content-Type", ctype)]
+        if path == "/metrics" and status == 200 and "gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""):
+            body = gzip.compress(body, compresslevel=1)
+            headers.append(("Content-Encoding", "gzip"))
+        headers.append(("Content-Length", str(len(body))))
+        start_response(_STATUS.get(status, f"{status} Status"), headers)
+        return [b"" if method == "HEAD" else body]
+
+    def _metrics(self, environ) -> tuple[int, str, bytes]:
+        return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
+
+    def _ready(self, environ) -> tuple[int, str, bytes]:
+        ok, why = self.ready_check()
+        return (200, "text/plain", b"Ready.\n") if ok else (503, "text/plain", f"Not ready: {why}\n".encode())
+
+    def _landing(self, environ) -> tuple[int, str, bytes]:
+        links = "".join(f'<li><a href="{p}">{p}</a></li>' for m, p in sorted(self.routes) if m == "GET")
+        rows = "".join(
+            f"<tr><td>{html.escape(v.target.name)}</td><td>{'up' if v.up else 'down'}</td>"
+            f"<td>{html.escape(v.last_error or '')}</td></tr>" for v in self.state.targets())
+        page = (f"<!doctype html><html><head><title>vLLM prefix-cache exporter</title></head><body>"
+                f"<h1>vLLM prefix-cache exporter {__version__}</h1><ul>{links}</ul>"
+                f"<table><tr><th>target</th><th>state</th><th>last error</th></tr>{rows}</table></body></html>")
+        return 200, "text/html; charset=utf-8", page.encode()
+
+    def _status(self, environ) -> tuple[int, str, bytes]:
+        return json_response(200, status_json(self.state))
+
+
+def status_json(state: State) -> dict:
+    targets = []
+    for v in state.targets():
+        models = {}
+        for model, windows in v.stats.items():
+            models[model] = {
+                w: {
+                    "hit_ratio": _finite(s.hit_ratio),
+                    "query_tokens": _finite(s.query_increase),
+                    "hit_tokens": _finite(s.hit_increase),
+                    "unit": s.unit,
+                    "ttft_seconds": {str(q): _finite(x) for q, x in sorted(s.ttft_quantiles.items())},
+                    "ttft_mean_seconds": _finite(s.ttft_mean),
+                    "ttft_hit_ratio_correlation": _finite(s.correlation),
+                    "ttft_change_per_10pt_hit_ratio_seconds": _finite(s.ttft_per_10_points),
+                    "kv_cache_usage_max": _finite(s.kv_cache_usage_max),
+                    "samples": s.samples,
+                } for w, s in windows.items()
+            }
+        snap = v.snapshot
+        targets.append({
+            "name": v.target.name,
+            "url": v.target.url,
+            "up": v.up,
+            "last_result": v.last_result,
+            "last_error": v.last_error,
+            "last_scrape_time": v.last_scrape_time,
+            "prefix_caching_enabled": snap.prefix_caching_enabled if snap else None,
+            "block_size": snap.block_size if snap else None,
+            "warnings": list(snap.warnings) if snap else [],
+            "models": models,
+        })
+    out = {"version": __version__, "ready": state.ready(), "targets": targets}
+    for key in ("alerts", "deploys"):
+        value = state.get(key)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - stdlib signature
+        log.debug("http: " + format, *args)
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class Server:
+    def __init__(self, app: App, host: str, port: int):
+        self.httpd = make_server(host or "0.0.0.0", port, app, server_class=_ThreadingWSGIServer, handler_class=_QuietHandler)
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self.httpd.server_address[1]
+
+    def start(self) -> "Server":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
