@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class MetricDef:
     name: str
-    kind: str  # gauge | counter | histogram
+    kind: str  # gauge | counter | histogram | summary
     help: str
     labels: tuple[str, ...]
 
@@ -66,7 +66,7 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("hit_tokens_per_second", "gauge", "Prefix-cache hit tokens per second " + _W + " (blocks for 0.8.x targets).", "target", "model_name", "window"),
     _m("recomputed_tokens_per_second", "gauge", "Prompt tokens per second that missed the prefix cache and were prefilled again " + _W + ".", "target", "model_name", "window"),
     _m("external_hit_ratio", "gauge", "External (KV connector) prefix-cache hit ratio " + _W + ".", "target", "model_name", "window"),
-    _m("ttft_seconds", "gauge", "Time to first token at `quantile`, histogram_quantile over the bucket increase " + _W + ".", "target", "model_name", "window", "quantile"),
+    _m("ttft_seconds", "summary", "Time to first token: `quantile` is histogram_quantile over vLLM's bucket increase " + _W + "; _sum and _count are vLLM's cumulative totals, summed over engines.", "target", "model_name", "window"),
     _m("ttft_mean_seconds", "gauge", "Mean time to first token " + _W + ".", "target", "model_name", "window"),
     _m("ttft_hit_ratio_correlation", "gauge", "Pearson correlation between per-poll hit ratio and per-poll mean TTFT " + _W + "; negative means misses cost latency.", "target", "model_name", "window"),
     _m("ttft_change_per_10pt_hit_ratio_seconds", "gauge", "Fitted change of mean TTFT when the hit ratio rises by 10 percentage points " + _W + ".", "target", "model_name", "window"),
@@ -154,6 +154,7 @@ class PrefixCacheCollector(Collector):
                 h = s.ttft
                 if h is not None and h.buckets and math.isinf(h.buckets[-1][0]) and h.sum is not None:
                     f.histogram("prefixcache_vllm_time_to_first_token_seconds", (s.model_name, engine), h.buckets, h.sum, target=t)
+        ttft_totals = _ttft_totals(snap) if snap is not None and v.up else {}
         for model, windows in sorted(v.stats.items()):
             for window, ws in windows.items():
                 labels = (model, window)
@@ -167,8 +168,9 @@ class PrefixCacheCollector(Collector):
                     f.add("prefixcache_recomputed_tokens_per_second", labels, ws.query_rate - ws.hit_rate, target=t)
                 if ws.external_hit_ratio is not None:
                     f.add("prefixcache_external_hit_ratio", labels, ws.external_hit_ratio, target=t)
-                for q, value in sorted(ws.ttft_quantiles.items()):
-                    f.add("prefixcache_ttft_seconds", (model, window, _quantile(q)), value, target=t)
+                totals = ttft_totals.get(model)
+                if ws.ttft_quantiles and totals is not None:
+                    f.summary("prefixcache_ttft_seconds", labels, sorted(ws.ttft_quantiles.items()), totals, target=t)
                 if ws.ttft_mean is not None:
                     f.add("prefixcache_ttft_mean_seconds", labels, ws.ttft_mean, target=t)
                 if ws.correlation is not None:
@@ -179,8 +181,16 @@ class PrefixCacheCollector(Collector):
                     f.add("prefixcache_kv_cache_usage_max_ratio", labels, ws.kv_cache_usage_max, target=t)
 
 
-def _quantile(q: float) -> str:
-    return repr(q)
+def _ttft_totals(snap) -> dict[str, tuple[float, float]]:
+    """model -> (count, sum) of vLLM's TTFT histogram, summed over engines."""
+    out: dict[str, tuple[float, float]] = {}
+    for s in snap.series:
+        h = s.ttft
+        if h is None or h.count is None or h.sum is None:
+            continue
+        count, total = out.get(s.model_name, (0.0, 0.0))
+        out[s.model_name] = (count + h.count, total + h.sum)
+    return out
 
 
 class Families:
@@ -190,6 +200,7 @@ class Families:
         self.windows = windows
         self.extra = extra_label_names
         self._fams: dict[str, Metric] = {}
+        self._summary_labels: dict[str, list[str]] = {}
 
     def _family(self, name: str) -> Metric:
         fam = self._fams.get(name)
@@ -200,8 +211,12 @@ class Families:
                 labels[1:1] = self.extra
             help_text = _fmt_window_help(d.help, self.windows)
             base = name
-            cls = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily, "histogram": HistogramMetricFamily}[d.kind]
-            fam = self._fams[name] = cls(base, help_text, labels=labels)
+            if d.kind == "summary":
+                fam = self._fams[name] = Metric(base, help_text, "summary")
+                self._summary_labels[name] = labels
+            else:
+                cls = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily, "histogram": HistogramMetricFamily}[d.kind]
+                fam = self._fams[name] = cls(base, help_text, labels=labels)
         return fam
 
     def _labels(self, name: str, values: tuple, target) -> list[str]:
@@ -216,6 +231,14 @@ class Families:
     def histogram(self, name: str, values: tuple, buckets, total: float, target) -> None:
         fam = self._family(name)
         fam.add_metric(self._labels(name, values, target), [("+Inf" if math.isinf(le) else _le(le), c) for le, c in buckets], total)
+
+    def summary(self, name: str, values: tuple, quantiles, totals: tuple[float, float], target) -> None:
+        fam = self._family(name)
+        labels = dict(zip(self._summary_labels[name], self._labels(name, values, target)))
+        for q, value in quantiles:
+            fam.add_sample(name, {**labels, "quantile": repr(float(q))}, value)
+        fam.add_sample(name + "_count", labels, totals[0])
+        fam.add_sample(name + "_sum", labels, totals[1])
 
     def done(self) -> Iterator[Metric]:
         return iter(self._fams.values())

@@ -163,7 +163,7 @@ class Replica:
         self.scenario = scenario
         self.generation = generation
         self.model_names = tuple(model_names)
-        self.n_engines = engines
+        self.n_engines = 1 if generation == "v0" else engines  # V0 has no engine label
         self.tokenizer = tokenizer or Tokenizer()
         self.lock = threading.Lock()
         self._rng = random.Random(seed)

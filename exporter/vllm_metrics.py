@@ -325,17 +325,17 @@ def _pair(values: dict[str, float], queries: str, hits: str, unit: str, what: st
     return CounterPair(queries=q, hits=h, unit=unit)
 
 
-def _prefix_pair(values: dict[str, float], gpu_unit: str | None, what: str, warnings: list[str]) -> tuple[CounterPair | None, bool]:
+def _prefix_pair(values: dict[str, float], gpu_unit: str | None, what: str, warnings: list[str]) -> CounterPair | None:
     """The new pair wins; the deprecated `gpu_` pair is never added to it. A half
     missing from the new pair (an excerpt, a cut body) is taken from the deprecated
-    one, which counts the same tokens in 0.9.2-0.11.x. Returns (pair, used_deprecated)."""
+    one, which counts the same tokens in 0.9.2-0.11.x."""
     new = _pair(values, "queries", "hits", "tokens", what, [])
     old_unit = gpu_unit or "tokens"
     old = _pair(values, "gpu_queries", "gpu_hits", old_unit, what, [])
     if new is None:
         if old is not None and (old.queries is None or old.hits is None):
             warnings.append(f"{what}: only one half of vllm:gpu_prefix_cache_* is present")
-        return old, old is not None
+        return old
     if (new.queries is None or new.hits is None) and old is not None and old_unit == "tokens":
         queries = new.queries if new.queries is not None else old.queries
         hits = new.hits if new.hits is not None else old.hits
@@ -343,15 +343,16 @@ def _prefix_pair(values: dict[str, float], gpu_unit: str | None, what: str, warn
         new = CounterPair(queries=queries, hits=hits, unit="tokens")
     if new.queries is None or new.hits is None:
         warnings.append(f"{what}: only one half of vllm:prefix_cache_* is present")
-    return new, False
+    return new
 
 
 def _series(model: str, engine: str | None, b: _SeriesBuilder, gpu_unit: str | None, warnings: list[str]) -> SeriesSnapshot:
     v = b.values
     what = f"model_name={model!r} engine={engine!r}"
     # 0.9.2-0.11.x expose both pairs: the new one wins, they are never added.
-    prefix, deprecated = _prefix_pair(v, gpu_unit, what, warnings)
-    created = b.created.get("deprecated" if deprecated else "new", b.created.get("new"))
+    prefix = _prefix_pair(v, gpu_unit, what, warnings)
+    # either `_created` dates the same process start; a change of it is a restart
+    created = b.created.get("new", b.created.get("deprecated"))
     ttft = None
     if b.buckets or "ttft_count" in v or "ttft_sum" in v:
         buckets = tuple(sorted(b.buckets.items()))

@@ -1,0 +1,25 @@
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def require_binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed; run the README's test command (scripts/test), which installs it")
+    return path
+
+
+@pytest.fixture
+def fixtures() -> Path:
+    return FIXTURES

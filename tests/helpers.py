@@ -1,0 +1,38 @@
+"""Builders shared by several test files."""
+from exporter import simulator
+from exporter.config import Target
+from exporter.state import State, TargetView
+from exporter.vllm_metrics import parse
+from exporter.window import History, summarize
+
+WINDOWS = (("1m", 60.0), ("5m", 300.0))
+
+
+def simulated_view(name="vllm-0", generation="current", seconds=600, step=5.0, labels=(("namespace", "llm"),), seed=7):
+    """A TargetView as the poller would publish it after `seconds` of the incident story."""
+    replica = simulator.Replica(name, simulator.incident(seconds * 0.75), start=0.0, seed=seed, generation=generation)
+    history = History(300.0 + step)
+    snap = None
+    t = 0.0
+    while t <= seconds:
+        replica.advance(t)
+        snap = parse(replica.render())
+        history.append(t, snap)
+        t += step
+    now = t - step
+    stats = summarize(history.samples(), now, WINDOWS, 1000.0, snap.block_size)
+    target = Target(name=name, url=f"http://127.0.0.1:1/{name}/metrics", labels=labels)
+    return TargetView(target=target, up=True, polled=True, last_result="success", last_scrape_time=now,
+                      last_success_time=now, scrape_duration=0.0125, scrapes=(("success", 121), ("timeout", 2)),
+                      snapshot=snap, stats=stats, samples_kept=len(history))
+
+
+def simulated_state(**kwargs) -> State:
+    state = State()
+    view = simulated_view(**kwargs)
+    state.set_targets([view])
+    state.set_process(config_reload_success=True, config_reload_time=1764480000.0)
+    down = TargetView(target=Target(name="vllm-down", url="http://127.0.0.1:1/x/metrics"), polled=True,
+                      last_result="connection_error", last_error="connection refused", scrapes=(("connection_error", 3),))
+    state.set_targets([view, down])
+    return state

@@ -1,0 +1,88 @@
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from exporter.cli import main
+
+from conftest import FIXTURES, free_port
+
+UPSTREAM = FIXTURES / "vllm-metrics"
+
+
+def run_cli(*args, input=None, timeout=120):
+    return subprocess.run([sys.executable, "-m", "exporter", *args], input=input, capture_output=True, text=True, timeout=timeout)
+
+
+def test_parse_file_prints_the_contract_json():
+    proc = run_cli("parse", str(UPSTREAM / "v1-0.10.0_production-stack-issue-617.txt"))
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["series"][0]["prefix_cache"] == {"queries": 32.0, "hits": 0.0, "unit": "tokens"}
+
+
+def test_parse_stdin_and_garbage_exit_code():
+    proc = run_cli("parse", "-", input="<html>nope</html>\n")
+    assert proc.returncode == 1 and "no vLLM prefix-cache series" in proc.stderr
+    assert json.loads(proc.stdout)["series"] == []
+
+
+def test_parse_missing_file():
+    proc = run_cli("parse", "/nonexistent.txt")
+    assert proc.returncode == 1 and "cannot read" in proc.stderr
+
+
+def test_check_config_good_and_bad():
+    good = run_cli("check-config", str(FIXTURES / "config" / "good.yml"))
+    assert good.returncode == 0 and "OK" in good.stdout
+    bad = run_cli("check-config", str(FIXTURES / "config" / "bad.yml"))
+    assert bad.returncode == 2
+    assert "targets[1].name: required" in bad.stderr and "11 error(s)" in bad.stderr
+
+
+def test_run_without_config_exits_2(monkeypatch):
+    monkeypatch.delenv("PREFIX_CACHE_EXPORTER_CONFIG", raising=False)
+    assert main(["run"]) == 2
+
+
+def test_run_with_bad_config_exits_2():
+    assert main(["run", "--config.file", str(FIXTURES / "config" / "bad.yml")]) == 2
+
+
+def test_run_serves_metrics_and_stops_on_sigterm(tmp_path):
+    port = free_port()
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(f"targets:\n  - name: dead\n    url: http://127.0.0.1:{free_port()}/metrics\n")
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "run", f"--web.listen-address=127.0.0.1:{port}"],
+                            env={**os.environ, "PREFIX_CACHE_EXPORTER_CONFIG": str(cfg)},
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        body = None
+        for _ in range(100):
+            try:
+                r = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=1)
+                if 'prefixcache_target_up{target="dead"} 0.0' in r.text:
+                    body = r.text
+                    break
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.1)
+        assert body is not None
+        assert requests.get(f"http://127.0.0.1:{port}/-/ready", timeout=1).status_code == 200
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0
+    assert "target=dead is down" in err
+
+
+def test_demo_runs_the_story_and_exits_by_itself():
+    proc = run_cli("demo", "--duration=60", f"--web.listen-address=127.0.0.1:{free_port()}", timeout=150)
+    assert proc.returncode == 0, proc.stderr
+    last = [l for l in proc.stdout.splitlines() if l.startswith("demo: hit rate")][-1]
+    before, after = [float(x.rstrip("%,")) for x in last.split() if x.endswith("%") or x.endswith("%,")]
+    assert before > 80 and after < 10

@@ -1,0 +1,72 @@
+import os
+import subprocess
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.collector import METRICS, PrefixCacheCollector
+from exporter.state import State
+
+from conftest import FIXTURES, require_binary
+from helpers import WINDOWS, simulated_state
+
+GOLDEN = FIXTURES / "golden" / "collector.prom"
+
+
+def exposition(state) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PrefixCacheCollector(state, [w for w, _ in WINDOWS]))
+    return generate_latest(registry)
+
+
+def test_golden_exposition():
+    """Set UPDATE_GOLDEN=1 to rewrite the golden file after an intended change."""
+    text = exposition(simulated_state())
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.write_bytes(text)
+    assert text.decode() == GOLDEN.read_text()
+
+
+def test_every_family_is_in_the_table_and_help_names_the_windows():
+    text = exposition(simulated_state()).decode()
+    names = set()
+    for fam in text_string_to_metric_families(text):
+        assert "prefixcache_" + fam.name.removeprefix("prefixcache_") in METRICS or fam.name + "_total" in METRICS or fam.name in METRICS
+        names.add(fam.name)
+        if "window" in {k for s in fam.samples for k in s.labels}:
+            assert "1m, 5m" in fam.documentation
+    assert {"prefixcache_hit_ratio", "prefixcache_ttft_seconds", "prefixcache_target_up", "prefixcache_scrapes",
+            "prefixcache_vllm_prefix_cache_queries", "prefixcache_vllm_time_to_first_token_seconds"} <= names
+
+
+def test_derived_values_and_target_labels():
+    fams = {f.name: f for f in text_string_to_metric_families(exposition(simulated_state()).decode())}
+    hit = {(s.labels["target"], s.labels["window"]): s.value for s in fams["prefixcache_hit_ratio"].samples}
+    # the deploy was 150 s before `now`: the 1m window is all after it, the 5m half
+    assert hit[("vllm-0", "1m")] < 0.1
+    assert 0.3 < hit[("vllm-0", "5m")] < 0.6
+    up = {s.labels["target"]: (s.value, s.labels["namespace"]) for s in fams["prefixcache_target_up"].samples}
+    assert up == {"vllm-0": (1.0, "llm"), "vllm-down": (0.0, "")}
+    # a down target exports no stale raw counters
+    assert {s.labels["target"] for s in fams["prefixcache_vllm_prefix_cache_queries"].samples} == {"vllm-0"}
+
+
+def test_empty_state_still_exposes_process_metrics():
+    text = exposition(State()).decode()
+    assert "prefixcache_build_info" in text and "prefixcache_config_last_reload_successful 1.0" in text
+
+
+def test_collect_never_raises():
+    class Broken(State):
+        def targets(self):
+            raise RuntimeError("bug")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PrefixCacheCollector(Broken(), ["1m"]))
+    assert generate_latest(registry) == b""
+
+
+def test_promtool_check_metrics_accepts_our_output():
+    promtool = require_binary("promtool")
+    proc = subprocess.run([promtool, "check", "metrics"], input=exposition(simulated_state()), capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()

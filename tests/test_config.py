@@ -1,0 +1,70 @@
+import pytest
+
+from exporter import config
+from exporter.config import ConfigError, load, load_file, load_text
+
+from conftest import FIXTURES
+
+
+def test_good_config_loads_with_every_value():
+    cfg = load_file(str(FIXTURES / "config" / "good.yml"))
+    assert [t.name for t in cfg.targets] == ["vllm-0", "vllm-1"]
+    assert cfg.targets[0].labels == (("namespace", "llm"), ("pod", "vllm-0"))
+    assert cfg.global_.poll_interval == 5.0
+    assert cfg.global_.body_size_limit == 16 * 1024 * 1024
+    assert cfg.global_.windows == (("1m", 60.0), ("5m", 300.0), ("15m", 900.0), ("1h", 3600.0))
+    assert cfg.global_.min_query_tokens == 2000
+    assert cfg.longest_window == 3600.0
+
+
+def test_defaults_live_in_one_place():
+    cfg = load_file(str(FIXTURES / "config" / "minimal.yml"))
+    assert cfg.global_ == config.GlobalConfig()
+    assert cfg.web.listen_address == ":9464"
+
+
+def test_every_error_is_reported_at_once_with_its_key_path():
+    with pytest.raises(ConfigError) as exc:
+        load_file(str(FIXTURES / "config" / "bad.yml"))
+    errors = exc.value.errors
+    for path in ("global.poll_interval", "global.body_size_limit", "global.windows[1]", "global.retention: unknown key",
+                 "web.listen_address", "targets[0].url", "targets[0].labels.target", "targets[0].labels.bad-name",
+                 "targets[1].name: required", "targets[1].lables: unknown key", "targets[2].name: duplicate"):
+        assert any(e.startswith(path) for e in errors), (path, errors)
+    assert len(errors) == 11
+
+
+@pytest.mark.parametrize("text, fragment", [
+    pytest.param("targets: [", "not valid YAML", id="bad-yaml"),
+    pytest.param("- 1\n- 2\n", "<root>: must be a mapping", id="not-a-mapping"),
+    pytest.param("targets: {a: 1}", "targets: must be a list", id="targets-not-list"),
+    pytest.param("global: {windows: []}", "global.windows", id="empty-windows"),
+    pytest.param("global: {windows: [1m, 60s]}", "windows must differ", id="duplicate-windows"),
+    pytest.param("global: {poll_interval: 1s, read_timeout: 10s}", "4 poll intervals", id="timeout-longer-than-polls"),
+    pytest.param("global: {min_query_tokens: -1}", "global.min_query_tokens", id="negative-floor"),
+    pytest.param("global: {poll_interval: true}", "global.poll_interval", id="bool-duration"),
+])
+def test_bad_values(text, fragment):
+    with pytest.raises(ConfigError) as exc:
+        load_text(text)
+    assert any(fragment in e for e in exc.value.errors), exc.value.errors
+
+
+def test_missing_file_is_a_config_error():
+    with pytest.raises(ConfigError) as exc:
+        load_file("/nonexistent/config.yml")
+    assert "cannot read" in exc.value.errors[0]
+
+
+@pytest.mark.parametrize("text, seconds", [("5s", 5), ("1m30s", 90), ("500ms", 0.5), ("1h", 3600), (2, 2.0), ("1d", 86400)])
+def test_durations(text, seconds):
+    assert config.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text, size", [("16MiB", 16 * 2**20), ("1KB", 1000), (512, 512), ("2 GiB", 2 * 2**30)])
+def test_sizes(text, size):
+    assert config.parse_size(text) == size
+
+
+def test_empty_config_is_valid_and_has_no_targets():
+    assert load(None).targets == ()

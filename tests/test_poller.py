@@ -1,0 +1,125 @@
+import time
+
+import pytest
+
+from exporter import simulator
+from exporter.config import Config, GlobalConfig, Target
+from exporter.poller import Poller, TargetPoller
+from exporter.state import State, TargetView
+
+from conftest import FIXTURES, free_port
+from fakeserver import FakeServer, reply, slow, text
+
+GARBAGE = (FIXTURES / "edge" / "garbage.txt").read_text()
+
+
+class Clock:
+    def __init__(self, t=1000.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def config(*targets, **g):
+    defaults = dict(poll_interval=5.0, connect_timeout=0.5, read_timeout=1.0, windows=(("1m", 60.0),), min_query_tokens=1.0, jitter=0.0)
+    defaults.update(g)
+    return Config(targets=tuple(targets), global_=GlobalConfig(**defaults))
+
+
+class Switch:
+    """A route whose answer the test changes between polls."""
+
+    def __init__(self):
+        self.status, self.body = 200, ""
+
+    def __call__(self, h):
+        reply(h, self.status, self.body.encode())
+
+
+@pytest.fixture
+def switch():
+    route = Switch()
+    with FakeServer({"/metrics": route}) as server:
+        route.url = server.base + "/metrics"
+        yield route
+
+
+def test_poll_cycle_publishes_windows_and_survives_bad_answers(switch):
+    replica = simulator.Replica("r", simulator.Scenario(), start=-600.0, seed=1)  # warm cache
+    clock, state = Clock(0.0), State()
+    target = Target("r", switch.url)
+    cfg = config(target)
+    state.set_targets([TargetView(target=target)])
+    poller = TargetPoller(target, cfg, state, clock)
+
+    def poll_at(t, status=200, body=None):
+        clock.t = t
+        replica.advance(t)
+        switch.status, switch.body = status, body if body is not None else replica.render()
+        poller.poll()
+        return state.target("r")
+
+    for t in (0, 5, 10, 15):
+        view = poll_at(t)
+    assert view.up and view.last_result == "success"
+    assert 0.5 < view.stats["demo/llama-3-8b"]["1m"].hit_ratio < 1.0
+    view = poll_at(20, status=500, body="oops")
+    assert not view.up and view.last_result == "http_error" and view.last_error == "HTTP 500"
+    assert view.stats["demo/llama-3-8b"]["1m"].hit_ratio is not None  # history is kept
+    view = poll_at(25, body="<html>not metrics</html>")
+    assert not view.up and view.last_result == "no_vllm_metrics"
+    view = poll_at(30, body=GARBAGE)
+    assert view.last_result == "success" and len(view.snapshot.warnings) >= 3
+    assert dict(view.scrapes) == {"success": 5, "http_error": 1, "no_vllm_metrics": 1}
+
+
+def test_counter_reset_on_restart_is_an_increase_not_a_negative(switch):
+    scenario = simulator.Scenario(events=(simulator.Event(32.0, "restart"),))
+    replica = simulator.Replica("r", scenario, start=0.0, seed=2)
+    clock, state = Clock(), State()
+    target = Target("r", switch.url)
+    state.set_targets([TargetView(target=target)])
+    poller = TargetPoller(target, config(target), state, clock)
+    for t in range(0, 60, 5):
+        clock.t = float(t)
+        replica.advance(t)
+        switch.body = replica.render()
+        poller.poll()
+    ws = state.target("r").stats["demo/llama-3-8b"]["1m"]
+    assert ws.query_increase > 0 and ws.hit_increase >= 0
+    assert 0 <= ws.hit_ratio < 1
+
+
+def test_poll_never_raises_on_internal_errors(switch, monkeypatch):
+    state, target = State(), Target("r", switch.url)
+    state.set_targets([TargetView(target=target)])
+    poller = TargetPoller(target, config(target), state, Clock())
+    monkeypatch.setattr("exporter.poller.parse", lambda body: 1 / 0)
+    switch.body = "vllm:prefix_cache_hits_total{model_name=\"m\"} 1\n"
+    poller.poll()
+    assert state.target("r").last_result == "internal_error"
+
+
+def test_a_slow_and_a_dead_target_do_not_delay_a_fast_one():
+    fast_replica = simulator.Replica("fast", simulator.Scenario(), start=time.time(), seed=1)
+    routes = {"/fast": lambda h: (fast_replica.advance(time.time()), text(fast_replica.render())(h)), "/slow": slow(3.0)}
+    with FakeServer(routes) as server:
+        cfg = config(Target("fast", server.base + "/fast"), Target("slow", server.base + "/slow"),
+                     Target("dead", f"http://127.0.0.1:{free_port()}/metrics"),
+                     poll_interval=0.2, connect_timeout=0.2, read_timeout=0.6)
+        state = State()
+        poller = Poller(cfg, state)
+        poller.start()
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                fast = dict(state.target("fast").scrapes).get("success", 0)
+                if fast >= 5 and state.ready():
+                    break
+                time.sleep(0.05)
+        finally:
+            poller.stop()
+        assert fast >= 5, "the fast target was held up by the slow or dead one"
+        assert state.target("slow").last_result == "timeout"
+        assert state.target("dead").last_result == "connection_error"

@@ -1,0 +1,74 @@
+import pytest
+
+from exporter import scrape
+from exporter.scrape import Scraper
+
+from conftest import FIXTURES, free_port
+from fakeserver import FakeServer, endless_chunks, gzipped, reply, slow, text
+
+GOOD = (FIXTURES / "vllm-metrics" / "v1-0.10.0_production-stack-issue-617.txt").read_text()
+GARBAGE = (FIXTURES / "edge" / "garbage.txt").read_text()
+
+
+@pytest.fixture(scope="module")
+def server():
+    routes = {
+        "/ok": text(GOOD),
+        "/gzip": gzipped(GOOD),
+        "/500": text("boom", status=500),
+        "/slow": slow(1.5),
+        "/huge": endless_chunks(b"x" * 65536, 8 * 1024 * 1024),
+        "/garbage": text(GARBAGE),
+        "/latin1": lambda h: reply(h, 200, b"caf\xe9 1\n"),
+    }
+    with FakeServer(routes) as s:
+        yield s
+
+
+def scraper(url, read_timeout=2.0, limit=1024 * 1024):
+    return Scraper(url, 1.0, read_timeout, limit)
+
+
+def test_ok(server):
+    res = scraper(server.base + "/ok").scrape()
+    assert res.result == scrape.SUCCESS and res.body == GOOD and res.duration >= 0
+
+
+def test_gzip_is_requested_and_decoded(server):
+    res = scraper(server.base + "/gzip").scrape()
+    assert res.result == scrape.SUCCESS and res.body == GOOD
+    assert "gzip" in server.requests[-1][2]["Accept-Encoding"]
+
+
+def test_http_error(server):
+    res = scraper(server.base + "/500").scrape()
+    assert (res.result, res.status, res.error) == (scrape.HTTP_ERROR, 500, "HTTP 500")
+
+
+def test_timeout(server):
+    res = scraper(server.base + "/slow", read_timeout=0.3).scrape()
+    assert res.result == scrape.TIMEOUT
+    assert res.duration < 1.4
+
+
+def test_oversized_body_is_refused_while_streaming(server):
+    res = scraper(server.base + "/huge", limit=256 * 1024).scrape()
+    assert res.result == scrape.TOO_LARGE
+    assert res.body is None
+    assert "262144 byte limit" in res.error
+
+
+def test_garbage_is_a_successful_scrape_left_to_the_parser(server):
+    res = scraper(server.base + "/garbage").scrape()
+    assert res.result == scrape.SUCCESS and res.body == GARBAGE
+
+
+def test_not_utf8(server):
+    res = scraper(server.base + "/latin1").scrape()
+    assert res.result == scrape.DECODE_ERROR
+
+
+def test_dead_target():
+    res = scraper(f"http://127.0.0.1:{free_port()}/metrics").scrape()
+    assert res.result == scrape.CONNECTION_ERROR
+    assert res.error

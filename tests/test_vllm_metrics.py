@@ -1,0 +1,158 @@
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from exporter import simulator
+from exporter.vllm_metrics import parse
+
+FIXTURES = Path(__file__).parent / "fixtures"
+UPSTREAM = FIXTURES / "vllm-metrics"
+EDGE = FIXTURES / "edge"
+
+
+def read(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def test_upstream_v0_ttft_excerpt_keeps_buckets_and_warns_about_the_cut():
+    snap = parse(read(UPSTREAM / "v0-le-0.6.2_vllm-issue-8819_ttft.txt"))
+    (s,) = snap.series
+    assert (s.model_name, s.engine) == ("facebook/opt-125m", None)
+    assert s.ttft.bounds[:3] == (0.001, 0.005, 0.01)
+    assert s.ttft.buckets[4] == (0.04, 1.0)
+    assert len(s.ttft.buckets) == 15
+    assert s.ttft.count is None and s.ttft.sum is None
+    assert any("+Inf" in w for w in snap.warnings)
+    assert s.prefix_cache is None
+
+
+def test_upstream_0_10_prefers_new_pair_and_never_adds_the_deprecated_one():
+    snap = parse(read(UPSTREAM / "v1-0.10.0_production-stack-issue-617.txt"))
+    (s,) = snap.series
+    assert (s.model_name, s.engine) == ("zai-org/GLM-4.5", "0")
+    # queries from the new pair; the excerpt lacks its hits, which 0.10 also counts
+    # (in the same tokens) in the deprecated pair: taken, not added
+    assert s.prefix_cache.queries == 32.0
+    assert s.prefix_cache.hits == 0.0
+    assert s.prefix_cache.unit == "tokens"
+    assert s.kv_cache_usage == pytest.approx(9.75010481363281e-06)
+    assert s.created == pytest.approx(1.7537953269352946e09)
+    assert any("deprecated" in w for w in snap.warnings)
+
+
+def test_upstream_main_2026_reads_hits_and_external_hits():
+    snap = parse(read(UPSTREAM / "v1-main-2026-08_vllm-pr-51670.txt"))
+    (s,) = snap.series
+    assert s.prefix_cache.hits == 4.879232e06
+    assert s.prefix_cache.queries is None
+    assert s.external_prefix_cache.hits == 0.0
+    assert s.generation_tokens == 14588.0
+
+
+def test_parse_output_contract_keys():
+    out = parse(read(UPSTREAM / "v1-0.10.0_production-stack-issue-617.txt")).to_json()
+    assert {"prefix_caching_enabled", "block_size", "series", "warnings"} <= set(out)
+    series = out["series"][0]
+    assert {"model_name", "engine", "prefix_cache", "external_prefix_cache", "ttft", "kv_cache_usage", "preemptions", "prompt_tokens"} <= set(series)
+    assert series["prefix_cache"] == {"queries": 32.0, "hits": 0.0, "unit": "tokens"}
+    json.dumps(out, allow_nan=False)
+
+
+@pytest.mark.parametrize("generation", simulator.GENERATIONS)
+def test_every_simulated_generation_parses_to_what_the_simulator_counted(generation):
+    replica = simulator.Replica("r", simulator.Scenario(), start=0.0, seed=3, generation=generation, engines=2)
+    replica.advance(120.0)
+    snap = parse(replica.render())
+    assert snap.warnings == ()
+    assert [s.engine for s in snap.series] == ([None] if generation == "v0" else ["0", "1"])
+    if generation == "v0":
+        (s,) = snap.series
+        # V0 has one series for the model; our simulator renders engine 0's view
+        assert 0 < s.hit_rate_since_start < 1
+        assert snap.prefix_caching_enabled is True
+        return
+    for s, engine in zip(snap.series, replica.engines):
+        expected_unit = "blocks" if generation == "v0.8" else "tokens"
+        assert s.prefix_cache.unit == expected_unit
+        if expected_unit == "blocks":
+            assert (s.prefix_cache.queries, s.prefix_cache.hits) == (engine.query_blocks, engine.hit_blocks)
+        else:
+            assert (s.prefix_cache.queries, s.prefix_cache.hits) == (engine.queries, engine.hits)
+        assert s.ttft.count == engine.hist["ttft"].count
+        assert s.ttft.bounds == simulator.TTFT_BUCKETS + (math.inf,)
+        assert s.preemptions == engine.preemptions
+        assert s.prompt_tokens == engine.prompt_tokens
+        assert s.created == 0.0
+    if generation in ("v0.10", "current"):
+        assert snap.block_size == 16 and snap.prefix_caching_enabled is True
+    assert snap.process_start_time == 0.0
+
+
+def test_escapes_nan_inf_and_exponents():
+    snap = parse(read(EDGE / "escapes_nan_inf.txt"))
+    (s,) = snap.series
+    assert s.model_name == 'team "a"\\b\nc'
+    assert s.prefix_cache.queries == 1.7537953269352946e09
+    assert math.isnan(s.kv_cache_usage)
+    assert math.isinf(s.ttft.sum)
+    assert s.ttft.buckets == ((0.1, 3.0), (math.inf, 4.0))
+
+
+@pytest.mark.parametrize("name, expect", [
+    pytest.param("garbage.txt", {"series": 1, "warnings": 4}, id="garbage-lines-skipped-rest-used"),
+    pytest.param("truncated.txt", {"series": 1, "warnings": 2}, id="truncated-mid-line"),
+])
+def test_bad_text_is_used_as_far_as_it_reads(name, expect):
+    snap = parse(read(EDGE / name))
+    assert len(snap.series) == expect["series"]
+    assert len(snap.warnings) >= expect["warnings"]
+    if name == "garbage.txt":
+        (s,) = snap.series
+        assert (s.engine, s.prefix_cache.queries, s.prefix_cache.hits) == ("1", 100.0, 40.0)
+    else:
+        (s,) = snap.series
+        assert (s.prefix_cache.queries, s.prefix_cache.hits) == (500.0, 250.0)
+
+
+@pytest.mark.parametrize("text", [
+    pytest.param("", id="empty"),
+    pytest.param("\x00\xff{{{", id="binary"),
+    pytest.param("vllm:prefix_cache_hits_total{" * 1000, id="unclosed-braces"),
+    pytest.param('vllm:prefix_cache_hits_total{model_name="' + "\\" * 5000, id="backslashes"),
+    pytest.param("vllm:time_to_first_token_seconds_bucket{le=\"x\",model_name=\"m\"} 1", id="bad-le"),
+])
+def test_parser_never_raises(text):
+    snap = parse(text)
+    json.dumps(snap.to_json())
+
+
+def test_multiprocess_gauges_with_pid_take_the_highest():
+    (s,) = parse(read(EDGE / "multiprocess_pid.txt")).series
+    assert s.kv_cache_usage == 0.5
+    assert s.prefix_cache.hits == 1500.0
+
+
+@pytest.mark.parametrize("name, enabled, block_size", [
+    pytest.param("v0_disabled.txt", False, None, id="v0-gauge-minus-one"),
+    pytest.param("v1_disabled_cache_config.txt", False, 32, id="cache-config-info-false"),
+])
+def test_prefix_caching_disabled(name, enabled, block_size):
+    snap = parse(read(EDGE / name))
+    assert snap.prefix_caching_enabled is enabled
+    assert snap.block_size == block_size
+    assert all(s.hit_rate_since_start is None for s in snap.series)
+
+
+def test_gpu_pair_without_help_is_assumed_tokens_and_says_so():
+    snap = parse(read(EDGE / "gpu_pair_no_help.txt"))
+    assert snap.series[0].prefix_cache.unit == "tokens"
+    assert any("no HELP" in w for w in snap.warnings)
+
+
+def test_cache_config_change_is_visible():
+    replica = simulator.Replica("r", simulator.Scenario(), start=0.0, generation="current")
+    snap = parse(replica.render())
+    assert dict(snap.cache_config)["num_gpu_blocks"] == "16000"
+    assert dict(snap.cache_config)["enable_prefix_caching"] == "True"

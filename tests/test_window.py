@@ -1,0 +1,194 @@
+import math
+import statistics
+
+import pytest
+
+from exporter.vllm_metrics import CounterPair, Histogram, SeriesSnapshot, Snapshot
+from exporter.window import History, counter_increase, histogram_quantile, pearson, summarize, window_stats
+
+INF = math.inf
+
+
+def snap(queries=None, hits=None, buckets=None, ttft_sum=None, engine="0", model="m", unit="tokens", kv=None, extra=()):
+    series = [SeriesSnapshot(
+        model_name=model, engine=engine,
+        prefix_cache=CounterPair(queries, hits, unit) if queries is not None or hits is not None else None,
+        external_prefix_cache=None,
+        ttft=Histogram(tuple(buckets), buckets[-1][1], ttft_sum) if buckets else None,
+        kv_cache_usage=kv, preemptions=None, prompt_tokens=None,
+    )] + list(extra)
+    return Snapshot(prefix_caching_enabled=True, block_size=16, series=tuple(series), warnings=())
+
+
+@pytest.mark.parametrize("values, expected", [
+    pytest.param([], None, id="no-samples"),
+    pytest.param([5.0], None, id="single-sample"),
+    pytest.param([1.0, 4.0, 9.0], 8.0, id="monotonic"),
+    pytest.param([10.0, 20.0, 5.0, 8.0], 18.0, id="one-reset-new-value-is-the-increase"),
+    pytest.param([10.0, 2.0, 1.0, 3.0], 5.0, id="two-resets"),
+    pytest.param([10.0, 10.0, 10.0], 0.0, id="flat"),
+    pytest.param([7.0, 0.0], 0.0, id="reset-to-zero"),
+])
+def test_counter_increase_matches_promql_reset_handling(values, expected):
+    assert counter_increase(values) == expected
+
+
+@pytest.mark.parametrize("q, buckets, expected", [
+    pytest.param(0.5, [(1.0, 10.0), (2.0, 20.0), (INF, 20.0)], 1.0, id="interpolate-at-edge"),
+    pytest.param(0.25, [(1.0, 10.0), (2.0, 20.0), (INF, 20.0)], 0.5, id="lowest-bucket-starts-at-zero"),
+    pytest.param(0.75, [(1.0, 10.0), (2.0, 20.0), (INF, 20.0)], 1.5, id="linear-inside-bucket"),
+    pytest.param(0.99, [(1.0, 10.0), (2.0, 10.0), (INF, 20.0)], 2.0, id="in-inf-bucket-returns-highest-finite"),
+    pytest.param(0.5, [(1.0, 0.0), (INF, 0.0)], math.nan, id="no-observations-nan"),
+    pytest.param(0.5, [(1.0, 3.0), (2.0, 4.0)], math.nan, id="no-inf-bucket-nan"),
+    pytest.param(0.5, [(INF, 4.0)], math.nan, id="single-bucket-nan"),
+    pytest.param(-0.1, [(1.0, 3.0), (INF, 4.0)], -INF, id="q-below-zero"),
+    pytest.param(1.1, [(1.0, 3.0), (INF, 4.0)], INF, id="q-above-one"),
+    pytest.param(0.5, [(-1.0, 3.0), (0.0, 4.0), (INF, 4.0)], -1.0, id="first-bucket-non-positive"),
+    pytest.param(0.5, [(2.0, 20.0), (1.0, 10.0), (INF, 20.0)], 1.0, id="unsorted-input"),
+    pytest.param(0.75, [(1.0, 10.0), (2.0, 8.0), (3.0, 20.0), (INF, 20.0)], 2.5, id="non-monotonic-lifted"),
+    pytest.param(0.5, [(1.0, 5.0), (1.0, 5.0), (2.0, 20.0), (INF, 20.0)], 1.0, id="duplicate-bounds-coalesce"),
+])
+def test_histogram_quantile_edge_cases(q, buckets, expected):
+    got = histogram_quantile(q, buckets)
+    if math.isnan(expected):
+        assert math.isnan(got)
+    else:
+        assert got == pytest.approx(expected)
+
+
+def test_pearson_and_slope_match_the_standard_library():
+    xs, ys = [0.9, 0.8, 0.5, 0.1], [0.1, 0.12, 0.2, 0.3]
+    r, slope = pearson(xs, ys)
+    assert r == pytest.approx(statistics.correlation(xs, ys))
+    assert slope == pytest.approx(statistics.linear_regression(xs, ys).slope)
+    assert pearson([1, 2], [3, 4]) is None
+    assert pearson([1, 1, 1], [1, 2, 3]) is None
+
+
+def history_of(points, keep=3600.0):
+    h = History(keep)
+    for t, s in points:
+        h.append(t, s)
+    return h
+
+
+def test_hit_ratio_over_a_window_with_a_reset():
+    h = history_of([(0, snap(1000, 800)), (10, snap(2000, 1700)), (20, snap(500, 400)), (30, snap(1500, 1300))])
+    ws = window_stats(h.samples(), "m", 30, "1m", 60, min_query_tokens=100)
+    # increases: queries 1000 + 500 + 1000, hits 900 + 400 + 900
+    assert ws.query_increase == 2500 and ws.hit_increase == 2200
+    assert ws.hit_ratio == pytest.approx(2200 / 2500)
+    assert ws.query_rate == pytest.approx(2500 / 30)
+
+
+@pytest.mark.parametrize("points, min_tokens", [
+    pytest.param([(0, snap(1000, 800))], 1, id="single-sample"),
+    pytest.param([(0, snap(1000, 800)), (10, snap(1000, 800))], 1, id="zero-queries"),
+    pytest.param([(0, snap(1000, 800)), (10, snap(1050, 840))], 100, id="under-token-minimum"),
+    pytest.param([(0, snap(1000, None)), (10, snap(3000, None))], 1, id="hits-missing"),
+])
+def test_hit_ratio_absent_not_zero_or_nan(points, min_tokens):
+    h = history_of(points)
+    ws = window_stats(h.samples(), "m", points[-1][0], "1m", 60, min_query_tokens=min_tokens)
+    assert ws.hit_ratio is None
+
+
+def test_window_edges_are_left_open_and_gaps_shrink_the_window():
+    points = [(t, snap(1000.0 * t, 500.0 * t)) for t in (0, 10, 20, 30)] + [(120, snap(120000.0, 60000.0)), (130, snap(130000.0, 65000.0))]
+    h = history_of(points)
+    ws = window_stats(h.samples(), "m", 130, "1m", 60, min_query_tokens=1)
+    assert ws.samples == 2 and ws.query_increase == 10000.0
+    ws = window_stats(h.samples(), "m", 70, "1m", 60, min_query_tokens=1)
+    assert ws.samples == 2  # t=20 and t=30; t=10 sits on the open left edge
+    assert ws.query_increase == 10000.0
+
+
+def test_blocks_unit_floor_counts_tokens():
+    h = history_of([(0, snap(0, 0, unit="blocks")), (10, snap(10, 5, unit="blocks"))])
+    assert window_stats(h.samples(), "m", 10, "1m", 60, min_query_tokens=100, block_size=16).hit_ratio == 0.5
+    assert window_stats(h.samples(), "m", 10, "1m", 60, min_query_tokens=200, block_size=16).hit_ratio is None
+
+
+def test_engines_are_summed_before_dividing():
+    def two(q0, h0, q1, h1):
+        base = snap(q0, h0, engine="0")
+        other = snap(q1, h1, engine="1").series[0]
+        return Snapshot(True, 16, base.series + (other,), ())
+    h = history_of([(0, two(0, 0, 0, 0)), (10, two(1000, 900, 100, 0))])
+    ws = window_stats(h.samples(), "m", 10, "1m", 60, min_query_tokens=1)
+    assert ws.hit_ratio == pytest.approx(900 / 1100)
+
+
+def test_ttft_quantiles_from_bucket_increase_and_mean():
+    b0 = [(0.1, 10.0), (0.5, 10.0), (INF, 10.0)]
+    b1 = [(0.1, 20.0), (0.5, 30.0), (INF, 30.0)]
+    h = history_of([(0, snap(0, 0, b0, 1.0)), (10, snap(100, 50, b1, 5.0))])
+    ws = window_stats(h.samples(), "m", 10, "1m", 60, min_query_tokens=1)
+    # increase: 10 in (0, 0.1], 10 in (0.1, 0.5]
+    assert ws.ttft_quantiles[0.5] == pytest.approx(0.1)
+    assert ws.ttft_quantiles[0.99] == pytest.approx(0.1 + 0.4 * 0.98)
+    assert ws.ttft_mean == pytest.approx(4.0 / 20)
+
+
+def test_ttft_bucket_layout_change_uses_the_latest_layout_only():
+    old = [(0.1, 10.0), (INF, 10.0)]
+    new0 = [(0.2, 0.0), (1.0, 0.0), (INF, 0.0)]
+    new1 = [(0.2, 4.0), (1.0, 8.0), (INF, 8.0)]
+    h = history_of([(0, snap(0, 0, old, 1.0)), (5, snap(10, 5, new0, 0.0)), (10, snap(20, 10, new1, 3.0))])
+    ws = window_stats(h.samples(), "m", 10, "1m", 60, min_query_tokens=1)
+    assert ws.ttft_quantiles[0.5] == pytest.approx(0.2)
+
+
+def test_correlation_of_hit_ratio_and_ttft_per_interval():
+    points, q, hits, count, total = [], 0.0, 0.0, 0.0, 0.0
+    buckets = lambda c: [(1.0, c), (INF, c)]
+    for i, ratio in enumerate([0.9, 0.9, 0.8, 0.5, 0.2, 0.1]):
+        q += 1000
+        hits += 1000 * ratio
+        count += 10
+        total += 10 * (0.3 - 0.25 * ratio)  # mean TTFT falls 25 ms per 10 points
+        points.append((i * 5.0, snap(q, hits, buckets(count), total)))
+    h = history_of(points)
+    ws = window_stats(h.samples(), "m", 25, "1m", 60, min_query_tokens=1)
+    assert ws.correlation == pytest.approx(-1.0)
+    assert ws.ttft_per_10_points == pytest.approx(-0.025)
+
+
+def test_memory_stays_bounded_and_thinning_keeps_increases_exact():
+    h = History(keep_seconds=600, fine_seconds=120, coarse_step=60)
+    q = 0.0
+    for i in range(2000):
+        q = q + 100 if i % 300 else 50.0  # a reset every 300 samples
+        h.append(i * 5.0, snap(q, q / 2))
+    samples = h.samples()
+    # one sample at or before the horizon is kept as the left edge: at most a coarse step
+    assert samples[-1].t - samples[0].t <= 600 + 60
+    assert len(samples) < 120 / 5 + 600 / 60 + 4
+    full = History(keep_seconds=600)
+    q = 0.0
+    for i in range(2000):
+        q = q + 100 if i % 300 else 50.0
+        full.append(i * 5.0, snap(q, q / 2))
+    now = 1999 * 5.0
+    for seconds in (60, 300, 590):
+        thin = window_stats(samples, "m", now, "w", seconds, 1).query_increase
+        dense = window_stats(full.samples(), "m", now, "w", seconds, 1).query_increase
+        first_t = next(s.t for s in samples if s.t > now - seconds)
+        dense_aligned = window_stats(full.samples(), "m", now, "w", now - first_t + 1e-9, 1).query_increase
+        assert thin == dense_aligned
+        assert dense >= thin
+
+
+def test_out_of_order_samples_are_ignored():
+    h = history_of([(10, snap(100, 50)), (5, snap(10, 5)), (10, snap(200, 50))])
+    assert len(h) == 1
+
+
+def test_summarize_covers_every_model_and_window():
+    other = snap(0, 0, model="n").series[0]
+    h = history_of([(0, Snapshot(True, 16, snap(0, 0).series + (other,), ())), (10, snap(100, 50))])
+    out = summarize(h.samples(), 10, [("1m", 60), ("5m", 300)], 1)
+    assert set(out) == {"m", "n"}
+    assert set(out["m"]) == {"1m", "5m"}
+    assert out["m"]["1m"].hit_ratio == 0.5
+    assert out["n"]["1m"].hit_ratio is None
