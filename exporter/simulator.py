@@ -281,7 +281,8 @@ class Replica:
         engine.generation_tokens += output
         engine.requests += 1
         uncached = n - hit_tokens
-        noise = math.exp(self._rng.gauss(0.0, 0.15))
+        # bounded noise keeps TTFT out of the lowest buckets, as real prefill does
+        noise = min(1.5, max(0.7, math.exp(self._rng.gauss(0.0, 0.15))))
         ttft = (sc.ttft_base + sc.ttft_per_uncached * uncached + sc.ttft_per_cached * hit_tokens) * noise
         decode = output * sc.decode_seconds_per_token * noise
         h = engine.hist
