@@ -171,7 +171,6 @@ def _series_json(s: SeriesSnapshot) -> dict:
 
 
 # --- the parser ----------------------------------------------------------------------
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+(\S+)(?:[ \t]+(\S+))?[ \t]*$")
 _LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(,|$)')
 _UNESCAPE = re.compile(r"\\(.)")
 _UNESCAPED = {"n": "\n", "\\": "\\", '"': '"'}
@@ -196,11 +195,76 @@ def _labels(text: str) -> dict[str, str] | None:
     return out
 
 
+def _sample(line: str, brace: int) -> tuple[dict[str, str] | None, str] | None:
+    """One sample line -> (labels or None if malformed, value text), or None."""
+    if brace == -1:
+        rest = line.split()
+        if len(rest) not in (2, 3):
+            return None
+        return {}, rest[1]
+    close = line.rfind("}")
+    if close < brace:
+        return None
+    rest = line[close + 1:].split()
+    if len(rest) not in (1, 2):
+        return None
+    text = line[brace + 1:close]
+    if "\\" in text:
+        return _labels(text), rest[0]
+    # without a backslash no value can hold a quote, so '",' only separates labels
+    parts = text.split('",')
+    last = parts[-1]
+    if last.endswith('"'):
+        parts[-1] = last[:-1]
+    elif not last.strip():
+        parts.pop()  # a trailing comma
+    else:
+        return None, rest[0]
+    labels = {}
+    for part in parts:
+        key, sep, value = part.partition('="')
+        key = key.strip()
+        if not sep or not key or '"' in value or not (key[0].isalpha() or key[0] == "_"):
+            return None, rest[0]
+        labels[key] = value
+    return labels, rest[0]
+
+
 def _le(text: str) -> float | None:
     try:
         return float(text)
     except ValueError:
         return None
+
+
+# A `# TYPE` line names a family; families we never read are skipped whole.
+_WANTED_FAMILIES = {n for name in _ROLE_BY_NAME for n in (name, name.removesuffix("_total"), name.removesuffix("_bucket"),
+                                                           name.removesuffix("_sum"), name.removesuffix("_count"))}
+
+
+def _lines(text: str):
+    """(line number, line) of the body, jumping over the samples of families we never
+    read. The jump happens only when every line up to the next comment really starts
+    with that family's name, so stray or misplaced samples are still seen."""
+    pos, lineno, end_of_text = 0, 0, len(text)
+    while pos < end_of_text:
+        end = text.find("\n", pos)
+        if end == -1:
+            end = end_of_text
+        line = text[pos:end]
+        lineno += 1
+        yield lineno, line.rstrip("\r")
+        pos = end + 1
+        if line.startswith("# TYPE "):
+            family = line[7:].partition(" ")[0]
+            if family in _WANTED_FAMILIES:
+                continue
+            stop = text.find("\n#", end)
+            stop = end_of_text if stop == -1 else stop
+            lines = text.count("\n", end, stop)
+            if text.count("\n" + family, end, stop) == lines:
+                lineno += lines
+                pos = stop + 1
 
 
 class _SeriesBuilder:
@@ -221,7 +285,7 @@ def parse(text: str) -> Snapshot:
     process_start: float | None = None
     roles = _ROLE_BY_NAME
 
-    for lineno, line in enumerate(text.split("\n"), 1):
+    for lineno, line in _lines(text):
         if not line:
             continue
         if line[0] == "#":
@@ -237,12 +301,11 @@ def parse(text: str) -> Snapshot:
         role = roles.get(name)
         if role is None:
             continue
-        m = _SAMPLE.match(line.rstrip("\r"))
-        if m is None:
+        parsed = _sample(line, cut if cut == brace else -1)
+        if parsed is None:
             warnings.append(f"line {lineno}: malformed sample for {name}")
             continue
-        label_text, value_text = m.group(2), m.group(3)
-        labels = _labels(label_text) if label_text else {}
+        labels, value_text = parsed
         if labels is None:
             warnings.append(f"line {lineno}: malformed labels for {name}")
             continue

@@ -156,3 +156,9 @@ def test_cache_config_change_is_visible():
     snap = parse(replica.render())
     assert dict(snap.cache_config)["num_gpu_blocks"] == "16000"
     assert dict(snap.cache_config)["enable_prefix_caching"] == "True"
+
+
+def test_a_wanted_sample_misplaced_inside_a_skipped_family_is_still_read():
+    text = (EDGE / "misplaced_sample.txt").read_text()
+    (s,) = parse(text).series
+    assert (s.prefix_cache.queries, s.prefix_cache.hits) == (100.0, 60.0)

@@ -1,0 +1,72 @@
+"""(a) Parse a realistic ~200 KB current-generation /metrics payload: ours against
+prometheus_client's text parser extracting the same values. Prints both and the ratio."""
+import time
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter import simulator
+from exporter.vllm_metrics import parse
+
+WANTED = {"vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:external_prefix_cache_queries",
+          "vllm:external_prefix_cache_hits", "vllm:time_to_first_token_seconds", "vllm:kv_cache_usage_perc",
+          "vllm:num_preemptions", "vllm:prompt_tokens", "vllm:cache_config_info", "process_start_time_seconds"}
+
+
+def payload() -> str:
+    models = ["meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct", "mistralai/Mistral-7B-Instruct-v0.3",
+              "google/gemma-2-9b-it"]
+    replica = simulator.Replica("r", simulator.Scenario(), start=0.0, seed=1, generation="current", model_names=models, engines=2)
+    replica.advance(900.0)
+    return replica.render()
+
+
+def reference(text: str) -> dict:
+    """The same values through prometheus_client: (name, model, engine, le) -> value."""
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name not in WANTED:
+            continue
+        for s in fam.samples:
+            out[(s.name, s.labels.get("model_name"), s.labels.get("engine"), s.labels.get("le"))] = s.value
+    return out
+
+
+def ours(text: str) -> dict:
+    out = {}
+    snap = parse(text)
+    for s in snap.series:
+        out[("q", s.model_name, s.engine)] = s.prefix_cache.queries
+        out[("ttft", s.model_name, s.engine)] = s.ttft.buckets
+    return out
+
+
+def best_of(fn, text, repeat=7, number=5):
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(number):
+            fn(text)
+        best = min(best, (time.perf_counter() - start) / number)
+    return best
+
+
+def main() -> dict:
+    text = payload()
+    ref = reference(text)
+    snap = parse(text)
+    # the two parsers agree on what they extract
+    for s in snap.series:
+        assert ref[("vllm:prefix_cache_queries_total", s.model_name, s.engine, None)] == s.prefix_cache.queries
+        assert ref[("vllm:time_to_first_token_seconds_count", s.model_name, s.engine, None)] == s.ttft.count
+    t_ours = best_of(ours, text)
+    t_ref = best_of(reference, text)
+    result = {"payload_bytes": len(text.encode()), "lines": text.count("\n"), "series": len(snap.series),
+              "ours_ms": t_ours * 1000, "prometheus_client_ms": t_ref * 1000, "speedup": t_ref / t_ours}
+    print(f"parse: {result['payload_bytes'] / 1024:.0f} KiB, {result['lines']} lines, {result['series']} series | "
+          f"ours {result['ours_ms']:.2f} ms | prometheus_client {result['prometheus_client_ms']:.2f} ms | "
+          f"speedup {result['speedup']:.1f}x (goal >= 20x)")
+    return result
+
+
+if __name__ == "__main__":
+    main()
