@@ -6,9 +6,11 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
@@ -17,8 +19,11 @@ from prometheus_client import CollectorRegistry
 from . import __version__, config as config_mod, console, simulator
 from .collector import PrefixCacheCollector
 from .config import Config, ConfigError, Target
-from .http import App, Server
+from .alertmanager import Notifier
+from .deploys import AnnotationsWatcher
+from .http import App, Server, deploy_handlers
 from .poller import Poller
+from .recording import backtest, write_line
 from .scrape import Scraper, SUCCESS
 from .state import State
 from .vllm_metrics import parse
@@ -30,7 +35,8 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
 @dataclass
 class Sidecar:
-    """Everything `run` and `demo` start, wired one way: poller -> state -> collector/HTTP."""
+    """Everything `run` and `demo` start, wired one way:
+    poller -> engine -> state -> collector/HTTP, and transitions -> notifier."""
 
     config: Config
     state: State
@@ -38,14 +44,17 @@ class Sidecar:
     poller: Poller
     app: App
     server: Server
+    notifier: Notifier
 
     def start(self) -> "Sidecar":
         self.server.start()
+        self.notifier.start()
         self.poller.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, delivery_timeout: float = 5.0) -> None:
         self.poller.stop()
+        self.notifier.stop(delivery_timeout)
         self.server.stop()
 
     def reload(self, path: str) -> bool:
@@ -60,6 +69,9 @@ class Sidecar:
         if new.web.listen_address != self.config.web.listen_address:
             log.warning("reload: web.listen_address changes need a restart; keeping %s", self.config.web.listen_address)
             new = replace(new, web=self.config.web)
+        if new.alertmanager != self.config.alertmanager:
+            log.warning("reload: alertmanager changes need a restart; keeping the old settings")
+            new = replace(new, alertmanager=self.config.alertmanager)
         self.poller.reload(new)
         self.config = new
         self.state.set_process(config_reload_success=True, config_reload_time=time.time())
@@ -72,11 +84,28 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
     state.set_process(config_reload_success=True, config_reload_time=time.time(), started=time.time())
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PrefixCacheCollector(state, [w for w, _ in cfg.global_.windows]))
-    poller = Poller(cfg, state, clock=clock)
-    app = App(state, registry)
     host, port = config_mod.parse_listen_address(listen)
+    generator = cfg.web.external_url or f"http://{socket.gethostname()}:{port}/"
+    notifier = Notifier(cfg.alertmanager, generator, clock)
+    sources = []
+    if cfg.deploys.annotations_file:
+        sources.append(AnnotationsWatcher(cfg.deploys.annotations_file, cfg.deploys.annotation_key).poll)
+    holder: dict = {}
+
+    def on_evaluated(transitions, engine_firing) -> None:
+        notifier.transitions(transitions)
+        notifier.resend(engine_firing)
+        state.put("alertmanager", notifier.stats())
+
+    poller = Poller(cfg, state, clock=clock, after_evaluate=on_evaluated, sources=sources)
+    app = App(state, registry)
+    post, get = deploy_handlers(state, poller.add_event, lambda: holder["sidecar"].config.deploys.api_token,
+                                lambda: {t.name for t in holder["sidecar"].config.targets}, clock)
+    app.route("POST", "/api/v1/deploys", post)
+    app.route("GET", "/api/v1/deploys", get)
     server = Server(app, host, port)
-    return Sidecar(cfg, state, registry, poller, app, server)
+    sidecar = holder["sidecar"] = Sidecar(cfg, state, registry, poller, app, server, notifier)
+    return sidecar
 
 
 def _setup_logging(level: str) -> None:
@@ -154,62 +183,126 @@ def cmd_run(args) -> int:
     return EXIT_OK
 
 
-def demo_config(fleet: simulator.Fleet, names: Sequence[str], listen: str) -> Config:
-    return Config(
-        targets=tuple(Target(name=n, url=fleet.metrics_url(n)) for n in names),
-        global_=config_mod.GlobalConfig(poll_interval=1.0, connect_timeout=0.5, read_timeout=1.0,
-                                        windows=(("10s", 10.0), ("1m", 60.0), ("5m", 300.0)), jitter=0.0),
-        web=config_mod.WebConfig(listen_address=listen),
-    )
+DEMO_RULES = {
+    # the demo tells in a minute what takes minutes in production: shorter rule windows
+    "hit_rate_drop_after_deploy": {"for": "5s", "keep_firing_for": "3s", "baseline": "30s", "after": "15s", "min_query_tokens": 5000},
+    "hit_rate_low": {"window": "1m", "for": "20s", "keep_firing_for": "3s"},
+    "ttft_regression": {"window": "10s", "reference": "5m", "for": "5s", "keep_firing_for": "3s"},
+}
+
+
+def demo_config(fleet: simulator.Fleet, names: Sequence[str], listen: str, alertmanager_urls: Sequence[str] = ()) -> Config:
+    return config_mod.load({
+        "global": {"poll_interval": "1s", "connect_timeout": "500ms", "read_timeout": "1s", "jitter": "0s",
+                   "windows": ["10s", "1m", "5m"]},
+        "web": {"listen_address": listen},
+        "targets": [{"name": n, "url": fleet.metrics_url(n)} for n in names],
+        "alertmanager": {"urls": list(alertmanager_urls), "resend_interval": "10s"},
+        "rules": DEMO_RULES,
+    })
+
+
+def _post_deploy(sidecar: Sidecar, version: str, description: str) -> None:
+    body = json.dumps({"version": version, "description": description}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{sidecar.server.port}/api/v1/deploys", data=body,
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        resp.read()
 
 
 def cmd_demo(args) -> int:
     duration = args.duration
     now = time.time()
-    deploy_at = duration * 0.4
+    deploy_at, rollback_at = duration * 0.3, duration * 0.7
     names = ("vllm-0", "vllm-1")
     warm = 300.0  # simulated minutes of healthy traffic before the demo starts
-    replicas = [simulator.Replica(n, simulator.incident(warm + deploy_at), start=now - warm, seed=i) for i, n in enumerate(names)]
+    story = simulator.Scenario(events=(simulator.Event(warm + deploy_at, "prompt", "timestamp"),
+                                       simulator.Event(warm + rollback_at, "prompt", "static")))
+    replicas = [simulator.Replica(n, story, start=now - warm, seed=i) for i, n in enumerate(names)]
     for r in replicas:
         r.advance(now)
     fleet = simulator.Fleet(replicas, clock=time.time).start()
-    cfg = demo_config(fleet, names, args.listen_address)
     try:
+        cfg = demo_config(fleet, names, args.listen_address, args.alertmanager_urls)
         sidecar = build_sidecar(cfg, cfg.web.listen_address).start()
-    except OSError as exc:
+    except (OSError, ConfigError) as exc:
         fleet.stop()
-        print(f"error: cannot listen on {cfg.web.listen_address}: {exc.strerror} (try --web.listen-address=127.0.0.1:0)", file=sys.stderr)
+        print(f"error: cannot start the demo sidecar on {args.listen_address}: {exc} (try --web.listen-address=127.0.0.1:0)", file=sys.stderr)
         return EXIT_ERROR
     out = sys.stdout
     print(f"demo: 2 simulated vLLM replicas at http://127.0.0.1:{fleet.port}/<name>/metrics; "
           f"exporter at http://127.0.0.1:{sidecar.server.port}/metrics", file=out)
-    print(f"demo: at t={deploy_at:.0f}s a client deploy puts 'Current date and time: ...' at the top of the system prompt", file=out)
+    print(f"demo: at t={deploy_at:.0f}s deploy v42 puts 'Current date and time: ...' atop the system prompt; "
+          f"at t={rollback_at:.0f}s v43 rolls it back", file=out)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     windows = [w for w, _ in cfg.global_.windows]
-    before: list[float] = []
-    after: list[float] = []
-    announced = False
+    phases: dict[str, list[float]] = {"before": [], "after": [], "rollback": []}
+    announced: set[str] = set()
+    seen_alerts: set[tuple] = set()
     try:
         while not stop.is_set():
             elapsed = time.time() - now
             if elapsed >= duration:
                 break
-            if elapsed >= deploy_at and not announced:
-                print(f"demo: t={elapsed:.1f}s deploy v42 rolled out", file=out)
-                announced = True
+            for version, at, what in (("v42", deploy_at, "timestamp atop the system prompt"), ("v43", rollback_at, "rollback of v42")):
+                if elapsed >= at and version not in announced:
+                    _post_deploy(sidecar, version, what)
+                    print(f"demo: t={elapsed:.1f}s deploy {version} ({what}) announced to POST /api/v1/deploys", file=out)
+                    announced.add(version)
             views = sidecar.state.targets()
-            print(console.table(views, elapsed, windows), file=out, flush=True)
+            alerts = [a for a in sidecar.state.get("alerts") or () if a.state in ("pending", "firing")]
+            lines = [f"{a.alertname} {a.state} target={a.target} cause={dict(a.labels).get('cause')} "
+                     f"severity={dict(a.labels).get('severity')}" for a in alerts]
+            print(console.table(views, elapsed, windows, lines), file=out, flush=True)
+            for a in alerts:
+                if (a.key, a.state) not in seen_alerts:
+                    seen_alerts.add((a.key, a.state))
+                    if a.state == "firing":
+                        print(f"demo: t={elapsed:.1f}s ALERT FIRING {a.alertname} on {a.target}: {dict(a.annotations).get('summary')} "
+                              f"[cause={dict(a.labels).get('cause')}]", file=out)
             ratios = [s[windows[0]].hit_ratio for v in views for s in v.stats.values() if s[windows[0]].hit_ratio is not None]
             if ratios:
-                (before if elapsed < deploy_at else after).append(sum(ratios) / len(ratios))
+                phase = "before" if elapsed < deploy_at else "after" if elapsed < rollback_at else "rollback"
+                phases[phase].append(sum(ratios) / len(ratios))
             stop.wait(min(2.0, max(0.0, duration - elapsed)))
     finally:
         sidecar.stop()
         fleet.stop()
-    if before and after:
-        print(f"demo: hit rate {windows[0]} before the deploy {before[-1] * 100:.1f}%, at the end {after[-1] * 100:.1f}%", file=out)
+    if phases["before"] and phases["after"]:
+        summary = (f"demo: hit rate {windows[0]}: before the deploy {phases['before'][-1] * 100:.1f}%, "
+                   f"lowest after it {min(phases['after']) * 100:.1f}%")
+        if phases["rollback"]:
+            summary += f", at the end (after the rollback) {phases['rollback'][-1] * 100:.1f}%"
+        print(summary, file=out)
+    return EXIT_OK
+
+
+def cmd_backtest(args) -> int:
+    try:
+        cfg = config_mod.load_file(args.config_file) if args.config_file else Config()
+    except ConfigError as exc:
+        for err in exc.errors:
+            print(f"error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        source = sys.stdin if args.recording == "-" else open(args.recording, encoding="utf-8")
+    except OSError as exc:
+        print(f"error: cannot read {args.recording}: {exc.strerror}", file=sys.stderr)
+        return EXIT_ERROR
+    bad = []
+
+    def warn(msg: str) -> None:
+        bad.append(msg)
+        print(f"warning: {msg}", file=sys.stderr)
+
+    count = 0
+    with source:
+        for transition in backtest(source, cfg, warn):
+            write_line(sys.stdout, transition.to_json())
+            count += 1
+    print(f"backtest: {count} transition(s); {len(bad)} bad line(s) skipped", file=sys.stderr)
     return EXIT_OK
 
 
@@ -236,7 +329,7 @@ def cmd_record(args) -> int:
             else:
                 line["error"] = res.error or res.result
                 print(f"warning: scrape failed: {line['error']}", file=sys.stderr)
-            out.write(json.dumps(line, separators=(",", ":")) + "\n")
+            write_line(out, line)
             out.flush()
             count += 1
             stop.wait(max(0.0, min(args.interval, deadline - time.monotonic())))
@@ -284,7 +377,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="play the incident on a simulated vLLM fleet")
     demo.add_argument("--duration", type=float, default=90.0)
     demo.add_argument("--web.listen-address", dest="listen_address", default="127.0.0.1:9464")
+    demo.add_argument("--alertmanager.url", dest="alertmanager_urls", action="append", default=[],
+                      help="also deliver the demo's alerts to this Alertmanager (repeatable)")
     demo.set_defaults(func=cmd_demo)
+
+    bt = sub.add_parser("backtest", help="replay a recording through the rules; prints alert transitions as JSON lines")
+    bt.add_argument("--config.file", dest="config_file", default=None)
+    bt.add_argument("recording")
+    bt.set_defaults(func=cmd_backtest)
 
     check = sub.add_parser("check-config", help="validate a config file")
     check.add_argument("file")

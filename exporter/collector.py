@@ -30,10 +30,15 @@ class MetricDef:
     kind: str  # gauge | counter | histogram | summary
     help: str
     labels: tuple[str, ...]
+    target_labels: bool = True  # a `target` label gets the target's configured extra labels
+
+    @property
+    def exposed_name(self) -> str:
+        return self.name + ("_total" if self.kind == "counter" else "")
 
 
-def _m(name: str, kind: str, help_text: str, *labels: str) -> MetricDef:
-    return MetricDef("prefixcache_" + name, kind, help_text, labels)
+def _m(name: str, kind: str, help_text: str, *labels: str, target_labels: bool = True) -> MetricDef:
+    return MetricDef("prefixcache_" + name, kind, help_text, labels, target_labels)
 
 
 _W = "over the sliding window in label `window` (configured: {windows})"
@@ -71,6 +76,16 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("ttft_hit_ratio_correlation", "gauge", "Pearson correlation between per-poll hit ratio and per-poll mean TTFT " + _W + "; negative means misses cost latency.", "target", "model_name", "window"),
     _m("ttft_change_per_10pt_hit_ratio_seconds", "gauge", "Fitted change of mean TTFT when the hit ratio rises by 10 percentage points " + _W + ".", "target", "model_name", "window"),
     _m("kv_cache_usage_max_ratio", "gauge", "Highest KV-cache usage seen " + _W + ".", "target", "model_name", "window"),
+    # rules and deploys
+    _m("alert_state", "gauge", "1 for each alert of ours that is not inactive, by `state` (pending, firing, inconclusive: too few tokens to judge).", "alertname", "target", "model_name", "cause", "severity", "state", target_labels=False),
+    _m("deploy_events", "counter", "Deploy events by `source` (api, annotations_file, config_change, restart, change_point); target is empty for fleet-wide events.", "target", "source", target_labels=False),
+    _m("last_deploy_timestamp_seconds", "gauge", "Unix time of the newest deploy event (restarts excluded), for Grafana annotations; target is empty for fleet-wide events.", "target", target_labels=False),
+    # delivery to Alertmanager
+    _m("alertmanager_notifications", "counter", "POSTs to Alertmanager's /api/v2/alerts by `result` (success, failure).", "alertmanager", "result"),
+    _m("alertmanager_alerts_sent", "counter", "Alerts delivered to Alertmanager (firing, re-sent and resolved).", "alertmanager"),
+    _m("alertmanager_queue_length", "gauge", "Alerts waiting for delivery to the Alertmanager (latest state per alert).", "alertmanager"),
+    _m("alertmanager_dropped_alerts", "counter", "Alerts dropped because the delivery queue was full.", "alertmanager"),
+    _m("alertmanager_last_success_timestamp_seconds", "gauge", "Unix time of the last successful delivery to the Alertmanager.", "alertmanager"),
 )}
 
 
@@ -113,6 +128,22 @@ class PrefixCacheCollector(Collector):
             f.add("prefixcache_config_last_reload_success_timestamp_seconds", (), proc.config_reload_time, target=None)
         for view in sorted(self.state.targets(), key=lambda v: v.target.name):
             self._target(f, view)
+        for a in self.state.get("alerts") or ():
+            labels = dict(a.labels)
+            f.add("prefixcache_alert_state", (a.alertname, a.target, a.model, labels.get("cause", ""), labels.get("severity", ""), a.state), 1.0, target=None)
+        deploys = self.state.get("deploys") or {}
+        for (target, source), count in sorted(deploys.get("counts", {}).items()):
+            f.add("prefixcache_deploy_events", (target, source), count, target=None)
+        for target, t in sorted(deploys.get("last", {}).items()):
+            f.add("prefixcache_last_deploy_timestamp_seconds", (target,), t, target=None)
+        for q in self.state.get("alertmanager") or ():
+            f.add("prefixcache_alertmanager_notifications", (q.url, "success"), q.notifications_ok, target=None)
+            f.add("prefixcache_alertmanager_notifications", (q.url, "failure"), q.notifications_failed, target=None)
+            f.add("prefixcache_alertmanager_alerts_sent", (q.url,), q.alerts_sent, target=None)
+            f.add("prefixcache_alertmanager_queue_length", (q.url,), q.pending, target=None)
+            f.add("prefixcache_alertmanager_dropped_alerts", (q.url,), q.dropped, target=None)
+            if q.last_success is not None:
+                f.add("prefixcache_alertmanager_last_success_timestamp_seconds", (q.url,), q.last_success, target=None)
 
     def _target(self, f: "Families", v: TargetView) -> None:
         t = v.target
@@ -207,7 +238,7 @@ class Families:
         if fam is None:
             d = METRICS[name]
             labels = list(d.labels)
-            if "target" in labels:
+            if "target" in labels and d.target_labels:
                 labels[1:1] = self.extra
             help_text = _fmt_window_help(d.help, self.windows)
             base = name

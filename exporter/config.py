@@ -6,12 +6,16 @@ Defaults live in the dataclasses below and nowhere else.
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
 import yaml
+
+from .deploys import ChangePointSettings
+from .rules import RULE_KEYS, RuleSettings, RulesConfig, default_rules_yaml
 
 ENV_CONFIG_FILE = "PREFIX_CACHE_EXPORTER_CONFIG"
 
@@ -43,6 +47,30 @@ class GlobalConfig:
 @dataclass(frozen=True)
 class WebConfig:
     listen_address: str = ":9464"
+    external_url: str = ""  # how others reach us: generatorURL of alerts
+
+
+@dataclass(frozen=True)
+class AlertmanagerConfig:
+    urls: tuple[str, ...] = ()
+    resend_interval: float = 60.0
+    timeout: float = 5.0
+    queue_capacity: int = 10000
+    username: str = ""
+    password: str = ""
+    bearer_token: str = ""
+    ca_file: str = ""
+
+
+@dataclass(frozen=True)
+class DeploysConfig:
+    api_token: str = ""  # bearer token required by POST /api/v1/deploys when set
+    annotations_file: str = ""  # the downward-API annotations file; "" turns it off
+    annotation_key: str = "app.kubernetes.io/version"
+
+
+def _default_rules():
+    return load_rules(None, [])
 
 
 @dataclass(frozen=True)
@@ -50,6 +78,9 @@ class Config:
     targets: tuple[Target, ...] = ()
     global_: GlobalConfig = field(default_factory=GlobalConfig)
     web: WebConfig = field(default_factory=WebConfig)
+    alertmanager: AlertmanagerConfig = field(default_factory=AlertmanagerConfig)
+    deploys: DeploysConfig = field(default_factory=DeploysConfig)
+    rules: RulesConfig = field(default_factory=_default_rules)
 
     @property
     def longest_window(self) -> float:
@@ -237,15 +268,147 @@ def _targets(r: _Reader, raw: Any) -> tuple[Target, ...]:
 RESERVED_LABELS = {"target", "model_name", "engine", "window", "quantile", "result", "unit", "alertname", "state", "le"}
 
 
+def _secret(r: _Reader, data: dict, path: str, key: str) -> str:
+    """`key` inline or `key_file` (read now, so a missing file is a config error)."""
+    if key in data and f"{key}_file" in data:
+        r.errors.append(f"{path}.{key}: give {key} or {key}_file, not both")
+    if f"{key}_file" in data:
+        file_path = r.value(data, path, f"{key}_file", _string, "")
+        try:
+            with open(file_path, encoding="utf-8") as fh:
+                return fh.read().strip()
+        except OSError as exc:
+            r.errors.append(f"{path}.{key}_file: cannot read {file_path}: {exc.strerror}")
+            return ""
+    return r.value(data, path, key, _string, "")
+
+
+def _alertmanager(r: _Reader, raw: Any) -> AlertmanagerConfig:
+    d = AlertmanagerConfig()
+    data = r.mapping(raw, "alertmanager", {"urls", "resend_interval", "timeout", "queue_capacity", "basic_auth",
+                                           "bearer_token", "bearer_token_file", "ca_file"})
+    urls: tuple[str, ...] = ()
+    if "urls" in data:
+        if not isinstance(data["urls"], list):
+            r.errors.append("alertmanager.urls: must be a list of URLs")
+        else:
+            urls = tuple(r.value({"u": u}, f"alertmanager.urls[{i}]", "u", _url, "") for i, u in enumerate(data["urls"]))
+    auth = r.mapping(data.get("basic_auth"), "alertmanager.basic_auth", {"username", "password", "password_file"})
+    ca = r.value(data, "alertmanager", "ca_file", _string, "")
+    if ca and not os.path.isfile(ca):
+        r.errors.append(f"alertmanager.ca_file: {ca} does not exist")
+    return AlertmanagerConfig(
+        urls=urls,
+        resend_interval=r.value(data, "alertmanager", "resend_interval", parse_duration, d.resend_interval),
+        timeout=r.value(data, "alertmanager", "timeout", parse_duration, d.timeout),
+        queue_capacity=r.value(data, "alertmanager", "queue_capacity", _positive_int, d.queue_capacity),
+        username=r.value(auth, "alertmanager.basic_auth", "username", _string, ""),
+        password=_secret(r, auth, "alertmanager.basic_auth", "password"),
+        bearer_token=_secret(r, data, "alertmanager", "bearer_token"),
+        ca_file=ca,
+    )
+
+
+def _deploys(r: _Reader, raw: Any) -> DeploysConfig:
+    d = DeploysConfig()
+    data = r.mapping(raw, "deploys", {"api_token", "api_token_file", "annotations_file", "annotation_key"})
+    return DeploysConfig(
+        api_token=_secret(r, data, "deploys", "api_token"),
+        annotations_file=r.value(data, "deploys", "annotations_file", lambda v: "" if v in ("", None) else _string(v), d.annotations_file),
+        annotation_key=r.value(data, "deploys", "annotation_key", _string, d.annotation_key),
+    )
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError("must be a positive whole number")
+    return value
+
+
+def _severity(value: Any) -> str:
+    if value not in ("critical", "warning", "info"):
+        raise ValueError("must be critical, warning or info")
+    return value
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("must be true or false")
+    return value
+
+
+def _ratio(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError("must be a number from 0 to 1")
+    return float(value)
+
+
+def _duration_or_zero(value: Any) -> float:
+    return 0.0 if value in (0, "0", "0s") else parse_duration(value)
+
+
+_RULE_FIELDS = {
+    "enabled": ("enabled", _bool), "severity": ("severity", _severity), "for": ("for_", _duration_or_zero),
+    "keep_firing_for": ("keep_firing_for", _duration_or_zero), "window": ("window", parse_duration),
+    "baseline": ("baseline", parse_duration), "after": ("after", parse_duration), "reference": ("reference", parse_duration),
+    "below": ("below", _ratio), "drop_points": ("drop_points", _ratio), "ratio": ("ratio", _positive_number),
+    "min_query_tokens": ("min_query_tokens", _positive_number),
+}
+_CHANGE_POINT_FIELDS = {
+    "recent": parse_duration, "reference": parse_duration, "drop_points": _ratio,
+    "min_query_tokens": _positive_number, "kv_usage_ceiling": _ratio,
+}
+
+
+def load_rules(raw: Any, errors: list[str]) -> RulesConfig:
+    """The `rules:` section over the packaged defaults (exporter/default_rules.yml)."""
+    r = _Reader(errors)
+    defaults = default_rules_yaml()
+    data = r.mapping(raw, "rules", set(defaults))
+    merged = {}
+    for k, v in defaults.items():
+        mine = data.get(k)
+        if isinstance(v, dict):
+            merged[k] = {**v, **mine} if isinstance(mine, dict) else v  # a non-mapping is reported below
+        else:
+            merged[k] = v if mine is None else mine
+    rules = {}
+    for key, alertname in RULE_KEYS.items():
+        path = f"rules.{key}"
+        section = r.mapping(data.get(key), path, set(defaults[key]))
+        values = {}
+        for name, value in merged[key].items():
+            if name not in defaults[key] or name not in _RULE_FIELDS:
+                continue
+            field_name, parse = _RULE_FIELDS[name]
+            values[field_name] = r.value({name: value}, path if name in section else f"default_rules.yml:{key}", name, parse, None)
+        rules[alertname] = RuleSettings(**{k: v for k, v in values.items() if v is not None})
+    r.mapping(data.get("change_point"), "rules.change_point", set(defaults["change_point"]))
+    cp_values = {name: r.value(merged["change_point"], "rules.change_point", name, parse, None)
+                 for name, parse in _CHANGE_POINT_FIELDS.items()}
+    return RulesConfig(
+        cold_start_grace=r.value(merged, "rules", "cold_start_grace", parse_duration, 600.0),
+        event_lookback=r.value(merged, "rules", "event_lookback", parse_duration, 1800.0),
+        runbook_url=r.value(merged, "rules", "runbook_url", lambda v: "" if v == "" else _url(v), ""),
+        dashboard_url=r.value(merged, "rules", "dashboard_url", lambda v: "" if v == "" else _url(v), ""),
+        rules=rules,
+        change_point=ChangePointSettings(**{k: v for k, v in cp_values.items() if v is not None}),
+        change_point_enabled=r.value(merged["change_point"], "rules.change_point", "enabled", _bool, True),
+    )
+
+
 def load(data: Any) -> Config:
     """Parsed YAML -> Config, or ConfigError listing every problem."""
     errors: list[str] = []
     r = _Reader(errors)
-    top = r.mapping(data, "", {"global", "web", "targets"})
+    top = r.mapping(data, "", {"global", "web", "targets", "alertmanager", "deploys", "rules"})
     g = _global(r, top.get("global"))
-    web_data = r.mapping(top.get("web"), "web", {"listen_address"})
+    web_data = r.mapping(top.get("web"), "web", {"listen_address", "external_url"})
     listen = r.value(web_data, "web", "listen_address", lambda v: (parse_listen_address(v), str(v))[1], WebConfig.listen_address)
-    cfg = Config(targets=_targets(r, top.get("targets")), global_=g, web=WebConfig(listen_address=listen))
+    external = r.value(web_data, "web", "external_url", _url, "")
+    cfg = Config(targets=_targets(r, top.get("targets")), global_=g, web=WebConfig(listen_address=listen, external_url=external),
+                 alertmanager=_alertmanager(r, top.get("alertmanager")), deploys=_deploys(r, top.get("deploys")),
+                 rules=load_rules(top.get("rules"), errors))
     if errors:
         raise ConfigError(errors)
     return cfg

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import hmac
 import html
 import json
 import logging
@@ -15,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from . import __version__
+from .deploys import API, DeployEvent
 from .state import State
 
 log = logging.getLogger(__name__)
@@ -100,6 +102,62 @@ class App:
         return json_response(200, status_json(self.state))
 
 
+MAX_DEPLOY_BODY = 64 * 1024
+
+
+def deploy_handlers(state: State, add_event: Callable[[DeployEvent], None], token: Callable[[], str],
+                    targets: Callable[[], set[str]], clock: Callable[[], float]) -> tuple[Handler, Handler]:
+    """POST /api/v1/deploys (announce a deploy) and GET /api/v1/deploys (recent events)."""
+
+    def post(environ) -> tuple[int, str, bytes]:
+        expected = token()
+        if expected:
+            given = environ.get("HTTP_AUTHORIZATION", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {expected}".encode()):
+                return json_response(401, {"error": "a valid bearer token is required"})
+        ctype = environ.get("CONTENT_TYPE", "") or "application/json"
+        if not ctype.split(";")[0].strip().lower() == "application/json":
+            return json_response(415, {"error": "send application/json"})
+        length_text = environ.get("CONTENT_LENGTH", "")
+        if not length_text.isdigit():
+            return json_response(411, {"error": "Content-Length is required"})
+        length = int(length_text)
+        if length > MAX_DEPLOY_BODY:
+            return json_response(413, {"error": f"body over {MAX_DEPLOY_BODY} bytes"})
+        try:
+            data = json.loads(environ["wsgi.input"].read(length) or b"null")
+        except (ValueError, UnicodeDecodeError) as exc:
+            return json_response(400, {"error": f"body is not JSON: {exc}"})
+        errors = _deploy_errors(data, targets())
+        if errors:
+            return json_response(400, {"error": "; ".join(errors)})
+        event = DeployEvent(clock(), data.get("target"), data["version"], API, data.get("description") or "")
+        add_event(event)
+        log.info("deploy announced: version=%s target=%s", event.version, event.target or "all")
+        return json_response(202, {"status": "accepted", "event": event.to_json()})
+
+    def get(environ) -> tuple[int, str, bytes]:
+        return json_response(200, state.get("deploys") or {"recent": [], "counts": {}, "last": {}})
+
+    return post, get
+
+
+def _deploy_errors(data, known: set[str]) -> list[str]:
+    if not isinstance(data, dict):
+        return ["body must be a JSON object"]
+    errors = [f"unknown field {k!r}" for k in data if k not in ("version", "target", "description")]
+    version = data.get("version")
+    if not isinstance(version, str) or not version.strip() or len(version) > 200:
+        errors.append("version: a non-empty string of at most 200 characters is required")
+    target = data.get("target")
+    if target is not None and (not isinstance(target, str) or target not in known):
+        errors.append(f"target: must be one of the configured targets ({', '.join(sorted(known))}) or absent for all")
+    description = data.get("description")
+    if description is not None and (not isinstance(description, str) or len(description) > 2000):
+        errors.append("description: a string of at most 2000 characters")
+    return errors
+
+
 def status_json(state: State) -> dict:
     targets = []
     for v in state.targets():
@@ -133,10 +191,13 @@ def status_json(state: State) -> dict:
             "models": models,
         })
     out = {"version": __version__, "ready": state.ready(), "targets": targets}
-    for key in ("alerts", "deploys"):
-        value = state.get(key)
-        if value is not None:
-            out[key] = value
+    alerts = state.get("alerts")
+    if alerts is not None:
+        out["alerts"] = [{"alertname": a.alertname, "state": a.state, "labels": dict(a.labels), "annotations": dict(a.annotations),
+                          "active_at": a.active_at, "value": _finite(a.value)} for a in alerts]
+    deploys = state.get("deploys")
+    if deploys is not None:
+        out["deploys"] = deploys
     return out
 
 

@@ -9,7 +9,8 @@ import logging
 import time
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Callable
+import threading
+from typing import Callable, Sequence
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -19,27 +20,28 @@ from .config import Config, Target
 from .scrape import Scraper
 from .state import State, TargetView
 from .vllm_metrics import parse
-from .window import History, summarize
+from .deploys import DeployEvent
+from .engine import Engine
 
 log = logging.getLogger(__name__)
 
 NO_VLLM_METRICS = "no_vllm_metrics"
 INTERNAL_ERROR = "internal_error"
 RESULTS = scrape_results.RESULTS + (NO_VLLM_METRICS, INTERNAL_ERROR)
-_FINE_SECONDS = 900.0  # windows up to 15m see every sample; older ones are thinned
 
 
 class TargetPoller:
-    def __init__(self, target: Target, config: Config, state: State, clock: Callable[[], float] = time.time,
-                 on_sample: Callable[[str, float, object, History], None] | None = None):
+    """One target's job: scrape, parse, hand the snapshot to the engine, publish."""
+
+    def __init__(self, target: Target, config: Config, state: State, engine: Engine, lock: threading.Lock,
+                 clock: Callable[[], float] = time.time):
         g = config.global_
         self.target = target
-        self.config = config
         self.state = state
+        self.engine = engine
+        self.lock = lock
         self.clock = clock
-        self.on_sample = on_sample
         self.scraper = Scraper(target.url, g.connect_timeout, g.read_timeout, g.body_size_limit)
-        self.history = History(config.longest_window + g.poll_interval, fine_seconds=_FINE_SECONDS)
         self._warned: tuple[str, ...] = ()
 
     def poll(self) -> None:
@@ -64,21 +66,20 @@ class TargetPoller:
         if not snapshot.series:
             self._publish_failure(now, NO_VLLM_METRICS, "no vLLM prefix-cache series in the body", result.duration, snapshot)
             return
-        self.history.append(now, snapshot)
-        if self.on_sample is not None:
-            self.on_sample(self.target.name, now, snapshot, self.history)
+        with self.lock:
+            events = self.engine.ingest(self.target.name, now, snapshot)
+            track = self.engine.tracks[self.target.name]
+            stats, kept = track.stats, len(track.history)
+        for ev in events:
+            log.info("target=%s event source=%s version=%s %s", self.target.name, ev.source, ev.version, ev.description)
         view = self._view()
         if not view.up:
             log.info("target=%s is up", self.target.name)
         self.state.publish(replace(
             view, up=True, polled=True, last_result=result.result, last_error=None, last_scrape_time=now,
             last_success_time=now, scrape_duration=result.duration, scrapes=_count(view.scrapes, result.result),
-            snapshot=snapshot, stats=self._stats(now, snapshot.block_size), samples_kept=len(self.history),
+            snapshot=snapshot, stats=stats, samples_kept=kept,
         ))
-
-    def _stats(self, now: float, block_size: int | None):
-        g = self.config.global_
-        return summarize(self.history.samples(), now, g.windows, g.min_query_tokens, block_size)
 
     def _view(self) -> TargetView:
         return self.state.target(self.target.name) or TargetView(target=self.target)
@@ -87,11 +88,14 @@ class TargetPoller:
         view = self._view()
         if view.up or not view.polled:
             log.warning("target=%s is down: %s", self.target.name, error)
-        block_size = view.snapshot.block_size if view.snapshot else None
+        with self.lock:
+            self.engine.ingest_failure(self.target.name, now)
+            track = self.engine.tracks[self.target.name]
+            stats, kept = track.stats, len(track.history)
         self.state.publish(replace(
             view, up=False, polled=True, last_result=result, last_error=error, last_scrape_time=now,
             scrape_duration=duration, scrapes=_count(view.scrapes, result),
-            snapshot=snapshot or view.snapshot, stats=self._stats(now, block_size), samples_kept=len(self.history),
+            snapshot=snapshot or view.snapshot, stats=stats, samples_kept=kept,
         ))
 
     def close(self) -> None:
@@ -105,15 +109,18 @@ def _count(scrapes: tuple[tuple[str, int], ...], result: str) -> tuple[tuple[str
 
 
 class Poller:
-    """Owns the scheduler and one TargetPoller per target."""
+    """Owns the scheduler, the engine (behind one lock) and one TargetPoller per target.
+    The evaluation job runs the rules every poll interval and hands transitions on."""
 
     def __init__(self, config: Config, state: State, clock: Callable[[], float] = time.time,
-                 on_sample=None, after_poll: Callable[[], None] | None = None):
+                 after_evaluate: Callable[[list, list], None] | None = None, sources: Sequence[Callable[[float], list]] = ()):
         self.state = state
         self.clock = clock
-        self.on_sample = on_sample
-        self.after_poll = after_poll
-        workers = max(4, min(64, len(config.targets)))
+        self.after_evaluate = after_evaluate
+        self.sources = list(sources)
+        self.lock = threading.Lock()
+        self.engine = Engine(config)
+        workers = max(4, min(64, len(config.targets) + 1))
         self.scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(workers)},
                                              job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None})
         self.pollers: dict[str, TargetPoller] = {}
@@ -127,24 +134,56 @@ class Poller:
             if self.scheduler.get_job(name):
                 self.scheduler.remove_job(name)
         for t in config.targets:
-            poller = TargetPoller(t, config, self.state, self.clock, self.on_sample)
+            poller = TargetPoller(t, config, self.state, self.engine, self.lock, self.clock)
             self.pollers[t.name] = poller
             self.scheduler.add_job(poller.poll, "interval", id=t.name, name=t.name,
                                    seconds=config.global_.poll_interval, jitter=config.global_.jitter or None,
                                    next_run_time=_now_datetime())
-        if self.after_poll is not None and not self.scheduler.get_job("evaluate"):
-            self.scheduler.add_job(self.after_poll, "interval", id="evaluate", name="evaluate",
-                                   seconds=config.global_.poll_interval, next_run_time=_now_datetime())
+        if self.scheduler.get_job("evaluate"):
+            self.scheduler.remove_job("evaluate")
+        self.scheduler.add_job(self.evaluate, "interval", id="evaluate", name="evaluate",
+                               seconds=config.global_.poll_interval, next_run_time=_now_datetime())
+
+    def add_event(self, event: DeployEvent) -> None:
+        with self.lock:
+            self.engine.add_event(event)
+        self._publish_engine()
+
+    def evaluate(self) -> None:
+        try:
+            now = self.clock()
+            for source in self.sources:
+                for ev in source(now):
+                    log.info("event source=%s target=%s version=%s %s", ev.source, ev.target, ev.version, ev.description)
+                    with self.lock:
+                        self.engine.add_event(ev)
+            with self.lock:
+                transitions = self.engine.evaluate(now)
+                firing = self.engine.firing()
+            for tr in transitions:
+                a = tr.alert
+                log.info("alert %s %s target=%s model=%s cause=%s", a.alertname, tr.state, a.target, a.model, dict(a.labels).get("cause"))
+            self._publish_engine()
+            if self.after_evaluate is not None:
+                self.after_evaluate(transitions, firing)
+        except Exception:  # noqa: BLE001 - the evaluation loop must survive a bug
+            log.exception("rule evaluation failed")
+
+    def _publish_engine(self) -> None:
+        with self.lock:
+            alerts = self.engine.active_alerts()
+            events = list(self.engine.events)[-50:]
+            counts = dict(self.engine.event_counts)
+            last = self.engine.last_deploy()
+        self.state.put("alerts", alerts)
+        self.state.put("deploys", {"recent": [e.to_json() for e in events], "counts": counts, "last": last})
 
     def reload(self, config: Config) -> None:
-        """New targets or timings: histories of unchanged targets are kept."""
-        kept = {name: p.history for name, p in self.pollers.items()
-                if any(t.name == name and t == p.target for t in config.targets)
-                and config.longest_window == self.config.longest_window}
+        """New targets, timings or rules: histories of kept targets survive."""
         self.config = config
+        with self.lock:
+            self.engine.reconfigure(config)
         self._install(config)
-        for name, history in kept.items():
-            self.pollers[name].history = history
 
     def start(self) -> None:
         self.scheduler.start()

@@ -329,11 +329,28 @@ def _ttft_bucket_increase(samples: Sequence[TargetSample], keys) -> list[tuple[f
     return sorted(summed.items()) if seen else None
 
 
-def _intervals(samples: Sequence[TargetSample], keys) -> tuple[list[float], list[float]]:
-    """Per scrape interval: (hit ratio, mean TTFT), where both are defined."""
-    ratios, ttfts = [], []
+@dataclass(frozen=True)
+class Interval:
+    """What happened between two consecutive polls of one model, summed over engines."""
+
+    start: float
+    end: float
+    query_tokens: float
+    hit_tokens: float
+    ttft_sum: float
+    ttft_count: float
+    kv_cache_usage: float | None
+
+    @property
+    def hit_ratio(self) -> float | None:
+        return self.hit_tokens / self.query_tokens if self.query_tokens > 0 else None
+
+
+def intervals(samples: Sequence[TargetSample], keys) -> list[Interval]:
+    out = []
     for prev, cur in zip(samples, samples[1:]):
         dq = dh = ds = dc = 0.0
+        kv = None
         for key in keys:
             q0, q1, h0, h1 = prev.get(key, "queries"), cur.get(key, "queries"), prev.get(key, "hits"), cur.get(key, "hits")
             if None not in (q0, q1, h0, h1):
@@ -343,9 +360,24 @@ def _intervals(samples: Sequence[TargetSample], keys) -> tuple[list[float], list
             if None not in (s0, s1, c0, c1):
                 ds += s1 - s0
                 dc += c1 - c0
-        if dq > 0 and dc > 0:
-            ratios.append(dh / dq)
-            ttfts.append(ds / dc)
+            usage = cur.get(key, "kv_cache_usage")
+            if usage is not None and usage == usage:
+                kv = usage if kv is None else max(kv, usage)
+        out.append(Interval(prev.t, cur.t, dq, dh, ds, dc, kv))
+    return out
+
+
+def model_keys(samples: Sequence[TargetSample], model_name: str) -> list[SeriesKey]:
+    return sorted({k for s in samples for k in s.layout.keys if k[0] == model_name}, key=lambda k: k[1] or "")
+
+
+def _correlation_points(ivs: Sequence[Interval]) -> tuple[list[float], list[float]]:
+    """Per poll interval: (hit ratio, mean TTFT), where both are defined."""
+    ratios, ttfts = [], []
+    for iv in ivs:
+        if iv.query_tokens > 0 and iv.ttft_count > 0:
+            ratios.append(iv.hit_tokens / iv.query_tokens)
+            ttfts.append(iv.ttft_sum / iv.ttft_count)
     return ratios, ttfts
 
 
@@ -359,7 +391,7 @@ def window_stats(
     block_size: int | None = None,
 ) -> WindowStats:
     inside = _within(samples, now, seconds)
-    keys = sorted({k for s in inside for k in s.layout.keys if k[0] == model_name}, key=lambda k: k[1] or "")
+    keys = model_keys(inside, model_name)
     units = {u for s in inside for k in keys if (u := s.unit(k)) is not None}
     unit = units.pop() if len(units) == 1 else None
     queries = _sum_increase(inside, keys, "queries")
@@ -381,7 +413,7 @@ def window_stats(
                 quantiles[q] = value
     ttft_sum = _sum_increase(inside, keys, "ttft_sum")
     ttft_count = _sum_increase(inside, keys, "ttft_count")
-    ratios, ttfts = _intervals(inside, keys)
+    ratios, ttfts = _correlation_points(intervals(inside, keys))
     fit = pearson(ratios, ttfts)
     kv = [v for k in keys for v in _values(inside, k, "kv_cache_usage")]
     return WindowStats(
@@ -404,6 +436,12 @@ def window_stats(
         kv_cache_usage_max=max(kv) if kv else None,
         samples=len(inside),
     )
+
+
+def stats_between(samples: Sequence[TargetSample], model_name: str, start: float, end: float,
+                  min_query_tokens: float, block_size: int | None = None) -> WindowStats:
+    """The window (start, end]: for baselines before an event and the time after it."""
+    return window_stats(samples, model_name, end, "", max(end - start, 1e-9), min_query_tokens, block_size)
 
 
 def summarize(

@@ -84,5 +84,7 @@ def test_demo_runs_the_story_and_exits_by_itself():
     proc = run_cli("demo", "--duration=60", f"--web.listen-address=127.0.0.1:{free_port()}", timeout=150)
     assert proc.returncode == 0, proc.stderr
     last = [l for l in proc.stdout.splitlines() if l.startswith("demo: hit rate")][-1]
-    before, after = [float(x.rstrip("%,")) for x in last.split() if x.endswith("%") or x.endswith("%,")]
-    assert before > 80 and after < 10
+    before, lowest, end = [float(x.rstrip("%,")) for x in last.split() if x.endswith("%") or x.endswith("%,")]
+    assert before > 80 and lowest < 10
+    firing = [l for l in proc.stdout.splitlines() if "ALERT FIRING PrefixCacheHitRateDropAfterDeploy" in l]
+    assert firing and all("cause=prompt_prefix_change" in l for l in firing)

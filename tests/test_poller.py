@@ -1,9 +1,11 @@
+import threading
 import time
 
 import pytest
 
 from exporter import simulator
 from exporter.config import Config, GlobalConfig, Target
+from exporter.engine import Engine
 from exporter.poller import Poller, TargetPoller
 from exporter.state import State, TargetView
 
@@ -51,7 +53,7 @@ def test_poll_cycle_publishes_windows_and_survives_bad_answers(switch):
     target = Target("r", switch.url)
     cfg = config(target)
     state.set_targets([TargetView(target=target)])
-    poller = TargetPoller(target, cfg, state, clock)
+    poller = TargetPoller(target, cfg, state, Engine(cfg), threading.Lock(), clock)
 
     def poll_at(t, status=200, body=None):
         clock.t = t
@@ -80,7 +82,8 @@ def test_counter_reset_on_restart_is_an_increase_not_a_negative(switch):
     clock, state = Clock(), State()
     target = Target("r", switch.url)
     state.set_targets([TargetView(target=target)])
-    poller = TargetPoller(target, config(target), state, clock)
+    cfg = config(target)
+    poller = TargetPoller(target, cfg, state, Engine(cfg), threading.Lock(), clock)
     for t in range(0, 60, 5):
         clock.t = float(t)
         replica.advance(t)
@@ -94,7 +97,8 @@ def test_counter_reset_on_restart_is_an_increase_not_a_negative(switch):
 def test_poll_never_raises_on_internal_errors(switch, monkeypatch):
     state, target = State(), Target("r", switch.url)
     state.set_targets([TargetView(target=target)])
-    poller = TargetPoller(target, config(target), state, Clock())
+    cfg = config(target)
+    poller = TargetPoller(target, cfg, state, Engine(cfg), threading.Lock(), Clock())
     monkeypatch.setattr("exporter.poller.parse", lambda body: 1 / 0)
     switch.body = "vllm:prefix_cache_hits_total{model_name=\"m\"} 1\n"
     poller.poll()

@@ -9,8 +9,7 @@ README = (ROOT / "README.md").read_text()
 
 def test_every_metric_of_ours_is_documented():
     for d in METRICS.values():
-        name = d.name + ("_total" if d.kind == "counter" else "")
-        assert f"`{name}" in README, name
+        assert f"`{d.exposed_name}" in README, d.exposed_name
 
 
 def test_ci_runs_the_readme_test_command():

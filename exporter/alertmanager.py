@@ -1,0 +1,192 @@
+"""Delivery of alert states to Alertmanager (API v2), one queue per Alertmanager.
+
+Each queue holds the latest payload per alert, so an outage of any length loses no
+transition: what is pending when the Alertmanager comes back is the current truth, a
+resolution included. Firing alerts are re-sent every resend interval with an endsAt a
+few intervals ahead, so Alertmanager resolves them by itself if we die.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable, Sequence
+
+import requests
+
+from .config import AlertmanagerConfig
+from .rules import FIRING, RESOLVED, Alert, Transition
+
+log = logging.getLogger(__name__)
+
+_BATCH = 500
+_MAX_BACKOFF = 30.0
+
+
+def rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def payload(alert: Alert, now: float, resend_interval: float, generator_url: str, resolved: bool = False) -> dict:
+    ends = alert.resolved_at if resolved and alert.resolved_at is not None else now + 4 * resend_interval
+    return {
+        "labels": dict(alert.labels),
+        "annotations": {k: v for k, v in alert.annotations if v},
+        "startsAt": rfc3339(alert.fired_at or alert.active_at or now),
+        "endsAt": rfc3339(ends),
+        "generatorURL": generator_url,
+    }
+
+
+@dataclass
+class _Queue:
+    url: str
+    pending: "OrderedDict[tuple, dict]" = field(default_factory=OrderedDict)
+    queued_at: dict = field(default_factory=dict)  # key -> when a firing alert was last queued
+    failures: int = 0
+    retry_at: float = 0.0
+    sent: int = 0
+    ok: int = 0
+    failed: int = 0
+    dropped: int = 0
+    last_success: float | None = None
+    last_error: str | None = None
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    url: str
+    pending: int
+    notifications_ok: int
+    notifications_failed: int
+    alerts_sent: int
+    dropped: int
+    last_success: float | None
+    last_error: str | None
+
+
+class Notifier:
+    def __init__(self, cfg: AlertmanagerConfig, generator_url: str, clock: Callable[[], float] = time.time):
+        self.cfg = cfg
+        self.generator_url = generator_url
+        self.clock = clock
+        self.queues = [_Queue(u.rstrip("/") + "/api/v2/alerts") for u in cfg.urls]
+        self.lock = threading.Lock()
+        self.session = requests.Session()
+        self.session.headers["Content-Type"] = "application/json"
+        if cfg.username:
+            self.session.auth = (cfg.username, cfg.password)
+        if cfg.bearer_token:
+            self.session.headers["Authorization"] = f"Bearer {cfg.bearer_token}"
+        if cfg.ca_file:
+            self.session.verify = cfg.ca_file
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="alertmanager", daemon=True)
+
+    # --- input, from the evaluation job --------------------------------------------------
+    def transitions(self, transitions: Sequence[Transition]) -> None:
+        now = self.clock()
+        with self.lock:
+            for tr in transitions:
+                if tr.state == FIRING:
+                    self._put(tr.alert.key, payload(tr.alert, now, self.cfg.resend_interval, self.generator_url), now, firing=True)
+                elif tr.state == RESOLVED:
+                    self._put(tr.alert.key, payload(tr.alert, now, self.cfg.resend_interval, self.generator_url, resolved=True), now, firing=False)
+        self._wake.set()
+
+    def resend(self, firing: Sequence[Alert]) -> None:
+        """Queue a fresh copy of every firing alert not queued for a resend interval."""
+        now = self.clock()
+        with self.lock:
+            for q in self.queues:
+                for a in firing:
+                    if a.state == FIRING and now - q.queued_at.get(a.key, -1e18) >= self.cfg.resend_interval:
+                        self._put_one(q, a.key, payload(a, now, self.cfg.resend_interval, self.generator_url), now, True)
+        self._wake.set()
+
+    def _put(self, key, body: dict, now: float, firing: bool) -> None:
+        for q in self.queues:
+            self._put_one(q, key, body, now, firing)
+
+    def _put_one(self, q: _Queue, key, body: dict, now: float, firing: bool) -> None:
+        q.pending.pop(key, None)
+        q.pending[key] = body
+        if firing:
+            q.queued_at[key] = now
+        else:
+            q.queued_at.pop(key, None)
+        while len(q.pending) > self.cfg.queue_capacity:
+            q.pending.popitem(last=False)
+            q.dropped += 1
+
+    # --- delivery ------------------------------------------------------------------------
+    def start(self) -> "Notifier":
+        if self.queues:
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Deliver what is pending for at most `timeout` seconds, then stop."""
+        deadline = time.monotonic() + timeout
+        while self.queues and time.monotonic() < deadline and any(q.pending for q in self.queues) \
+                and all(q.failures == 0 for q in self.queues if q.pending):
+            self.deliver_once(deadline=deadline)
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(max(0.1, deadline - time.monotonic()))
+        self.session.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.deliver_once()
+            except Exception:  # noqa: BLE001 - the sender must outlive any bug
+                log.exception("alertmanager delivery failed")
+            self._wake.wait(0.5)
+            self._wake.clear()
+
+    def deliver_once(self, deadline: float | None = None) -> None:
+        for q in self.queues:
+            now = self.clock()
+            with self.lock:
+                if not q.pending or now < q.retry_at:
+                    continue
+                batch = list(q.pending.items())[:_BATCH]
+            timeout = self.cfg.timeout if deadline is None else max(0.1, min(self.cfg.timeout, deadline - time.monotonic()))
+            error = self._post(q.url, [body for _, body in batch], timeout)
+            with self.lock:
+                if error is None:
+                    for key, body in batch:
+                        if q.pending.get(key) is body:
+                            del q.pending[key]
+                    q.ok += 1
+                    q.sent += len(batch)
+                    q.failures = 0
+                    q.retry_at = 0.0
+                    q.last_success, q.last_error = self.clock(), None
+                else:
+                    q.failed += 1
+                    q.failures += 1
+                    q.retry_at = self.clock() + min(_MAX_BACKOFF, 0.5 * 2 ** (q.failures - 1))
+                    if q.last_error != error:
+                        log.warning("alertmanager %s: %s; %d alert(s) kept for retry", q.url, error, len(q.pending))
+                    q.last_error = error
+
+    def _post(self, url: str, alerts: list[dict], timeout: float) -> str | None:
+        try:
+            resp = self.session.post(url, json=alerts, timeout=timeout)
+        except requests.RequestException as exc:
+            return f"{type(exc).__name__}"
+        if 200 <= resp.status_code < 300:
+            return None
+        return f"HTTP {resp.status_code}: {resp.text[:200].strip()}"
+
+    def stats(self) -> list[QueueStats]:
+        with self.lock:
+            return [QueueStats(q.url, len(q.pending), q.ok, q.failed, q.sent, q.dropped, q.last_success, q.last_error)
+                    for q in self.queues]

@@ -1,0 +1,78 @@
+"""Probable cause of a low or fallen hit rate: a pure function of windows and events."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .deploys import DeployEvent
+
+PROMPT_PREFIX_CHANGE = "prompt_prefix_change"
+COLD_START = "cold_start"
+EVICTION_PRESSURE = "eviction_pressure"
+CACHING_DISABLED = "caching_disabled"
+LOAD_BALANCER_SCATTER = "load_balancer_scatter"
+UNKNOWN = "unknown"
+CAUSES = (PROMPT_PREFIX_CHANGE, COLD_START, EVICTION_PRESSURE, CACHING_DISABLED, LOAD_BALANCER_SCATTER, UNKNOWN)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    now: float
+    caching_enabled: bool | None
+    ratio: float | None  # the short window
+    ratio_earlier: float | None  # the short window just before it: is the ratio climbing?
+    baseline: float | None  # before the drop (pre-deploy baseline or the long window)
+    kv_usage_max: float | None
+    preemptions: float | None  # increase over the window
+    events: tuple[DeployEvent, ...] = ()  # this target's, newest last
+    peer_ratios: tuple[float, ...] = ()  # the same model on the other targets
+    peers_had_events: bool = False
+
+
+@dataclass(frozen=True)
+class Settings:
+    event_lookback: float = 900.0  # a drop this long after an event is still "after" it
+    cold_start_grace: float = 600.0
+    kv_usage_high: float = 0.9
+    scatter_low: float = 0.1
+    scatter_high: float = 0.65
+    scatter_spread: float = 0.15
+
+
+def classify(e: Evidence, s: Settings = Settings()) -> tuple[str, str]:
+    """-> (cause, one sentence of why)."""
+    if e.caching_enabled is False:
+        return CACHING_DISABLED, "vLLM reports enable_prefix_caching=False (or a V0 hit-rate gauge of -1)"
+    recent = [ev for ev in e.events if e.now - ev.t <= s.event_lookback]
+    restarts = [ev for ev in recent if ev.is_restart and e.now - ev.t <= s.cold_start_grace]
+    if restarts:
+        climbing = e.ratio is not None and e.ratio_earlier is not None and e.ratio >= e.ratio_earlier
+        return COLD_START, (f"restart {e.now - restarts[-1].t:.0f}s ago ({restarts[-1].description}); "
+                            f"the cache is {'refilling' if climbing else 'still cold'}")
+    pressure = (e.kv_usage_max is not None and e.kv_usage_max >= s.kv_usage_high) or (e.preemptions or 0) > 0
+    deploys = [ev for ev in recent if not ev.is_restart]
+    if deploys and not pressure:
+        ev = deploys[-1]
+        what = "a suspected unannounced change" if ev.source == "change_point" else f"deploy {ev.version} ({ev.source})"
+        return PROMPT_PREFIX_CHANGE, (f"sharp drop right after {what} {e.now - ev.t:.0f}s ago, no restart, KV usage normal: "
+                                      "the start of the prompt probably changed between requests")
+    if pressure:
+        kv = "n/a" if e.kv_usage_max is None else f"{e.kv_usage_max:.0%}"
+        return EVICTION_PRESSURE, f"KV-cache usage up to {kv} and {e.preemptions or 0:.0f} preemptions: cached blocks are evicted before reuse"
+    if (e.ratio is not None and len(e.peer_ratios) >= 1 and not e.peers_had_events
+            and s.scatter_low <= e.ratio <= s.scatter_high
+            and all(s.scatter_low <= r <= s.scatter_high for r in e.peer_ratios)
+            and max(e.peer_ratios + (e.ratio,)) - min(e.peer_ratios + (e.ratio,)) <= s.scatter_spread):
+        n = len(e.peer_ratios) + 1
+        return LOAD_BALANCER_SCATTER, (f"all {n} replicas of the model sit at a similar, moderate hit ratio with no deploy or restart: "
+                                       "requests sharing a prefix are spread over replicas")
+    return UNKNOWN, "no deploy, restart, eviction pressure or fleet-wide pattern explains it"
+
+
+def severity_for(cause: str, default: str) -> str:
+    """A cold start after a restart is expected: it never pages."""
+    return "info" if cause == COLD_START else default
+
+
+def summarize_peers(ratios: Sequence[float | None]) -> tuple[float, ...]:
+    return tuple(r for r in ratios if r is not None)

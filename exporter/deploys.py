@@ -1,0 +1,185 @@
+"""Deploy events and their detection: one stream of (time, target or all, version, source).
+
+Sources: the HTTP API, restarts and configuration changes seen in the scraped text, the
+Kubernetes downward-API annotations file, and a change-point detector on the hit ratio
+for deploys nobody announced. Everything here but `AnnotationsWatcher.poll` is pure.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from .vllm_metrics import Snapshot
+from .window import Interval
+
+API = "api"
+RESTART = "restart"
+CONFIG_CHANGE = "config_change"
+ANNOTATIONS = "annotations_file"
+CHANGE_POINT = "change_point"
+RECORDING = "recording"
+SOURCES = (API, RESTART, CONFIG_CHANGE, ANNOTATIONS, CHANGE_POINT, RECORDING)
+
+
+@dataclass(frozen=True)
+class DeployEvent:
+    t: float
+    target: str | None  # None: every target
+    version: str
+    source: str
+    description: str = ""
+
+    def applies_to(self, target: str) -> bool:
+        return self.target is None or self.target == target
+
+    @property
+    def is_restart(self) -> bool:
+        return self.source == RESTART
+
+    def to_json(self) -> dict:
+        return {"t": self.t, "target": self.target, "version": self.version, "source": self.source, "description": self.description}
+
+
+# --- restarts and configuration changes, from consecutive snapshots ------------------
+@dataclass(frozen=True)
+class _Seen:
+    process_start: float | None
+    created: tuple
+    queries: tuple
+    cache_config: tuple | None
+    models: tuple
+    lora: tuple | None
+
+
+def _seen(snap: Snapshot) -> _Seen:
+    return _Seen(
+        process_start=snap.process_start_time,
+        created=tuple(sorted((s.key, s.created) for s in snap.series if s.created is not None)),
+        queries=tuple((s.key, s.prefix_cache.queries) for s in snap.series if s.prefix_cache and s.prefix_cache.queries is not None),
+        cache_config=snap.cache_config,
+        models=snap.model_names,
+        lora=snap.lora_config,
+    )
+
+
+class SnapshotChangeDetector:
+    """Per target: a restart (counter decrease, changed `_created` or process start) or a
+    configuration change (cache_config_info labels, model names, LoRA settings)."""
+
+    def __init__(self, target: str):
+        self.target = target
+        self._last: _Seen | None = None
+
+    def observe(self, t: float, snap: Snapshot) -> list[DeployEvent]:
+        seen = _seen(snap)
+        last, self._last = self._last, seen
+        if last is None:
+            return []
+        events = []
+        why = _restart_reason(last, seen)
+        if why:
+            events.append(DeployEvent(t, self.target, f"restart@{int(t)}", RESTART, why))
+        changed = [name for name, a, b in (("cache_config_info", last.cache_config, seen.cache_config),
+                                           ("model names", last.models, seen.models),
+                                           ("LoRA settings", last.lora, seen.lora)) if a != b and a is not None and b is not None]
+        if changed:
+            events.append(DeployEvent(t, self.target, f"config@{int(t)}", CONFIG_CHANGE, "changed: " + ", ".join(changed)))
+        return events
+
+
+def _restart_reason(last: _Seen, seen: _Seen) -> str:
+    if last.process_start is not None and seen.process_start is not None and seen.process_start != last.process_start:
+        return "process_start_time_seconds changed"
+    before = dict(last.created)
+    if any(key in before and before[key] != created for key, created in seen.created):
+        return "a counter's _created changed"
+    before = dict(last.queries)
+    if any(key in before and q < before[key] for key, q in seen.queries):
+        return "a counter decreased"
+    return ""
+
+
+# --- the Kubernetes downward-API annotations file ---------------------------------------
+_ANNOTATION = re.compile(r'^([^=]+)="(.*)"$')
+
+
+def parse_annotations(text: str) -> dict[str, str]:
+    """The downward API writes `key="value"` lines, the value JSON-escaped."""
+    out = {}
+    for line in text.splitlines():
+        m = _ANNOTATION.match(line.strip())
+        if not m:
+            continue
+        try:
+            out[m.group(1)] = json.loads('"' + m.group(2) + '"')
+        except json.JSONDecodeError:
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+class AnnotationsWatcher:
+    """Reads the annotations file each poll; a change of the configured key is a deploy."""
+
+    def __init__(self, path: str, key: str, target: str | None = None):
+        self.path, self.key, self.target = path, key, target
+        self._value: str | None = None
+        self._read_once = False
+        self.last_error: str | None = None
+
+    def poll(self, now: float) -> list[DeployEvent]:
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                value = parse_annotations(fh.read()).get(self.key)
+            self.last_error = None
+        except OSError as exc:
+            self.last_error = f"{self.path}: {exc.strerror}"
+            return []
+        return self.observe(now, value)
+
+    def observe(self, now: float, value: str | None) -> list[DeployEvent]:
+        first, self._read_once = not self._read_once, True
+        old, self._value = self._value, value
+        if first or value == old or value is None:
+            return []
+        return [DeployEvent(now, self.target, value, ANNOTATIONS, f"{self.key}: {old} -> {value}")]
+
+
+def default_annotations_path() -> str:
+    return os.environ.get("PREFIX_CACHE_EXPORTER_ANNOTATIONS", "/etc/podinfo/annotations")
+
+
+# --- a change point in the hit ratio, for deploys nobody announced ----------------------
+@dataclass(frozen=True)
+class ChangePointSettings:
+    recent: float = 15.0  # seconds of low ratio that make a step
+    reference: float = 60.0  # seconds just before them that must have been high
+    drop_points: float = 0.3
+    min_query_tokens: float = 20000.0
+    kv_usage_ceiling: float = 0.85  # above this a fall is eviction, not a new prompt
+
+
+def detect_change_point(ivs: Sequence[Interval], now: float, settings: ChangePointSettings) -> float | None:
+    """Per-poll intervals -> the time a sharp, sustained fall of the hit ratio began, or None.
+
+    A step, not a slide: the recent ratio must sit `drop_points` under the ratio of the
+    minute just before, every recent interval must be low, and KV memory must not be
+    near full (that is eviction pressure, which slides)."""
+    recent = [iv for iv in ivs if iv.end > now - settings.recent]
+    reference = [iv for iv in ivs if now - settings.recent - settings.reference < iv.end <= now - settings.recent]
+    if len(recent) < 2 or len(reference) < 3:
+        return None
+    rq, rh = sum(iv.query_tokens for iv in recent), sum(iv.hit_tokens for iv in recent)
+    bq, bh = sum(iv.query_tokens for iv in reference), sum(iv.hit_tokens for iv in reference)
+    if rq < settings.min_query_tokens or bq < settings.min_query_tokens:
+        return None
+    before, after = bh / bq, rh / rq
+    if before - after < settings.drop_points:
+        return None
+    if any(iv.hit_ratio is not None and iv.hit_ratio > before - settings.drop_points / 2 for iv in recent):
+        return None  # not sustained
+    if any(iv.kv_cache_usage is not None and iv.kv_cache_usage >= settings.kv_usage_ceiling for iv in recent + reference):
+        return None
+    return recent[0].start

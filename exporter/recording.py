@@ -1,0 +1,95 @@
+"""The recording format of `record` and `backtest` (JSON Lines, ordered by `t`), and the
+replay of a recording through the same engine the sidecar runs, on a simulated clock."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from typing import Iterable, Iterator, TextIO
+
+from .config import Config, Target
+from .deploys import RECORDING, DeployEvent
+from .engine import Engine
+from .rules import Transition
+from .vllm_metrics import parse
+
+
+class RecordingError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Scrape:
+    t: float
+    target: str
+    body: str | None
+    error: str | None
+
+
+def read_lines(lines: Iterable[str]) -> Iterator[tuple[int, Scrape | DeployEvent | RecordingError]]:
+    """(line number, record) for every line; a bad line yields a RecordingError."""
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            yield n, RecordingError(f"line {n}: not JSON ({exc.msg})")
+            continue
+        yield n, _record(n, obj)
+
+
+def _record(n: int, obj) -> Scrape | DeployEvent | RecordingError:
+    if not isinstance(obj, dict) or not isinstance(obj.get("t"), (int, float)) or isinstance(obj.get("t"), bool):
+        return RecordingError(f"line {n}: an object with a numeric `t` is required")
+    t = float(obj["t"])
+    if obj.get("event") == "deploy":
+        target = obj.get("target")
+        version = obj.get("version")
+        if (target is not None and not isinstance(target, str)) or not isinstance(version, str):
+            return RecordingError(f"line {n}: a deploy event needs a string `version` and a string or null `target`")
+        return DeployEvent(t, target, version, RECORDING, str(obj.get("description", "")))
+    target = obj.get("target")
+    if not isinstance(target, str) or not target:
+        return RecordingError(f"line {n}: a scrape needs a `target`")
+    body, error = obj.get("body"), obj.get("error")
+    if not isinstance(body, str) and not isinstance(error, str):
+        return RecordingError(f"line {n}: a scrape needs a string `body` or `error`")
+    return Scrape(t, target, body if isinstance(body, str) else None, error if isinstance(error, str) else None)
+
+
+def backtest(lines: Iterable[str], config: Config, warn=lambda msg: None) -> Iterator[Transition]:
+    """Replay a recording; yields every alert transition. Rules run after each time step."""
+    engine = Engine(replace(config, targets=()))
+    step_t: float | None = None
+    last_t = float("-inf")
+    for n, record in read_lines(lines):
+        if isinstance(record, RecordingError):
+            warn(str(record))
+            continue
+        if record.t < last_t:
+            warn(f"line {n}: t={record.t} goes back in time; skipped")
+            continue
+        if step_t is not None and record.t > step_t:
+            yield from engine.evaluate(step_t)
+        last_t = step_t = record.t
+        if isinstance(record, DeployEvent):
+            engine.add_event(record)
+            continue
+        if record.target not in engine.tracks:
+            targets = engine.config.targets + (Target(record.target, f"http://recording.invalid/{record.target}"),)
+            engine.reconfigure(replace(engine.config, targets=targets))
+        if record.body is None:
+            engine.ingest_failure(record.target, record.t)
+            continue
+        snapshot = parse(record.body)
+        if snapshot.series:
+            engine.ingest(record.target, record.t, snapshot)
+        else:
+            warn(f"line {n}: no vLLM prefix-cache series in the body")
+            engine.ingest_failure(record.target, record.t)
+    if step_t is not None:
+        yield from engine.evaluate(step_t)
+
+
+def write_line(out: TextIO, obj: dict) -> None:
+    out.write(json.dumps(obj, separators=(",", ":")) + "\n")

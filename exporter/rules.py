@@ -1,0 +1,309 @@
+"""Alert rules: settings, conditions and the Prometheus-style state machine. Pure.
+
+Each rule turns the facts about one (target, model) into a Condition; `step()` moves an
+alert through inactive -> pending -> firing -> resolved with `for` and
+`keep_firing_for` as Prometheus has them. The deploy rule may also say `inconclusive`
+(too few tokens to judge): exported, never firing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from typing import Callable, Sequence
+
+import yaml
+
+from . import causes
+from .deploys import ChangePointSettings, DeployEvent
+from .vllm_metrics import Snapshot
+from .window import TargetSample, WindowStats, stats_between
+
+INACTIVE, PENDING, FIRING, INCONCLUSIVE = "inactive", "pending", "firing", "inconclusive"
+RESOLVED = "resolved"  # a transition, after which the alert is inactive
+STATES = (INACTIVE, PENDING, FIRING, INCONCLUSIVE)
+
+DROP_AFTER_DEPLOY = "PrefixCacheHitRateDropAfterDeploy"
+HIT_RATE_LOW = "PrefixCacheHitRateLow"
+CACHING_DISABLED = "PrefixCachingDisabled"
+HITS_STUCK_AT_ZERO = "PrefixCacheHitsStuckAtZero"
+TTFT_REGRESSION = "PrefixCacheTTFTRegression"
+TARGET_DOWN = "PrefixCacheTargetDown"
+ALERT_NAMES = (DROP_AFTER_DEPLOY, HIT_RATE_LOW, CACHING_DISABLED, HITS_STUCK_AT_ZERO, TTFT_REGRESSION, TARGET_DOWN)
+RUNBOOK_ANCHORS = {name: name.lower() for name in ALERT_NAMES}
+
+
+# --- settings ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RuleSettings:
+    enabled: bool
+    severity: str
+    for_: float
+    keep_firing_for: float
+    window: float = 300.0
+    baseline: float = 300.0
+    after: float = 300.0
+    reference: float = 3600.0
+    below: float = 0.5
+    drop_points: float = 0.25
+    ratio: float = 1.5
+    min_query_tokens: float = 20000.0
+
+
+@dataclass(frozen=True)
+class RulesConfig:
+    cold_start_grace: float
+    event_lookback: float
+    runbook_url: str
+    dashboard_url: str
+    rules: dict[str, RuleSettings]  # alertname -> settings
+    change_point: ChangePointSettings
+    change_point_enabled: bool
+
+    def cause_settings(self) -> causes.Settings:
+        return causes.Settings(event_lookback=self.event_lookback, cold_start_grace=self.cold_start_grace)
+
+
+# config key -> alert name
+RULE_KEYS = {
+    "hit_rate_drop_after_deploy": DROP_AFTER_DEPLOY,
+    "hit_rate_low": HIT_RATE_LOW,
+    "caching_disabled": CACHING_DISABLED,
+    "hits_stuck_at_zero": HITS_STUCK_AT_ZERO,
+    "ttft_regression": TTFT_REGRESSION,
+    "target_down": TARGET_DOWN,
+}
+
+
+def default_rules_yaml() -> dict:
+    return yaml.safe_load(resources.files("exporter").joinpath("default_rules.yml").read_text(encoding="utf-8"))
+
+
+# --- facts and conditions ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Facts:
+    """What the rules may look at for one (target, model) at `now`."""
+
+    now: float
+    target: str
+    model: str
+    up: bool
+    down_since: float | None
+    snapshot: Snapshot | None
+    samples: Sequence[TargetSample]
+    stats: dict[str, WindowStats]  # configured window name -> stats
+    windows: dict[float, str]  # seconds -> configured window name
+    events: tuple[DeployEvent, ...]  # this target's, oldest first
+    peer_ratios: tuple[float, ...] = ()
+    peers_had_events: bool = False
+    block_size: int | None = None
+
+    def window(self, seconds: float) -> WindowStats:
+        name = self.windows.get(seconds)
+        if name is not None and name in self.stats:
+            return self.stats[name]
+        return stats_between(self.samples, self.model, self.now - seconds, self.now, 0.0, self.block_size)
+
+    def query_tokens(self, ws: WindowStats) -> float:
+        if ws.query_increase is None:
+            return 0.0
+        return ws.query_increase * ((self.block_size or 16) if ws.unit == "blocks" else 1)
+
+
+@dataclass(frozen=True)
+class Condition:
+    state: str  # "true" | "false" | INCONCLUSIVE
+    value: float | None = None
+    summary: str = ""
+    description: str = ""
+    cause: tuple[str, str] | None = None  # classified later when None
+
+    @property
+    def true(self) -> bool:
+        return self.state == "true"
+
+
+FALSE = Condition("false")
+
+
+def _ratio(ws: WindowStats) -> float | None:
+    if ws.hit_increase is None or not ws.query_increase:
+        return None
+    return ws.hit_increase / ws.query_increase
+
+
+def _in_cold_start(f: Facts, grace: float) -> DeployEvent | None:
+    restarts = [e for e in f.events if e.is_restart and 0 <= f.now - e.t <= grace]
+    return restarts[-1] if restarts else None
+
+
+def rule_drop_after_deploy(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
+    deploys = [e for e in f.events if not e.is_restart and 0 <= f.now - e.t <= rc.event_lookback]
+    if not deploys:
+        return FALSE
+    ev = deploys[-1]
+    if any(e.is_restart and e.t >= ev.t - 1.0 for e in f.events) or _in_cold_start(f, rc.cold_start_grace):
+        return FALSE  # the cache was emptied: a cold start, not a prompt change
+    baseline = stats_between(f.samples, f.model, ev.t - s.baseline, ev.t, 0.0, f.block_size)
+    edge = max((x.t for x in f.samples if x.t <= ev.t), default=ev.t)
+    start = max(edge - 1e-6, f.now - s.after)
+    after = stats_between(f.samples, f.model, start, f.now, 0.0, f.block_size)
+    before_ratio, after_ratio = _ratio(baseline), _ratio(after)
+    who = f"{ev.version} ({ev.source})"
+    if f.query_tokens(baseline) < s.min_query_tokens or f.query_tokens(after) < s.min_query_tokens or before_ratio is None or after_ratio is None:
+        return Condition(INCONCLUSIVE, None, f"Not enough traffic yet to judge deploy {who} on {f.target}",
+                         f"Baseline {f.query_tokens(baseline):.0f} and post-deploy {f.query_tokens(after):.0f} query tokens; "
+                         f"{s.min_query_tokens:.0f} needed in each.")
+    dropped = before_ratio - after_ratio >= s.drop_points or (after_ratio < s.below <= before_ratio)
+    return Condition("true" if dropped else "false", after_ratio,
+                     f"Prefix-cache hit rate of {f.model} on {f.target} fell from {before_ratio:.0%} to {after_ratio:.0%} after deploy {who}",
+                     f"Token-weighted hit ratio {before_ratio:.1%} in the {s.baseline:.0f}s before the event at {ev.t:.0f}, "
+                     f"{after_ratio:.1%} since. Uncached prompt tokens are prefilled again: TTFT and cost rise.")
+
+
+def rule_hit_rate_low(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
+    if _in_cold_start(f, rc.cold_start_grace):
+        return FALSE
+    ws = f.window(s.window)
+    ratio = _ratio(ws)
+    if ratio is None or f.query_tokens(ws) < s.min_query_tokens or ratio >= s.below:
+        return FALSE
+    return Condition("true", ratio, f"Prefix-cache hit rate of {f.model} on {f.target} is {ratio:.0%}",
+                     f"Token-weighted hit ratio {ratio:.1%} over {s.window:.0f}s, under the {s.below:.0%} threshold.")
+
+
+def rule_caching_disabled(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
+    if f.snapshot is None or f.snapshot.prefix_caching_enabled is not False:
+        return FALSE
+    return Condition("true", 0.0, f"Prefix caching is disabled on {f.target}",
+                     "vLLM reports enable_prefix_caching=False: no prompt prefix is reused. Start vLLM with --enable-prefix-caching.",
+                     (causes.CACHING_DISABLED, "vLLM reports prefix caching off"))
+
+
+def rule_hits_stuck_at_zero(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
+    if f.snapshot is not None and f.snapshot.prefix_caching_enabled is False:
+        return FALSE
+    ws = f.window(s.window)
+    if ws.hit_increase != 0 or f.query_tokens(ws) < s.min_query_tokens:
+        return FALSE
+    return Condition("true", 0.0, f"Prefix-cache hits of {f.model} on {f.target} are stuck at zero",
+                     f"{f.query_tokens(ws):.0f} query tokens and not one hit in {s.window:.0f}s. Known on some hardware backends; "
+                     "also seen when every prompt is shorter than one block.")
+
+
+def rule_ttft_regression(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
+    if _in_cold_start(f, rc.cold_start_grace):
+        return FALSE
+    recent, reference = f.window(s.window), f.window(s.reference)
+    r_now, r_ref = _ratio(recent), _ratio(reference)
+    p_now, p_ref = recent.ttft_quantiles.get(0.99), reference.ttft_quantiles.get(0.99)
+    if None in (r_now, r_ref, p_now, p_ref) or f.query_tokens(recent) < s.min_query_tokens or p_ref <= 0:
+        return FALSE
+    if p_now / p_ref < s.ratio or r_ref - r_now < s.drop_points:
+        return FALSE
+    return Condition("true", p_now, f"TTFT p99 of {f.model} on {f.target} is {p_now / p_ref:.1f}x its usual level as the hit rate fell",
+                     f"TTFT p99 {p_now * 1000:.0f} ms over {s.window:.0f}s against {p_ref * 1000:.0f} ms over {s.reference:.0f}s, "
+                     f"while the hit ratio went from {r_ref:.0%} to {r_now:.0%}.")
+
+
+def rule_target_down(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
+    if f.up or f.down_since is None:  # up, or not polled yet
+        return FALSE
+    return Condition("true", 0.0, f"vLLM target {f.target} cannot be polled",
+                     "The sidecar gets no vLLM metrics from the target: it is down, slow, or not vLLM. Hit-rate alerts for it are blind.",
+                     (causes.UNKNOWN, "target down"))
+
+
+RULES: dict[str, Callable[[Facts, RuleSettings, RulesConfig], Condition]] = {
+    DROP_AFTER_DEPLOY: rule_drop_after_deploy,
+    HIT_RATE_LOW: rule_hit_rate_low,
+    CACHING_DISABLED: rule_caching_disabled,
+    HITS_STUCK_AT_ZERO: rule_hits_stuck_at_zero,
+    TTFT_REGRESSION: rule_ttft_regression,
+    TARGET_DOWN: rule_target_down,
+}
+
+
+def evidence(f: Facts, rc: RulesConfig) -> causes.Evidence:
+    short = min(f.windows) if f.windows else 60.0
+    now_ws = f.window(short)
+    earlier = stats_between(f.samples, f.model, f.now - 2 * short, f.now - short, 0.0, f.block_size)
+    long_ws = f.window(max(f.windows)) if f.windows else now_ws
+    deploys = [e for e in f.events if not e.is_restart and 0 <= f.now - e.t <= rc.event_lookback]
+    baseline = None
+    if deploys:
+        baseline = _ratio(stats_between(f.samples, f.model, deploys[-1].t - 300.0, deploys[-1].t, 0.0, f.block_size))
+    return causes.Evidence(
+        now=f.now,
+        caching_enabled=f.snapshot.prefix_caching_enabled if f.snapshot else None,
+        ratio=_ratio(now_ws), ratio_earlier=_ratio(earlier),
+        baseline=baseline if baseline is not None else _ratio(long_ws),
+        # after a deploy, KV usage around it matters; with none, a slide over the long window
+        kv_usage_max=now_ws.kv_cache_usage_max if deploys else long_ws.kv_cache_usage_max,
+        preemptions=now_ws.preemption_increase,
+        events=f.events, peer_ratios=f.peer_ratios, peers_had_events=f.peers_had_events,
+    )
+
+
+# --- the state machine ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Alert:
+    alertname: str
+    target: str
+    model: str
+    state: str = INACTIVE
+    active_at: float | None = None
+    fired_at: float | None = None
+    last_true: float | None = None
+    resolved_at: float | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    annotations: tuple[tuple[str, str], ...] = ()
+    value: float | None = None
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.alertname, self.target, self.model)
+
+
+@dataclass(frozen=True)
+class Transition:
+    t: float
+    alert: Alert
+    state: str  # pending | firing | resolved
+
+    def to_json(self) -> dict:
+        return {"t": self.t, "alertname": self.alert.alertname, "state": self.state,
+                "labels": dict(self.alert.labels), "annotations": dict(self.alert.annotations)}
+
+
+def step(alert: Alert, cond: Condition, now: float, s: RuleSettings,
+         describe: Callable[[Alert, Condition], Alert]) -> tuple[Alert, Transition | None]:
+    """One evaluation: `describe` fills labels and annotations of an active alert."""
+    state = alert.state
+    if cond.true:
+        if state in (INACTIVE, INCONCLUSIVE):
+            new = describe(replace(alert, state=PENDING, active_at=now, last_true=now, resolved_at=None, value=cond.value), cond)
+            if s.for_ <= 0:
+                new = replace(new, state=FIRING, fired_at=now)
+                return new, Transition(now, new, FIRING)
+            return new, Transition(now, new, PENDING)
+        if state == PENDING:
+            new = replace(alert, last_true=now, value=cond.value)
+            new = replace(new, annotations=describe(new, cond).annotations)
+            if now - alert.active_at >= s.for_:
+                new = replace(new, state=FIRING, fired_at=now)
+                return new, Transition(now, new, FIRING)
+            return new, None
+        # firing: labels (the cause) stay as they were when it began; annotations follow
+        return replace(alert, last_true=now, value=cond.value, annotations=describe(alert, cond).annotations), None
+    if cond.state == INCONCLUSIVE:
+        if state == INACTIVE:
+            return describe(replace(alert, state=INCONCLUSIVE, value=None), cond), None
+        return alert, None  # no new information: a firing or pending alert holds
+    if state == FIRING:
+        if alert.last_true is not None and now - alert.last_true < s.keep_firing_for:
+            return alert, None
+        new = replace(alert, state=INACTIVE, resolved_at=now)
+        return new, Transition(now, new, RESOLVED)
+    if state in (PENDING, INCONCLUSIVE):
+        return replace(alert, state=INACTIVE, active_at=None), None
+    return alert, None
