@@ -57,9 +57,10 @@ def _record(n: int, obj) -> Scrape | DeployEvent | RecordingError:
     return Scrape(t, target, body if isinstance(body, str) else None, error if isinstance(error, str) else None)
 
 
-def backtest(lines: Iterable[str], config: Config, warn=lambda msg: None) -> Iterator[Transition]:
-    """Replay a recording; yields every alert transition. Rules run after each time step."""
-    engine = Engine(replace(config, targets=()))
+def backtest(lines: Iterable[str], config: Config, warn=lambda msg: None, engine: Engine | None = None) -> Iterator[Transition]:
+    """Replay a recording; yields every alert transition. Rules run after each time step.
+    Pass an `engine` to look at its state (alerts, events) afterwards."""
+    engine = engine or Engine(replace(config, targets=()))
     step_t: float | None = None
     last_t = float("-inf")
     for n, record in read_lines(lines):
