@@ -22,6 +22,7 @@ class FakeServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 fake.requests.append((self.command, self.path, dict(self.headers), body))
+                self.body = body
                 route = fake.routes.get(self.path.split("?")[0])
                 if route is None:
                     return reply(self, 404, b"no route\n")

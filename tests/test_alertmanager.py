@@ -1,0 +1,138 @@
+import base64
+import json
+
+import pytest
+
+from exporter.alertmanager import Notifier, payload, rfc3339
+from exporter.config import AlertmanagerConfig
+from exporter.rules import FIRING, RESOLVED, Alert, Transition
+
+from conftest import free_port
+from fakeserver import FakeServer, reply
+
+
+class Clock:
+    def __init__(self, t=1000.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def alert(state=FIRING, resolved_at=None):
+    return Alert("PrefixCacheHitRateLow", "vllm-0", "m", state=state, active_at=990.0, fired_at=1000.0, last_true=1000.0,
+                 resolved_at=resolved_at,
+                 labels=(("alertname", "PrefixCacheHitRateLow"), ("cause", "eviction_pressure"), ("model_name", "m"),
+                         ("severity", "warning"), ("target", "vllm-0")),
+                 annotations=(("dashboard_url", ""), ("description", "d"), ("runbook_url", "http://r#x"), ("summary", "s")))
+
+
+class Receiver:
+    def __init__(self, status=200):
+        self.status = status
+        self.bodies = []
+        self.headers = []
+
+    def __call__(self, h):
+        self.headers.append(dict(h.headers))
+        if self.status == 200:
+            self.bodies.append(json.loads(h.body))
+        reply(h, self.status, b"{}")
+
+
+@pytest.fixture
+def am():
+    receiver = Receiver()
+    with FakeServer({"/api/v2/alerts": receiver}) as server:
+        receiver.base = server.base
+        yield receiver
+
+
+def notifier(url, clock, **cfg):
+    return Notifier(AlertmanagerConfig(urls=(url,), resend_interval=60.0, timeout=2.0, **cfg), "http://sidecar:9464/", clock)
+
+
+def test_payload_follows_the_v2_postable_alert():
+    body = payload(alert(), 1000.0, 60.0, "http://g/")
+    assert body == {"labels": dict(alert().labels), "annotations": {"description": "d", "runbook_url": "http://r#x", "summary": "s"},
+                    "startsAt": rfc3339(1000.0), "endsAt": rfc3339(1240.0), "generatorURL": "http://g/"}
+    assert rfc3339(0.5) == "1970-01-01T00:00:00.500Z"
+
+
+def test_firing_then_resend_then_resolved(am):
+    clock = Clock()
+    n = notifier(am.base, clock)
+    n.transitions([Transition(1000.0, alert(), FIRING)])
+    n.deliver_once()
+    assert [a["labels"]["cause"] for a in am.bodies[0]] == ["eviction_pressure"]
+    n.resend([alert()])  # queued less than a resend interval ago: nothing new
+    n.deliver_once()
+    assert len(am.bodies) == 1
+    clock.t = 1061.0
+    n.resend([alert()])
+    n.deliver_once()
+    assert len(am.bodies) == 2 and am.bodies[1][0]["endsAt"] == rfc3339(1061.0 + 240.0)
+    clock.t = 1070.0
+    n.transitions([Transition(1070.0, alert(state="inactive", resolved_at=1070.0), RESOLVED)])
+    n.deliver_once()
+    assert am.bodies[2][0]["endsAt"] == rfc3339(1070.0)
+    assert n.stats()[0].alerts_sent == 3 and n.stats()[0].pending == 0
+    n.stop(1.0)
+
+
+def test_an_outage_loses_no_transition_and_backs_off():
+    clock = Clock()
+    receiver = Receiver(status=503)
+    with FakeServer({"/api/v2/alerts": receiver}) as server:
+        n = notifier(server.base, clock)
+        n.transitions([Transition(1000.0, alert(), FIRING)])
+        n.deliver_once()
+        n.deliver_once()  # inside the backoff: not even tried
+        assert len(receiver.headers) == 1 and n.stats()[0].notifications_failed == 1
+        clock.t += 0.6
+        n.deliver_once()
+        assert len(receiver.headers) == 2
+        n.transitions([Transition(1001.0, alert(state="inactive", resolved_at=1001.0), RESOLVED)])
+        receiver.status = 200
+        clock.t += 5
+        n.deliver_once()
+        (delivered,) = receiver.bodies
+        assert delivered[0]["endsAt"] == rfc3339(1001.0)  # the latest state, the resolution
+        assert n.stats()[0].pending == 0 and n.stats()[0].last_error is None
+        n.stop(1.0)
+
+
+def test_dead_alertmanager_is_counted_not_raised():
+    n = notifier(f"http://127.0.0.1:{free_port()}", Clock())
+    n.transitions([Transition(1000.0, alert(), FIRING)])
+    n.deliver_once()
+    s = n.stats()[0]
+    assert s.notifications_failed == 1 and s.pending == 1 and "ConnectionError" in s.last_error
+    n.stop(0.5)
+
+
+def test_queue_is_bounded_and_counts_drops(am):
+    n = notifier(am.base, Clock(), queue_capacity=2)
+    alerts = [Alert("A", f"t{i}", "m", state=FIRING, fired_at=1.0, labels=(("alertname", "A"),)) for i in range(5)]
+    n.transitions([Transition(1.0, a, FIRING) for a in alerts])
+    assert n.stats()[0].pending == 2 and n.stats()[0].dropped == 3
+    n.stop(1.0)
+
+
+@pytest.mark.parametrize("cfg, header", [
+    pytest.param({"username": "u", "password": "p"}, "Basic " + base64.b64encode(b"u:p").decode(), id="basic-auth"),
+    pytest.param({"bearer_token": "tok"}, "Bearer tok", id="bearer"),
+])
+def test_auth(am, cfg, header):
+    n = notifier(am.base, Clock(), **cfg)
+    n.transitions([Transition(1000.0, alert(), FIRING)])
+    n.deliver_once()
+    assert am.headers[-1]["Authorization"] == header
+    n.stop(1.0)
+
+
+def test_stop_delivers_what_is_pending_within_its_bound(am):
+    n = notifier(am.base, Clock()).start()
+    n.transitions([Transition(1000.0, alert(), FIRING)])
+    n.stop(3.0)
+    assert am.bodies
