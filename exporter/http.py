@@ -145,6 +145,10 @@ def deploy_handlers(state: State, add_event: Callable[[DeployEvent], None], toke
 def _deploy_errors(data, known: set[str]) -> list[str]:
     if not isinstance(data, dict):
         return ["body must be a JSON object"]
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return ["body holds text that is not valid Unicode (a lone surrogate)"]
     errors = [f"unknown field {k!r}" for k in data if k not in ("version", "target", "description")]
     version = data.get("version")
     if not isinstance(version, str) or not version.strip() or len(version) > 200:

@@ -193,16 +193,27 @@ def rule_hits_stuck_at_zero(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condi
 def rule_ttft_regression(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
     if _in_cold_start(f, rc.cold_start_grace):
         return FALSE
-    recent, reference = f.window(s.window), f.window(s.reference)
-    r_now, r_ref = _ratio(recent), _ratio(reference)
-    p_now, p_ref = recent.ttft_quantiles.get(0.99), reference.ttft_quantiles.get(0.99)
-    if None in (r_now, r_ref, p_now, p_ref) or f.query_tokens(recent) < s.min_query_tokens or p_ref <= 0:
+    recent = f.window(s.window)
+    r_now, p_now = _ratio(recent), recent.ttft_quantiles.get(0.99)
+    if r_now is None or p_now is None or f.query_tokens(recent) < s.min_query_tokens:
+        return FALSE
+    # The reference is the time before the recent window, so a long regression cannot
+    # become its own reference. It costs a pass over the history, so first a cheap test:
+    # the long window mixes reference and recent time, at least half reference by
+    # default, so a drop of d points from the reference shows as at least d/2 in it.
+    longest = f.window(max(f.windows)) if f.windows else recent
+    r_long = _ratio(longest)
+    if r_long is None or r_long - r_now < s.drop_points / 2:
+        return FALSE
+    reference = stats_between(f.samples, f.model, f.now - s.window - s.reference, f.now - s.window, 0.0, f.block_size)
+    r_ref, p_ref = _ratio(reference), reference.ttft_quantiles.get(0.99)
+    if r_ref is None or p_ref is None or p_ref <= 0 or f.query_tokens(reference) < s.min_query_tokens:
         return FALSE
     if p_now / p_ref < s.ratio or r_ref - r_now < s.drop_points:
         return FALSE
     return Condition("true", p_now, f"TTFT p99 of {f.model} on {f.target} is {p_now / p_ref:.1f}x its usual level as the hit rate fell",
-                     f"TTFT p99 {p_now * 1000:.0f} ms over {s.window:.0f}s against {p_ref * 1000:.0f} ms over {s.reference:.0f}s, "
-                     f"while the hit ratio went from {r_ref:.0%} to {r_now:.0%}.")
+                     f"TTFT p99 {p_now * 1000:.0f} ms over the last {s.window:.0f}s against {p_ref * 1000:.0f} ms in the "
+                     f"{s.reference:.0f}s before, while the hit ratio went from {r_ref:.0%} to {r_now:.0%}.")
 
 
 def rule_target_down(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:

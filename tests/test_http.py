@@ -90,3 +90,70 @@ def test_head_has_no_body(app):
 def test_handler_bug_is_a_500_not_a_crash(app):
     app.route("GET", "/boom", lambda env: 1 / 0)
     assert call(app, "GET", "/boom")[0] == 500
+
+
+class Events:
+    def __init__(self):
+        self.added = []
+
+
+@pytest.fixture
+def deploy_app():
+    from exporter.http import deploy_handlers
+    state = simulated_state()
+    events = Events()
+    app = App(state, CollectorRegistry())
+    post, get = deploy_handlers(state, events.added.append, lambda: "s3cret", lambda: {"vllm-0", "vllm-1"}, lambda: 1234.5)
+    app.route("POST", "/api/v1/deploys", post)
+    app.route("GET", "/api/v1/deploys", get)
+    return app, events
+
+
+def post(app, body, headers=None, raw=None):
+    data = raw if raw is not None else json.dumps(body).encode()
+    h = {"CONTENT_TYPE": "application/json", "HTTP_AUTHORIZATION": "Bearer s3cret"}
+    h.update(headers or {})
+    return call(app, "POST", "/api/v1/deploys", h, data)
+
+
+def test_deploy_is_accepted(deploy_app):
+    app, events = deploy_app
+    status, _, body = post(app, {"version": "v42", "target": "vllm-0", "description": "prompt v2"})
+    assert status == 202 and json.loads(body)["event"]["version"] == "v42"
+    (e,) = events.added
+    assert (e.t, e.target, e.version, e.source, e.description) == (1234.5, "vllm-0", "v42", "api", "prompt v2")
+
+
+@pytest.mark.parametrize("body, headers, raw, status", [
+    pytest.param({"version": "v1"}, {"HTTP_AUTHORIZATION": ""}, None, 401, id="no-token"),
+    pytest.param({"version": "v1"}, {"HTTP_AUTHORIZATION": "Bearer wrong"}, None, 401, id="wrong-token"),
+    pytest.param(None, {}, b"{not json", 400, id="not-json"),
+    pytest.param([1, 2], {}, None, 400, id="not-an-object"),
+    pytest.param({}, {}, None, 400, id="no-version"),
+    pytest.param({"version": ""}, {}, None, 400, id="empty-version"),
+    pytest.param({"version": "v1", "target": "nope"}, {}, None, 400, id="unknown-target"),
+    pytest.param({"version": "v1", "extra": 1}, {}, None, 400, id="unknown-field"),
+    pytest.param({"version": "v1"}, {"CONTENT_TYPE": "text/plain"}, None, 415, id="wrong-content-type"),
+    pytest.param(None, {}, b"x" * (64 * 1024 + 1), 413, id="over-64KiB"),
+    pytest.param(None, {}, "{\"version\": \"\\ud800\"}".encode(), 400, id="bad-unicode"),
+])
+def test_bad_deploy_requests_get_a_clear_4xx(deploy_app, body, headers, raw, status):
+    app, events = deploy_app
+    got, _, payload = post(app, body, headers, raw)
+    assert got == status and "error" in json.loads(payload)
+    assert events.added == []
+
+
+def test_deploy_without_content_length_is_411(deploy_app):
+    app, _ = deploy_app
+    environ_headers = {"CONTENT_TYPE": "application/json", "HTTP_AUTHORIZATION": "Bearer s3cret"}
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/api/v1/deploys", "wsgi.input": io.BytesIO(b"{}"), **environ_headers}
+    out = {}
+    b"".join(app(environ, lambda s, h: out.setdefault("status", s)))
+    assert out["status"].startswith("411")
+
+
+def test_deploys_listing(deploy_app):
+    app, _ = deploy_app
+    status, _, body = call(app, "GET", "/api/v1/deploys")
+    assert status == 200 and set(json.loads(body)) == {"recent", "counts", "last"}

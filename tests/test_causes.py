@@ -1,0 +1,41 @@
+import pytest
+
+from exporter import causes
+from exporter.causes import Evidence, classify
+from exporter.deploys import DeployEvent
+
+NOW = 10_000.0
+
+
+def ev(source, ago, target="t"):
+    return DeployEvent(NOW - ago, target, "v42", source)
+
+
+def evidence(**kw):
+    base = dict(now=NOW, caching_enabled=True, ratio=0.04, ratio_earlier=0.05, baseline=0.88, kv_usage_max=0.2, preemptions=0.0)
+    base.update(kw)
+    return Evidence(**base)
+
+
+@pytest.mark.parametrize("kw, cause", [
+    pytest.param(dict(caching_enabled=False), causes.CACHING_DISABLED, id="disabled"),
+    pytest.param(dict(events=(ev("restart", 60),), ratio=0.4, ratio_earlier=0.2), causes.COLD_START, id="cold-start-climbing"),
+    pytest.param(dict(events=(ev("api", 20),)), causes.PROMPT_PREFIX_CHANGE, id="after-a-deploy"),
+    pytest.param(dict(events=(ev("change_point", 20),)), causes.PROMPT_PREFIX_CHANGE, id="after-a-change-point"),
+    pytest.param(dict(events=(ev("api", 20),), kv_usage_max=0.97), causes.EVICTION_PRESSURE, id="deploy-but-kv-full"),
+    pytest.param(dict(kv_usage_max=0.95, ratio=0.3), causes.EVICTION_PRESSURE, id="kv-near-full"),
+    pytest.param(dict(preemptions=12.0, ratio=0.3), causes.EVICTION_PRESSURE, id="preemptions"),
+    pytest.param(dict(ratio=0.33, peer_ratios=(0.31, 0.35)), causes.LOAD_BALANCER_SCATTER, id="fleet-moderate-together"),
+    pytest.param(dict(ratio=0.33, peer_ratios=(0.31, 0.85)), causes.UNKNOWN, id="one-replica-alone"),
+    pytest.param(dict(ratio=0.33, peer_ratios=(0.31,), peers_had_events=True), causes.UNKNOWN, id="peers-had-deploys"),
+    pytest.param(dict(events=(ev("api", 5000),)), causes.UNKNOWN, id="deploy-too-long-ago"),
+    pytest.param(dict(), causes.UNKNOWN, id="nothing-explains-it"),
+])
+def test_classify(kw, cause):
+    got, why = classify(evidence(**kw))
+    assert got == cause and why
+
+
+def test_cold_start_never_pages():
+    assert causes.severity_for(causes.COLD_START, "critical") == "info"
+    assert causes.severity_for(causes.PROMPT_PREFIX_CHANGE, "critical") == "critical"

@@ -1,0 +1,80 @@
+import pytest
+
+from exporter import deploys, simulator
+from exporter.deploys import AnnotationsWatcher, ChangePointSettings, SnapshotChangeDetector, detect_change_point, parse_annotations
+from exporter.vllm_metrics import parse
+from exporter.window import Interval
+
+from conftest import FIXTURES
+
+
+def snapshots(scenario, times, generation="current"):
+    r = simulator.Replica("r", scenario, start=0.0, seed=1, generation=generation)
+    for t in times:
+        r.advance(t)
+        yield t, parse(r.render())
+
+
+@pytest.mark.parametrize("generation", ["current", "v0.10", "v0.8"])
+def test_restart_is_detected_from_created_process_start_or_a_decrease(generation):
+    det = SnapshotChangeDetector("r")
+    found = []
+    for t, snap in snapshots(simulator.Scenario(events=(simulator.Event(22, "restart"),)), [5, 10, 15, 20, 25, 30], generation):
+        found += det.observe(t, snap)
+    assert [(e.source, e.t) for e in found] == [(deploys.RESTART, 25)]
+
+
+def test_a_counter_decrease_alone_is_a_restart(fixtures):
+    det = SnapshotChangeDetector("r")
+    text = (FIXTURES / "edge" / "multiprocess_pid.txt").read_text()
+    det.observe(1.0, parse(text))
+    (e,) = det.observe(2.0, parse(text.replace("2000.0", "20.0")))
+    assert e.source == deploys.RESTART and "decreased" in e.description
+
+
+def test_cache_config_change_is_a_config_event():
+    det = SnapshotChangeDetector("r")
+    found = []
+    for t, snap in snapshots(simulator.Scenario(events=(simulator.Event(7, "kv_blocks", 12000),)), [5, 10, 15]):
+        found += det.observe(t, snap)
+    assert [e.source for e in found] == [deploys.CONFIG_CHANGE]
+    assert "cache_config_info" in found[0].description
+
+
+def test_annotations_file_format():
+    text = 'app.kubernetes.io/version="v42"\nkubernetes.io/config.seen="2026-11-30T05:00:00Z"\ndeploy/note="a \\"quoted\\" note"\ngarbage line\n'
+    assert parse_annotations(text) == {"app.kubernetes.io/version": "v42", "kubernetes.io/config.seen": "2026-11-30T05:00:00Z",
+                                       "deploy/note": 'a "quoted" note'}
+
+
+def test_annotations_watcher_reports_changes_not_the_first_read(tmp_path):
+    path = tmp_path / "annotations"
+    w = AnnotationsWatcher(str(path), "app.kubernetes.io/version")
+    assert w.poll(1.0) == [] and "No such file" in w.last_error
+    path.write_text('app.kubernetes.io/version="v41"\n')
+    assert w.poll(2.0) == []
+    assert w.poll(3.0) == []
+    path.write_text('app.kubernetes.io/version="v42"\n')
+    (e,) = w.poll(4.0)
+    assert (e.t, e.version, e.source, e.target) == (4.0, "v42", deploys.ANNOTATIONS, None)
+
+
+def iv(end, ratio, tokens=10000.0, kv=0.1):
+    return Interval(end - 5, end, tokens, tokens * ratio, 1.0, 10.0, kv)
+
+
+@pytest.mark.parametrize("ratios, kv, expect", [
+    pytest.param([0.88] * 12 + [0.04] * 3, 0.1, 60.0, id="a-step"),
+    pytest.param([0.88 - 0.03 * i for i in range(15)], 0.1, None, id="a-slide"),
+    pytest.param([0.88] * 12 + [0.04, 0.8, 0.04], 0.1, None, id="not-sustained"),
+    pytest.param([0.88] * 12 + [0.04] * 3, 0.9, None, id="kv-near-full"),
+    pytest.param([0.88] * 15, 0.1, None, id="steady"),
+])
+def test_change_point(ratios, kv, expect):
+    ivs = [iv(5.0 * (i + 1), r, kv=kv) for i, r in enumerate(ratios)]
+    assert detect_change_point(ivs, ivs[-1].end, ChangePointSettings()) == expect
+
+
+def test_change_point_needs_tokens():
+    ivs = [iv(5.0 * (i + 1), r, tokens=100) for i, r in enumerate([0.88] * 12 + [0.04] * 3)]
+    assert detect_change_point(ivs, ivs[-1].end, ChangePointSettings()) is None
