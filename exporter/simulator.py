@@ -493,3 +493,20 @@ def recording_lines(replicas: Sequence[Replica], start: float, duration: float, 
 def dumps_lines(lines: Iterator[dict]) -> Iterator[str]:
     for line in lines:
         yield json.dumps(line, separators=(",", ":")) + "\n"
+
+
+def scenario_recording(scenario: Scenario, duration: float, start: float, warm: float = 900.0, replicas: int = 2,
+                       interval: float = 5.0, deploys: Sequence[tuple[float, str | None, str]] = (),
+                       generation: str = "current", per_replica_events: dict[int, Sequence[Event]] | None = None) -> list[dict]:
+    """A recording of `replicas` replicas that have served `warm` seconds before `start`
+    (warm caches). Scenario event times count from the replica's start, `warm` before
+    `start`; `deploys` are (seconds after `start`, target or None, version)."""
+    reps = []
+    for i in range(replicas):
+        sc = scenario
+        if per_replica_events and i in per_replica_events:
+            sc = replace(scenario, events=tuple(scenario.events) + tuple(per_replica_events[i]))
+        r = Replica(f"vllm-{i}", sc, start=start - warm, seed=100 + i, generation=generation)
+        r.advance(start)
+        reps.append(r)
+    return list(recording_lines(reps, start, duration, interval, deploys))
