@@ -1,0 +1,110 @@
+"""alerts/: the Prometheus rules against the real promtool, the Alertmanager example
+against the real amtool, the generated PrometheusRule, and the runbook's anchors."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter import causes, rules as sidecar_rules
+
+from conftest import require_binary
+
+ROOT = Path(__file__).parent.parent
+ALERTS = ROOT / "alerts"
+RULES = yaml.safe_load((ALERTS / "prefix-cache.rules.yml").read_text())
+ALL_RULES = [r for g in RULES["groups"] for r in g["rules"]]
+ALERT_RULES = [r for r in ALL_RULES if "alert" in r]
+RECORDING_RULES = sorted({r["record"] for r in ALL_RULES if "record" in r})
+RUNBOOK = (ALERTS / "runbook.md").read_text()
+
+
+def run(*cmd):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_promtool_check_rules():
+    out = run(require_binary("promtool"), "check", "rules", str(ALERTS / "prefix-cache.rules.yml"))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_promtool_unit_tests_pass():
+    files = sorted(str(p) for p in (ALERTS / "tests").glob("*.yml"))
+    out = run(require_binary("promtool"), "test", "rules", *files)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("SUCCESS") == len(files)
+
+
+def _tests():
+    for path in (ALERTS / "tests").glob("*.yml"):
+        for group in yaml.safe_load(path.read_text())["tests"]:
+            yield group
+
+
+def test_every_alert_has_a_positive_and_a_negative_case():
+    seen = {}
+    for group in _tests():
+        for case in group.get("alert_rule_test", []):
+            seen.setdefault(case["alertname"], set()).add(bool(case.get("exp_alerts")))
+    for r in ALERT_RULES:
+        assert seen.get(r["alert"]) == {True, False}, r["alert"]
+
+
+def test_every_recording_rule_has_a_positive_and_a_negative_case():
+    seen = {}
+    for group in _tests():
+        for case in group.get("promql_expr_test", []):
+            name = re.match(r"[a-z_:0-9]+", case["expr"]).group(0)
+            seen.setdefault(name, set()).add(bool(case.get("exp_samples")))
+    for name in RECORDING_RULES:
+        assert seen.get(name) == {True, False}, name
+
+
+@pytest.mark.parametrize("rule", ALERT_RULES, ids=[r["alert"] for r in ALERT_RULES])
+def test_alert_conventions(rule):
+    assert "for" in rule and rule["labels"]["severity"] in ("critical", "warning", "info", "{{ $labels.severity }}")
+    assert {"summary", "description", "runbook_url", "dashboard_url"} <= set(rule["annotations"])
+    anchor = rule["annotations"]["runbook_url"].rsplit("#", 1)[1]
+    assert anchor == rule["alert"].lower() and f"### {anchor}\n" in RUNBOOK
+    # a traffic floor, or an alert about a target rather than traffic
+    assert "> 100" in rule["expr"] or "> 0" in rule["expr"] or "up{" in rule["expr"] or "prefixcache_alert_state" in rule["expr"]
+
+
+def test_recording_rules_follow_level_metric_operation():
+    for name in RECORDING_RULES:
+        assert re.fullmatch(r"[a-z_]+:[a-z_]+:[a-z0-9_]+", name), name
+
+
+def test_runbook_covers_every_sidecar_alert_and_cause():
+    for name in sidecar_rules.ALERT_NAMES:
+        assert f"### {sidecar_rules.RUNBOOK_ANCHORS[name]}\n" in RUNBOOK
+    for cause in causes.CAUSES:
+        assert f"### {cause}\n" in RUNBOOK
+
+
+def test_prometheusrule_is_generated_from_the_rules_and_current():
+    out = run(sys.executable, "scripts/gen-prometheusrule", "--check")
+    assert out.returncode == 0, out.stderr
+    resource = yaml.safe_load((ALERTS / "kubernetes" / "prometheusrule.yaml").read_text())
+    assert resource["kind"] == "PrometheusRule" and resource["spec"]["groups"] == RULES["groups"]
+
+
+def test_amtool_accepts_the_example_and_it_inhibits_hit_rate_alerts_of_a_down_target():
+    out = run(require_binary("amtool"), "check-config", str(ALERTS / "alertmanager.example.yml"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    cfg = yaml.safe_load((ALERTS / "alertmanager.example.yml").read_text())
+    assert any("PrefixCacheTargetDown" in m and r["equal"] == ["target"] for r in cfg["inhibit_rules"] for m in r["source_matchers"])
+    assert "model_name" in cfg["route"]["group_by"]
+
+
+def test_amtool_routes_by_severity_and_cause():
+    amtool = require_binary("amtool")
+    cases = {("severity=critical", "cause=prompt_prefix_change"): "app-team-pager",
+             ("severity=critical", "cause=eviction_pressure"): "llm-serving-pager",
+             ("severity=warning", "cause=load_balancer_scatter"): "llm-serving-capacity",
+             ("severity=info", "cause=cold_start"): "llm-serving-tickets"}
+    for labels, receiver in cases.items():
+        out = run(amtool, "config", "routes", "test", f"--config.file={ALERTS / 'alertmanager.example.yml'}", *labels)
+        assert out.stdout.strip() == receiver, (labels, out.stdout, out.stderr)
