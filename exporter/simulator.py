@@ -85,6 +85,7 @@ class Scenario:
     kv_blocks: int = 16000
     prefix_caching: bool = True
     hits_broken: bool = False
+    external_cache_fraction: float = 0.0  # a KV connector finds this share of local misses
     prompt: str = "static"
     events: tuple[Event, ...] = ()
     # TTFT model: seconds = base + per_uncached * uncached + per_cached * cached, x noise
@@ -133,6 +134,8 @@ class _Engine:
         self.hits = 0
         self.query_blocks = 0
         self.hit_blocks = 0
+        self.external_queries = 0
+        self.external_hits = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.preemptions = 0
@@ -277,6 +280,10 @@ class Replica:
             engine.hits += hit_tokens
             engine.query_blocks += n // bs
             engine.hit_blocks += hit_tokens // bs
+        if sc.external_cache_fraction > 0:
+            missed = n - hit_tokens
+            engine.external_queries += missed
+            engine.external_hits += int(missed * sc.external_cache_fraction) // bs * bs
         engine.prompt_tokens += n
         engine.generation_tokens += output
         engine.requests += 1
@@ -389,8 +396,8 @@ def _render(r: Replica) -> str:
         counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", "queries")
         counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", "hits")
     if g == "current":
-        family("vllm:external_prefix_cache_queries_total", "counter", "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.", [(m, e, 0.0) for m, e, x in rows])
-        family("vllm:external_prefix_cache_hits_total", "counter", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.", [(m, e, 0.0) for m, e, x in rows])
+        family("vllm:external_prefix_cache_queries_total", "counter", "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.", [(m, e, x.external_queries) for m, e, x in rows])
+        family("vllm:external_prefix_cache_hits_total", "counter", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.", [(m, e, x.external_hits) for m, e, x in rows])
         counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).", "hits")
     counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", "preemptions")
     counter("vllm:prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens")

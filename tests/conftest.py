@@ -23,3 +23,13 @@ def require_binary(name: str) -> str:
 @pytest.fixture
 def fixtures() -> Path:
     return FIXTURES
+
+
+@pytest.fixture(scope="session")
+def prometheus_fleet(tmp_path_factory):
+    """Simulated fleet + sidecar + Prometheus with our rules; two minutes of history."""
+    import fleet
+
+    setup, sidecar = fleet.start(tmp_path_factory.mktemp("fleet"))
+    yield setup
+    fleet.stop(setup, sidecar)

@@ -65,6 +65,11 @@ class Prometheus:
             raise AssertionError(f"query {expr!r} failed: {r.status_code} {body.get('error')}")
         return body["data"]["result"]
 
+    def rules(self) -> list:
+        r = requests.get(self.url + "/api/v1/rules", timeout=10)
+        r.raise_for_status()
+        return r.json()["data"]["groups"]
+
     def range_samples(self, selector: str, window: str, at: float) -> list:
         """The raw samples of a range selector at `at`: [{metric, values: [[t, "v"], ...]}]."""
         return self.query(f"{selector}[{window}]", at)

@@ -18,35 +18,22 @@ import time
 
 import pytest
 
-from exporter import simulator
 from exporter.vllm_metrics import CounterPair, Histogram, SeriesSnapshot, Snapshot
 from exporter.window import History, window_stats
 
-from prom import Prometheus
 
-HITS = "vllm:prefix_cache_hits_total"
-QUERIES = "vllm:prefix_cache_queries_total"
-BUCKET = "vllm:time_to_first_token_seconds_bucket"
+POD = '{pod="vllm-0"}'
+HITS = "vllm:prefix_cache_hits_total" + POD
+QUERIES = "vllm:prefix_cache_queries_total" + POD
+BUCKET = "vllm:time_to_first_token_seconds_bucket" + POD
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def scraped(tmp_path_factory):
-    now = time.time()
-    replica = simulator.Replica("vllm-0", simulator.incident(600 + 75), start=now - 600, seed=11)
-    replica.advance(now)
-    fleet = simulator.Fleet([replica], clock=time.time).start()
-    workdir = tmp_path_factory.mktemp("prom-eq")
-    prom = Prometheus(workdir, [{"job_name": "vllm", "metrics_path": "/vllm-0/metrics",
-                                 "static_configs": [{"targets": [f"127.0.0.1:{fleet.port}"]}]}], scrape_interval="2s")
-    prom.start()
-    try:
-        now = prom.wait_for_history(QUERIES, 125, timeout=240)
-        yield prom, now
-    finally:
-        prom.stop()
-        fleet.stop()
+def scraped(prometheus_fleet):
+    prom = prometheus_fleet.prometheus
+    return prom, time.time()
 
 
 def snapshots_from(prom, at):

@@ -1,0 +1,93 @@
+"""A simulated vLLM fleet, the real sidecar and a real Prometheus scraping both, with
+our rules loaded: the setup a team runs, on 127.0.0.1, for the tests that need data in
+Prometheus (PromQL equivalence, dashboard queries, recording rules)."""
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+import yaml
+
+from exporter import simulator
+
+from conftest import free_port
+from prom import Prometheus
+
+ROOT = Path(__file__).parent.parent
+MODEL = "demo/llama-3-8b"
+OTHER_MODEL = "demo/qwen-2.5-7b"
+INCIDENT_AFTER = 75.0  # seconds after the fleet starts, vllm-0's prompt gets a timestamp
+
+
+@dataclass
+class FleetSetup:
+    prometheus: Prometheus
+    fleet: simulator.Fleet
+    sidecar_url: str
+    started: float
+
+
+def start(workdir: Path, history_seconds: float = 125.0, timeout: float = 300.0):
+    now = time.time()
+    warm = 600.0
+    scenarios = {
+        "vllm-0": (simulator.incident(warm + INCIDENT_AFTER, external_cache_fraction=0.3), "current", MODEL),
+        "vllm-1": (simulator.Scenario(external_cache_fraction=0.3), "current", MODEL),
+        "vllm-2": (simulator.Scenario(hits_broken=True), "v0.10", OTHER_MODEL),  # a 0.10 server whose hits never move
+    }
+    replicas = []
+    for i, (name, (scenario, generation, model)) in enumerate(scenarios.items()):
+        r = simulator.Replica(name, scenario, start=now - warm, seed=11 + i, generation=generation, model_names=[model])
+        r.advance(now)
+        replicas.append(r)
+    fleet = simulator.Fleet(replicas, clock=time.time).start()
+    port = free_port()
+    config = workdir / "sidecar.yml"
+    config.write_text(yaml.safe_dump({
+        "global": {"poll_interval": "1s", "connect_timeout": "500ms", "read_timeout": "1s", "jitter": "0s"},
+        "targets": [{"name": r.name, "url": fleet.metrics_url(r.name), "labels": {"namespace": "llm"}} for r in replicas],
+    }))
+    sidecar = subprocess.Popen([sys.executable, "-m", "exporter", "run", f"--config.file={config}",
+                                f"--web.listen-address=127.0.0.1:{port}", "--log.level=warning"], cwd=ROOT)
+    sidecar_url = f"http://127.0.0.1:{port}"
+    scrape_configs = [{
+        "job_name": f"vllm-{r.name}", "metrics_path": f"/{r.name}/metrics",
+        "static_configs": [{"targets": [f"127.0.0.1:{fleet.port}"], "labels": {"namespace": "llm", "pod": r.name}}],
+        "relabel_configs": [{"target_label": "job", "replacement": "vllm"}, {"target_label": "instance", "replacement": f"{r.name}:8000"}],
+    } for r in replicas]
+    scrape_configs.append({"job_name": "vllm-prefix-cache-exporter", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]})
+    prom = Prometheus(workdir, scrape_configs, rule_files=[ROOT / "alerts" / "prefix-cache.rules.yml"], scrape_interval="1s")
+    try:
+        prom.start()
+        _announce_deploy(sidecar_url)
+        prom.wait_for_history('vllm:prefix_cache_queries_total{pod="vllm-0"}', history_seconds, timeout)
+    except BaseException:
+        prom.stop()
+        sidecar.terminate()
+        fleet.stop()
+        raise
+    return FleetSetup(prom, fleet, sidecar_url, now), sidecar
+
+
+def _announce_deploy(url: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            r = requests.post(url + "/api/v1/deploys", json={"version": "v1", "description": "fleet fixture"}, timeout=2)
+            if r.status_code == 202:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("the sidecar did not accept a deploy event")
+
+
+def stop(setup: FleetSetup, sidecar) -> None:
+    setup.prometheus.stop()
+    sidecar.terminate()
+    sidecar.wait(timeout=30)
+    setup.fleet.stop()
