@@ -26,6 +26,7 @@ from .poller import Poller
 from .recording import backtest, write_line
 from .scrape import Scraper, SUCCESS
 from .state import State
+from .warmup import Warmer
 from .vllm_metrics import parse
 
 log = logging.getLogger("exporter")
@@ -45,6 +46,7 @@ class Sidecar:
     app: App
     server: Server
     notifier: Notifier
+    warmer: Warmer
 
     def start(self) -> "Sidecar":
         self.server.start()
@@ -53,7 +55,9 @@ class Sidecar:
         return self
 
     def stop(self, delivery_timeout: float = 5.0) -> None:
+        """Stop polling, give in-flight Alertmanager deliveries `delivery_timeout`, stop serving."""
         self.poller.stop()
+        self.warmer.stop(1.0)
         self.notifier.stop(delivery_timeout)
         self.server.stop()
 
@@ -91,20 +95,31 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
     if cfg.deploys.annotations_file:
         sources.append(AnnotationsWatcher(cfg.deploys.annotations_file, cfg.deploys.annotation_key).poll)
     holder: dict = {}
+    warmer = Warmer(cfg.warmup, clock)
 
     def on_evaluated(transitions, engine_firing) -> None:
         notifier.transitions(transitions)
         notifier.resend(engine_firing)
         state.put("alertmanager", notifier.stats())
+        state.put("warmup", warmer.snapshot() if cfg.warmup.enabled else None)
 
-    poller = Poller(cfg, state, clock=clock, after_evaluate=on_evaluated, sources=sources)
-    app = App(state, registry)
+    def on_start(target: str, reason: str) -> None:
+        if target == holder["sidecar"].config.warmup_target:
+            warmer.trigger(f"{reason} of {target}")
+
+    def ready() -> tuple[bool, str]:
+        if not state.ready():
+            return False, "not every target has been polled yet"
+        return warmer.ready()
+
+    poller = Poller(cfg, state, clock=clock, after_evaluate=on_evaluated, sources=sources, on_start=on_start)
+    app = App(state, registry, ready=ready)
     post, get = deploy_handlers(state, poller.add_event, lambda: holder["sidecar"].config.deploys.api_token,
                                 lambda: {t.name for t in holder["sidecar"].config.targets}, clock)
     app.route("POST", "/api/v1/deploys", post)
     app.route("GET", "/api/v1/deploys", get)
     server = Server(app, host, port)
-    sidecar = holder["sidecar"] = Sidecar(cfg, state, registry, poller, app, server, notifier)
+    sidecar = holder["sidecar"] = Sidecar(cfg, state, registry, poller, app, server, notifier, warmer)
     return sidecar
 
 

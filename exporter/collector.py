@@ -86,6 +86,13 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("alertmanager_queue_length", "gauge", "Alerts waiting for delivery to the Alertmanager (latest state per alert).", "alertmanager"),
     _m("alertmanager_dropped_alerts", "counter", "Alerts dropped because the delivery queue was full.", "alertmanager"),
     _m("alertmanager_last_success_timestamp_seconds", "gauge", "Unix time of the last successful delivery to the Alertmanager.", "alertmanager"),
+    # warm-up after a (re)start
+    _m("warmup_requests", "counter", "Warm-up requests sent to the local vLLM by `result` (success, http_error, timeout, connection_error, cancelled).", "result"),
+    _m("warmup_running", "gauge", "1 while a warm-up runs."),
+    _m("warmup_done", "gauge", "1 once a warm-up finished since the last start or restart of vLLM; /-/ready waits for it when gated."),
+    _m("warmup_runs", "counter", "Warm-ups finished."),
+    _m("warmup_last_duration_seconds", "gauge", "Duration of the last warm-up."),
+    _m("warmup_last_failed_requests", "gauge", "Requests of the last warm-up that failed."),
 )}
 
 
@@ -136,6 +143,16 @@ class PrefixCacheCollector(Collector):
             f.add("prefixcache_deploy_events", (target, source), count, target=None)
         for target, t in sorted(deploys.get("last", {}).items()):
             f.add("prefixcache_last_deploy_timestamp_seconds", (target,), t, target=None)
+        warm = self.state.get("warmup")
+        if warm is not None:
+            for result, count in sorted(warm.results.items()):
+                f.add("prefixcache_warmup_requests", (result,), count, target=None)
+            f.add("prefixcache_warmup_running", (), 1.0 if warm.running else 0.0, target=None)
+            f.add("prefixcache_warmup_done", (), 1.0 if warm.done else 0.0, target=None)
+            f.add("prefixcache_warmup_runs", (), warm.runs, target=None)
+            if warm.last_duration is not None:
+                f.add("prefixcache_warmup_last_duration_seconds", (), warm.last_duration, target=None)
+                f.add("prefixcache_warmup_last_failed_requests", (), warm.last_failed, target=None)
         for q in self.state.get("alertmanager") or ():
             f.add("prefixcache_alertmanager_notifications", (q.url, "success"), q.notifications_ok, target=None)
             f.add("prefixcache_alertmanager_notifications", (q.url, "failure"), q.notifications_failed, target=None)

@@ -16,6 +16,7 @@ import yaml
 
 from .deploys import ChangePointSettings
 from .rules import RULE_KEYS, RuleSettings, RulesConfig, default_rules_yaml
+from .warmup import WarmupConfig
 
 ENV_CONFIG_FILE = "PREFIX_CACHE_EXPORTER_CONFIG"
 
@@ -69,6 +70,36 @@ class DeploysConfig:
     annotation_key: str = "app.kubernetes.io/version"
 
 
+def _warmup(r: _Reader, raw: Any, targets: tuple[Target, ...]) -> WarmupConfig:
+    d = WarmupConfig()
+    data = r.mapping(raw, "warmup", {"enabled", "url", "target", "requests", "concurrency", "timeout", "gate_readiness"})
+    bodies: tuple[dict, ...] = ()
+    if "requests" in data:
+        if not isinstance(data["requests"], list):
+            r.errors.append("warmup.requests: must be a list of OpenAI chat-completions bodies")
+        else:
+            for i, body in enumerate(data["requests"]):
+                if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
+                    r.errors.append(f"warmup.requests[{i}]: needs a non-empty `messages` list (an OpenAI chat-completions body)")
+                elif not isinstance(body.get("model"), str):
+                    r.errors.append(f"warmup.requests[{i}].model: required, the served model name")
+            bodies = tuple(b for b in data["requests"] if isinstance(b, dict))
+    cfg = WarmupConfig(
+        enabled=r.value(data, "warmup", "enabled", _bool, d.enabled),
+        url=r.value(data, "warmup", "url", _url, d.url),
+        target=r.value(data, "warmup", "target", _string, d.target),
+        requests=bodies,
+        concurrency=r.value(data, "warmup", "concurrency", _positive_int, d.concurrency),
+        timeout=r.value(data, "warmup", "timeout", parse_duration, d.timeout),
+        gate_readiness=r.value(data, "warmup", "gate_readiness", _bool, d.gate_readiness),
+    )
+    if cfg.enabled and not cfg.requests:
+        r.errors.append("warmup.requests: give at least one request when warm-up is enabled")
+    if cfg.target and cfg.target not in {t.name for t in targets}:
+        r.errors.append(f"warmup.target: {cfg.target!r} is not a configured target")
+    return cfg
+
+
 def _default_rules():
     return load_rules(None, [])
 
@@ -81,6 +112,13 @@ class Config:
     alertmanager: AlertmanagerConfig = field(default_factory=AlertmanagerConfig)
     deploys: DeploysConfig = field(default_factory=DeploysConfig)
     rules: RulesConfig = field(default_factory=_default_rules)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+
+    @property
+    def warmup_target(self) -> str | None:
+        if not self.warmup.enabled:
+            return None
+        return self.warmup.target or (self.targets[0].name if self.targets else None)
 
     @property
     def longest_window(self) -> float:
@@ -401,14 +439,15 @@ def load(data: Any) -> Config:
     """Parsed YAML -> Config, or ConfigError listing every problem."""
     errors: list[str] = []
     r = _Reader(errors)
-    top = r.mapping(data, "", {"global", "web", "targets", "alertmanager", "deploys", "rules"})
+    top = r.mapping(data, "", {"global", "web", "targets", "alertmanager", "deploys", "rules", "warmup"})
     g = _global(r, top.get("global"))
     web_data = r.mapping(top.get("web"), "web", {"listen_address", "external_url"})
     listen = r.value(web_data, "web", "listen_address", lambda v: (parse_listen_address(v), str(v))[1], WebConfig.listen_address)
     external = r.value(web_data, "web", "external_url", _url, "")
-    cfg = Config(targets=_targets(r, top.get("targets")), global_=g, web=WebConfig(listen_address=listen, external_url=external),
+    targets = _targets(r, top.get("targets"))
+    cfg = Config(targets=targets, global_=g, web=WebConfig(listen_address=listen, external_url=external),
                  alertmanager=_alertmanager(r, top.get("alertmanager")), deploys=_deploys(r, top.get("deploys")),
-                 rules=load_rules(top.get("rules"), errors))
+                 rules=load_rules(top.get("rules"), errors), warmup=_warmup(r, top.get("warmup"), targets))
     if errors:
         raise ConfigError(errors)
     return cfg

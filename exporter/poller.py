@@ -34,7 +34,7 @@ class TargetPoller:
     """One target's job: scrape, parse, hand the snapshot to the engine, publish."""
 
     def __init__(self, target: Target, config: Config, state: State, engine: Engine, lock: threading.Lock,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, on_start: Callable[[str, str], None] | None = None):
         g = config.global_
         self.target = target
         self.state = state
@@ -42,6 +42,7 @@ class TargetPoller:
         self.lock = lock
         self.clock = clock
         self.scraper = Scraper(target.url, g.connect_timeout, g.read_timeout, g.body_size_limit)
+        self.on_start = on_start
         self._warned: tuple[str, ...] = ()
 
     def poll(self) -> None:
@@ -75,6 +76,11 @@ class TargetPoller:
         view = self._view()
         if not view.up:
             log.info("target=%s is up", self.target.name)
+        if self.on_start is not None:
+            if not view.up:
+                self.on_start(self.target.name, "target up")
+            elif any(ev.is_restart for ev in events):
+                self.on_start(self.target.name, "restart")
         self.state.publish(replace(
             view, up=True, polled=True, last_result=result.result, last_error=None, last_scrape_time=now,
             last_success_time=now, scrape_duration=result.duration, scrapes=_count(view.scrapes, result.result),
@@ -113,8 +119,10 @@ class Poller:
     The evaluation job runs the rules every poll interval and hands transitions on."""
 
     def __init__(self, config: Config, state: State, clock: Callable[[], float] = time.time,
-                 after_evaluate: Callable[[list, list], None] | None = None, sources: Sequence[Callable[[float], list]] = ()):
+                 after_evaluate: Callable[[list, list], None] | None = None, sources: Sequence[Callable[[float], list]] = (),
+                 on_start: Callable[[str, str], None] | None = None):
         self.state = state
+        self.on_start = on_start
         self.clock = clock
         self.after_evaluate = after_evaluate
         self.sources = list(sources)
@@ -134,7 +142,7 @@ class Poller:
             if self.scheduler.get_job(name):
                 self.scheduler.remove_job(name)
         for t in config.targets:
-            poller = TargetPoller(t, config, self.state, self.engine, self.lock, self.clock)
+            poller = TargetPoller(t, config, self.state, self.engine, self.lock, self.clock, self.on_start)
             self.pollers[t.name] = poller
             self.scheduler.add_job(poller.poll, "interval", id=t.name, name=t.name,
                                    seconds=config.global_.poll_interval, jitter=config.global_.jitter or None,

@@ -239,14 +239,33 @@ class Replica:
         unique = self._rng.getrandbits(40) << 12
         return system + list(range(unique, unique + n_user))
 
-    def _serve(self, t: float) -> None:
+    def render_chat(self, body: dict) -> list[int]:
+        """The simulator's chat template: each message's content, in order, tokenized;
+        a system message renders exactly as the simulated traffic's system prompt."""
+        tokens: list[int] = []
+        for m in body.get("messages", []):
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, str):
+                tokens += self.tokenizer.encode(content)
+        return tokens
+
+    def serve_chat(self, body: dict, t: float) -> dict:
+        """An OpenAI chat completion: the prompt goes through the prefix cache like traffic."""
+        with self.lock:
+            tokens = self.render_chat(body)
+            hit = self._serve(t, tokens, output=max(1, int(body.get("max_tokens") or 1)))
+        return {"object": "chat.completion", "model": body.get("model"), "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "length"}],
+                "usage": {"prompt_tokens": len(tokens), "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": hit}}}
+
+    def _serve(self, t: float, tokens: list[int] | None = None, output: int | None = None) -> int:
         sc = self.scenario
         engine = self.engines[self._rng.randrange(len(self.engines))]
-        tenant = self._rng.randrange(sc.tenants)
-        tokens = self._prompt_tokens(tenant, t)
+        if tokens is None:
+            tokens = self._prompt_tokens(self._rng.randrange(sc.tenants), t)
         n = len(tokens)
         bs = sc.block_size
-        output = max(1, int(self._rng.expovariate(1.0 / self._state["output_tokens"])))
+        if output is None:
+            output = max(1, int(self._rng.expovariate(1.0 / self._state["output_tokens"])))
         # Little's law on the means: blocks held by running requests; what is left of
         # the KV memory may keep cached prefixes
         mean_output = self._state["output_tokens"]
@@ -304,6 +323,7 @@ class Replica:
         h["request_prompt_tokens"].observe(n)
         h["request_generation_tokens"].observe(output)
         h["iteration_tokens_total"].observe(min(16384, uncached))
+        return hit_tokens
 
     # --- exposition ------------------------------------------------------------------
     def render(self) -> str:
@@ -420,6 +440,7 @@ class Fleet:
         self.replicas = {r.name: r for r in replicas}
         self.clock = clock
         self.down: set[str] = set()
+        self.received: list[tuple[str, str, dict]] = []  # (replica, endpoint, JSON body) of every POST
         fleet = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -458,17 +479,28 @@ class Fleet:
 
     def _handle(self, req: BaseHTTPRequestHandler) -> None:
         parts = req.path.split("?", 1)[0].strip("/").split("/")
-        if len(parts) == 1 and len(self.replicas) == 1:
+        if parts[0] not in self.replicas and len(self.replicas) == 1:
             parts = [next(iter(self.replicas))] + parts
-        replica = self.replicas.get(parts[0]) if len(parts) == 2 else None
+        replica = self.replicas.get(parts[0]) if len(parts) >= 2 else None
         if replica is None:
             return _reply(req, 404, b"not found\n", "text/plain")
         if replica.name in self.down:
             return _reply(req, 503, b"replica is down\n", "text/plain")
-        endpoint = parts[1]
+        endpoint = "/".join(parts[1:])
         if endpoint == "metrics" and req.command == "GET":
             replica.advance(self.clock())
             return _reply(req, 200, replica.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
+        if endpoint == "health" and req.command == "GET":
+            return _reply(req, 200, b"", "text/plain")
+        if req.command == "POST" and endpoint in ("v1/chat/completions",):
+            try:
+                body = json.loads(req.rfile.read(int(req.headers.get("Content-Length") or 0)) or b"{}")
+            except ValueError:
+                return _reply(req, 400, b'{"error": "body is not JSON"}', "application/json")
+            self.received.append((replica.name, endpoint, body))
+            replica.advance(self.clock())
+            answer = replica.serve_chat(body, self.clock())
+            return _reply(req, 200, json.dumps(answer).encode(), "application/json")
         return _reply(req, 404, b"not found\n", "text/plain")
 
 

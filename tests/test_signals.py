@@ -1,0 +1,96 @@
+"""The `run` process: SIGHUP reloads (a bad file keeps the old config and says so),
+SIGTERM stops gracefully and lets in-flight Alertmanager deliveries finish."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import requests
+import yaml
+
+from exporter import simulator
+
+from conftest import free_port
+from fakeserver import FakeServer, reply
+
+
+def wait_for(predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return True
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def start(config_path, port):
+    return subprocess.Popen([sys.executable, "-m", "exporter", "run", f"--config.file={config_path}",
+                             f"--web.listen-address=127.0.0.1:{port}"], stderr=subprocess.PIPE, text=True)
+
+
+def test_sighup_reloads_and_a_bad_reload_keeps_the_old_config(tmp_path):
+    replicas = [simulator.Replica(n, simulator.Scenario(), start=time.time() - 60, seed=i) for i, n in enumerate(("a", "b"))]
+    fleet = simulator.Fleet(replicas, clock=time.time).start()
+    cfg = tmp_path / "config.yml"
+    one = {"global": {"poll_interval": "500ms", "read_timeout": "1s", "connect_timeout": "500ms"},
+           "targets": [{"name": "a", "url": fleet.metrics_url("a")}]}
+    cfg.write_text(yaml.safe_dump(one))
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = start(cfg, port)
+    try:
+        names = lambda: {t["name"] for t in requests.get(base + "/api/v1/status", timeout=2).json()["targets"]}
+        assert wait_for(lambda: names() == {"a"})
+        cfg.write_text(yaml.safe_dump({**one, "targets": one["targets"] + [{"name": "b", "url": fleet.metrics_url("b")}]}))
+        proc.send_signal(signal.SIGHUP)
+        assert wait_for(lambda: names() == {"a", "b"})
+        assert wait_for(lambda: 'prefixcache_target_up{target="b"} 1.0' in requests.get(base + "/metrics", timeout=2).text)
+        cfg.write_text("targets: [\n")  # broken YAML
+        proc.send_signal(signal.SIGHUP)
+        assert wait_for(lambda: "prefixcache_config_last_reload_successful 0.0" in requests.get(base + "/metrics", timeout=2).text)
+        assert names() == {"a", "b"}
+        samples_before = requests.get(base + "/api/v1/status", timeout=2).json()["targets"][0]["last_scrape_time"]
+        assert wait_for(lambda: requests.get(base + "/api/v1/status", timeout=2).json()["targets"][0]["last_scrape_time"] > samples_before)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+        fleet.stop()
+    assert proc.returncode == 0
+    assert "reload failed, keeping the old config" in err
+
+
+def test_sigterm_lets_an_in_flight_delivery_finish(tmp_path):
+    received = []
+
+    def slow_alertmanager(h):
+        time.sleep(1.0)
+        received.append(json.loads(h.body))
+        reply(h, 200, b"{}")
+
+    with FakeServer({"/api/v2/alerts": slow_alertmanager}) as am:
+        cfg = tmp_path / "config.yml"
+        cfg.write_text(yaml.safe_dump({
+            "global": {"poll_interval": "500ms", "read_timeout": "1s", "connect_timeout": "500ms"},
+            "targets": [{"name": "dead", "url": f"http://127.0.0.1:{free_port()}/metrics"}],
+            "alertmanager": {"urls": [am.base]},
+            "rules": {"target_down": {"for": "0s"}},
+        }))
+        port = free_port()
+        proc = start(cfg, port)
+        try:
+            # the target-down alert fires at the first evaluation after the first poll
+            assert wait_for(lambda: len(am.requests) >= 1, timeout=20)
+            began = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=30)
+            took = time.monotonic() - began
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 0 and took < 10
+        assert received and received[0][0]["labels"]["alertname"] == "PrefixCacheTargetDown"

@@ -1,0 +1,131 @@
+import threading
+import time
+
+import pytest
+import requests
+
+from exporter import simulator
+from exporter.cli import build_sidecar
+from exporter.config import load
+from exporter.warmup import Warmer, WarmupConfig, request_body
+
+from conftest import free_port
+from fakeserver import FakeServer, reply
+
+CHAT = {"model": "m", "messages": [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "hi"}], "max_tokens": 500}
+
+
+def wait_for(predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_request_body_asks_for_one_token():
+    body = request_body({**CHAT, "max_completion_tokens": 99, "stream": True})
+    assert body["max_tokens"] == 1 and "max_completion_tokens" not in body and body["stream"] is False
+    assert body["messages"] == CHAT["messages"]
+
+
+class Slow:
+    """A fake vLLM that records what it received and how many requests overlapped."""
+
+    def __init__(self, delay):
+        self.delay, self.in_flight, self.peak, self.bodies = delay, 0, 0, []
+        self.lock = threading.Lock()
+
+    def __call__(self, h):
+        with self.lock:
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+            self.bodies.append(h.body)
+        time.sleep(self.delay)
+        with self.lock:
+            self.in_flight -= 1
+        try:
+            reply(h, 200, b"{}")
+        except OSError:
+            pass
+
+
+def test_concurrency_limit_readiness_gate_and_outcome():
+    fake = Slow(0.2)
+    with FakeServer({"/v1/chat/completions": fake}) as server:
+        w = Warmer(WarmupConfig(enabled=True, url=server.base + "/v1/chat/completions", requests=(CHAT,) * 6, concurrency=2, timeout=5.0))
+        assert w.ready() == (False, "waiting for vLLM to start before warming up")
+        assert w.trigger("start")
+        assert not w.trigger("again")  # one at a time
+        assert w.ready()[0] is False
+        assert wait_for(lambda: w.ready()[0])
+        status = w.snapshot()
+        assert status.results == {"success": 6} and status.runs == 1 and status.last_failed == 0
+        assert fake.peak == 2 and len(fake.bodies) == 6
+        w.stop()
+
+
+def test_timeouts_and_errors_are_counted_and_still_open_the_gate():
+    fake = Slow(2.0)
+    with FakeServer({"/v1/chat/completions": fake, "/bad": lambda h: reply(h, 500, b"no")}) as server:
+        w = Warmer(WarmupConfig(enabled=True, url=server.base + "/v1/chat/completions", requests=(CHAT,) * 2, concurrency=2, timeout=0.3))
+        w.trigger("start")
+        assert wait_for(lambda: w.ready()[0])
+        assert w.snapshot().results == {"timeout": 2}
+        w.stop()
+        w = Warmer(WarmupConfig(enabled=True, url=server.base + "/bad", requests=(CHAT,), timeout=2.0))
+        w.trigger("start")
+        assert wait_for(lambda: w.ready()[0])
+        assert w.snapshot().results == {"http_error": 1}
+        w.stop()
+
+
+def test_disabled_warmup_never_gates():
+    assert Warmer(WarmupConfig()).ready() == (True, "")
+    assert not Warmer(WarmupConfig()).trigger("start")
+
+
+@pytest.mark.parametrize("section, fragment", [
+    pytest.param({"enabled": True}, "at least one request", id="enabled-without-requests"),
+    pytest.param({"requests": [{"model": "m"}]}, "messages", id="no-messages"),
+    pytest.param({"requests": [{"messages": [{"role": "user", "content": "x"}]}]}, "model", id="no-model"),
+    pytest.param({"target": "nope"}, "not a configured target", id="unknown-target"),
+])
+def test_bad_warmup_config(section, fragment):
+    from exporter.config import ConfigError
+    with pytest.raises(ConfigError) as exc:
+        load({"targets": [{"name": "vllm", "url": "http://127.0.0.1:1/metrics"}], "warmup": section})
+    assert any(fragment in e for e in exc.value.errors), exc.value.errors
+
+
+def test_sidecar_warms_its_vllm_at_start_and_after_a_restart_and_the_cache_is_warm():
+    now = time.time()
+    warm = 600.0
+    replica = simulator.Replica("vllm", simulator.Scenario(request_rate=2.0, events=(simulator.Event(warm + 4.0, "restart"),)),
+                                start=now - warm, seed=5)
+    replica.advance(now)
+    fleet = simulator.Fleet([replica], clock=time.time).start()
+    prompts = [{"model": "demo/llama-3-8b", "messages": [{"role": "system", "content": replica.system_prompt_text(k)},
+                                                         {"role": "user", "content": "warm-up"}]} for k in range(10)]
+    cfg = load({
+        "global": {"poll_interval": "500ms", "connect_timeout": "500ms", "read_timeout": "1s", "jitter": "0s"},
+        "targets": [{"name": "vllm", "url": fleet.metrics_url("vllm")}],
+        "warmup": {"enabled": True, "url": fleet.url("vllm") + "/v1/chat/completions", "requests": prompts, "concurrency": 3},
+    })
+    sidecar = build_sidecar(cfg, f"127.0.0.1:{free_port()}").start()
+    base = f"http://127.0.0.1:{sidecar.server.port}"
+    try:
+        assert wait_for(lambda: len(fleet.received) == 10), "no warm-up at start"
+        assert wait_for(lambda: requests.get(base + "/-/ready", timeout=2).status_code == 200)
+        assert wait_for(lambda: len(fleet.received) == 20, timeout=30), "no warm-up after the restart"
+        assert all(body["max_tokens"] == 1 for _, _, body in fleet.received)
+        # the warm-up refilled the emptied cache: a warmed tenant's prompt now hits
+        answer = replica.serve_chat(prompts[3], time.time())
+        assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] >= 1184
+        assert wait_for(lambda: "prefixcache_warmup_runs_total 2.0" in requests.get(base + "/metrics", timeout=2).text)
+        metrics = requests.get(base + "/metrics", timeout=2).text
+        assert 'prefixcache_warmup_requests_total{result="success"} 20.0' in metrics
+    finally:
+        sidecar.stop()
+        fleet.stop()
