@@ -85,7 +85,7 @@ def test_runbook_covers_every_sidecar_alert_and_cause():
 
 
 def test_prometheusrule_is_generated_from_the_rules_and_current():
-    out = run(sys.executable, "scripts/gen-prometheusrule", "--check")
+    out = run(sys.executable, "scripts/gen-manifests", "--check")
     assert out.returncode == 0, out.stderr
     resource = yaml.safe_load((ALERTS / "kubernetes" / "prometheusrule.yaml").read_text())
     assert resource["kind"] == "PrometheusRule" and resource["spec"]["groups"] == RULES["groups"]

