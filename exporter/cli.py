@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 
 from prometheus_client import CollectorRegistry
 
-from . import __version__, config as config_mod, console, simulator
+from . import __version__, config as config_mod, console, divergence, lint as lint_mod, simulator
 from .collector import PrefixCacheCollector
 from .config import Config, ConfigError, Target
 from .alertmanager import Notifier
@@ -26,6 +26,7 @@ from .poller import Poller
 from .recording import backtest, write_line
 from .scrape import Scraper, SUCCESS
 from .state import State
+from .vllm_client import VLLMClient, VLLMError
 from .warmup import Warmer
 from .vllm_metrics import parse
 
@@ -277,6 +278,9 @@ def cmd_demo(args) -> int:
                     if a.state == "firing":
                         print(f"demo: t={elapsed:.1f}s ALERT FIRING {a.alertname} on {a.target}: {dict(a.annotations).get('summary')} "
                               f"[cause={dict(a.labels).get('cause')}]", file=out)
+            if "diagnosed" not in announced and any(a.state == "firing" for a in sidecar.state.get("alerts") or ()):
+                announced.add("diagnosed")
+                _demo_diagnose(replicas[0], fleet, out)
             ratios = [s[windows[0]].hit_ratio for v in views for s in v.stats.values() if s[windows[0]].hit_ratio is not None]
             if ratios:
                 phase = "before" if elapsed < deploy_at else "after" if elapsed < rollback_at else "rollback"
@@ -292,6 +296,21 @@ def cmd_demo(args) -> int:
             summary += f", at the end (after the rollback) {phases['rollback'][-1] * 100:.1f}%"
         print(summary, file=out)
     return EXIT_OK
+
+
+def _demo_diagnose(replica: simulator.Replica, fleet: simulator.Fleet, out) -> None:
+    """What the operator does next: compare two real requests a second apart."""
+    t = time.time()
+    a, b = replica.request_at(0, t - 1.0), replica.request_at(0, t)
+    try:
+        finding = diagnose_requests(a, b, fleet.url(replica.name), None, offline=False)
+    except VLLMError as exc:
+        print(f"demo: diagnose failed: {exc}", file=out)
+        return
+    print("demo: diagnose of two requests of one tenant, a second apart "
+          f"(vllm-prefix-cache-exporter diagnose A.json B.json --target {fleet.url(replica.name)}):", file=out)
+    for line in divergence.report(finding).splitlines():
+        print(f"demo:   {line}", file=out)
 
 
 def cmd_backtest(args) -> int:
@@ -350,6 +369,79 @@ def cmd_record(args) -> int:
             stop.wait(max(0.0, min(args.interval, deadline - time.monotonic())))
     print(f"recorded {count} scrape(s) of {args.target} to {args.out}", file=sys.stderr)
     return EXIT_OK
+
+
+def _read_request(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ValueError(f"{path}: not JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("messages"), list) or not data["messages"]:
+        raise ValueError(f"{path}: not an OpenAI chat-completions request (needs a non-empty `messages` list)")
+    return data
+
+
+def diagnose_requests(a: dict, b: dict, target: str | None, block_size: int | None, offline: bool) -> divergence.Finding:
+    """Raises VLLMError when the target cannot answer."""
+    if offline:
+        return divergence.offline(a, b, block_size or 16)
+    client = VLLMClient(target)
+    tokens_a, tokens_b = client.tokenize_chat(a), client.tokenize_chat(b)
+    size = block_size or client.block_size() or 16
+    d = divergence.first_divergence(tokens_a, tokens_b)
+    model = a.get("model")
+    window = slice(max(0, d - 12), d + 12)
+    context_a = client.detokenize(tokens_a[window], model)
+    context_b = client.detokenize(tokens_b[window], model)
+    return divergence.online(tokens_a, tokens_b, size, context_a, context_b, a, b)
+
+
+def cmd_diagnose(args) -> int:
+    if not args.offline and not args.target:
+        print("error: give --target URL of the vLLM server, or --offline for an approximation", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        a, b = _read_request(args.a), _read_request(args.b)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        finding = diagnose_requests(a, b, args.target, args.block_size, args.offline)
+    except VLLMError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    print(json.dumps(finding.to_json()) if args.json else divergence.report(finding))
+    return EXIT_OK
+
+
+def cmd_lint(args) -> int:
+    allow: tuple[str, ...] = ()
+    if args.config_file:
+        try:
+            allow = config_mod.load_file(args.config_file).lint_allow
+        except ConfigError as exc:
+            for err in exc.errors:
+                print(f"error: {err}", file=sys.stderr)
+            return EXIT_USAGE
+    findings, broken = [], False
+    for path in args.files:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+            findings += [f for f in lint_mod.lint(path, text) if not lint_mod.allowed(f, allow)]
+        except (OSError, UnicodeDecodeError) as exc:
+            print(f"error: cannot read {path}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+            broken = True
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            broken = True
+    for f in findings:
+        print(f)
+    print(f"lint: {len(findings)} finding(s) in {len(args.files)} file(s)", file=sys.stderr)
+    return EXIT_USAGE if broken else (1 if findings else EXIT_OK)
 
 
 SCENARIOS = {
@@ -416,6 +508,20 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--interval", type=float, default=5.0)
     rec.add_argument("--duration", type=float, default=300.0)
     rec.set_defaults(func=cmd_record)
+
+    diag = sub.add_parser("diagnose", help="first divergent token of two chat requests and the cache blocks that survive")
+    diag.add_argument("a", metavar="A.json")
+    diag.add_argument("b", metavar="B.json")
+    diag.add_argument("--target", help="the vLLM server (http://host:8000): /tokenize, /detokenize, /metrics")
+    diag.add_argument("--block-size", dest="block_size", type=int, default=None, help="default: from vllm:cache_config_info, else 16")
+    diag.add_argument("--offline", action="store_true", help="no server: an approximation on the rendered text")
+    diag.add_argument("--json", action="store_true")
+    diag.set_defaults(func=cmd_diagnose)
+
+    lint_cmd = sub.add_parser("lint", help="flag volatile content before static content in prompt templates or request JSON")
+    lint_cmd.add_argument("files", nargs="+")
+    lint_cmd.add_argument("--config.file", dest="config_file", default=None, help="for lint.allow")
+    lint_cmd.set_defaults(func=cmd_lint)
 
     sim = sub.add_parser("simulate", help="serve simulated vLLM replicas on 127.0.0.1")
     sim.add_argument("--replicas", type=int, default=2)

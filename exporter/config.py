@@ -100,6 +100,20 @@ def _warmup(r: _Reader, raw: Any, targets: tuple[Target, ...]) -> WarmupConfig:
     return cfg
 
 
+def _lint_allow(r: _Reader, raw: Any) -> tuple[str, ...]:
+    data = r.mapping(raw, "lint", {"allow"})
+    allow = data.get("allow", [])
+    if not isinstance(allow, list):
+        r.errors.append("lint.allow: must be a list of finding kinds or regular expressions")
+        return ()
+    for i, pattern in enumerate(allow):
+        try:
+            re.compile(str(pattern))
+        except re.error as exc:
+            r.errors.append(f"lint.allow[{i}]: not a regular expression: {exc}")
+    return tuple(str(p) for p in allow)
+
+
 def _default_rules():
     return load_rules(None, [])
 
@@ -113,6 +127,7 @@ class Config:
     deploys: DeploysConfig = field(default_factory=DeploysConfig)
     rules: RulesConfig = field(default_factory=_default_rules)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    lint_allow: tuple[str, ...] = ()  # finding kinds or regexes `lint` lets pass
 
     @property
     def warmup_target(self) -> str | None:
@@ -439,7 +454,7 @@ def load(data: Any) -> Config:
     """Parsed YAML -> Config, or ConfigError listing every problem."""
     errors: list[str] = []
     r = _Reader(errors)
-    top = r.mapping(data, "", {"global", "web", "targets", "alertmanager", "deploys", "rules", "warmup"})
+    top = r.mapping(data, "", {"global", "web", "targets", "alertmanager", "deploys", "rules", "warmup", "lint"})
     g = _global(r, top.get("global"))
     web_data = r.mapping(top.get("web"), "web", {"listen_address", "external_url"})
     listen = r.value(web_data, "web", "listen_address", lambda v: (parse_listen_address(v), str(v))[1], WebConfig.listen_address)
@@ -447,7 +462,8 @@ def load(data: Any) -> Config:
     targets = _targets(r, top.get("targets"))
     cfg = Config(targets=targets, global_=g, web=WebConfig(listen_address=listen, external_url=external),
                  alertmanager=_alertmanager(r, top.get("alertmanager")), deploys=_deploys(r, top.get("deploys")),
-                 rules=load_rules(top.get("rules"), errors), warmup=_warmup(r, top.get("warmup"), targets))
+                 rules=load_rules(top.get("rules"), errors), warmup=_warmup(r, top.get("warmup"), targets),
+                 lint_allow=_lint_allow(r, top.get("lint")))
     if errors:
         raise ConfigError(errors)
     return cfg

@@ -186,6 +186,17 @@ class Replica:
     def system_prompt_text(self, tenant: int) -> str:
         return self._system_text[tenant]
 
+    def request_at(self, tenant: int, t: float, user: str = "Where is my order?") -> dict:
+        """The chat request the simulated client sends for `tenant` at time `t`, with the
+        system prompt as the current prompt mode renders it (a timestamp after a deploy)."""
+        text = self._system_text[tenant]
+        if self._state["prompt"] == "timestamp":
+            pieces = _PIECE.findall(text)
+            cut = self.scenario.preamble_tokens
+            stamp = datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+            text = "".join(pieces[:cut]) + f" Current date and time: {stamp}." + "".join(pieces[cut:])
+        return {"model": self.model_names[0], "messages": [{"role": "system", "content": text}, {"role": "user", "content": user}]}
+
     def _system_prompt(self, tenant: int) -> list[int]:
         words = random.Random(f"tenant-{tenant}")
         vocab = ("answer the customer politely cite the policy never reveal internal notes "
@@ -239,14 +250,19 @@ class Replica:
         unique = self._rng.getrandbits(40) << 12
         return system + list(range(unique, unique + n_user))
 
-    def render_chat(self, body: dict) -> list[int]:
-        """The simulator's chat template: each message's content, in order, tokenized;
-        a system message renders exactly as the simulated traffic's system prompt."""
+    def render_chat(self, body: dict, add_generation_prompt: bool = True) -> list[int]:
+        """The simulator's chat template: the tools as JSON, then each message's content,
+        in order, tokenized, then the generation prompt. A system message alone renders
+        exactly as the simulated traffic's system prompt."""
         tokens: list[int] = []
+        if body.get("tools"):
+            tokens += self.tokenizer.encode(json.dumps(body["tools"]))
         for m in body.get("messages", []):
             content = m.get("content") if isinstance(m, dict) else None
             if isinstance(content, str):
                 tokens += self.tokenizer.encode(content)
+        if add_generation_prompt:
+            tokens += self.tokenizer.encode(" <assistant>")
         return tokens
 
     def serve_chat(self, body: dict, t: float) -> dict:
@@ -492,14 +508,25 @@ class Fleet:
             return _reply(req, 200, replica.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
         if endpoint == "health" and req.command == "GET":
             return _reply(req, 200, b"", "text/plain")
-        if req.command == "POST" and endpoint in ("v1/chat/completions",):
+        if req.command == "POST" and endpoint in ("v1/chat/completions", "tokenize", "detokenize"):
             try:
                 body = json.loads(req.rfile.read(int(req.headers.get("Content-Length") or 0)) or b"{}")
             except ValueError:
                 return _reply(req, 400, b'{"error": "body is not JSON"}', "application/json")
+            if not isinstance(body, dict):
+                return _reply(req, 400, b'{"error": "body must be an object"}', "application/json")
             self.received.append((replica.name, endpoint, body))
-            replica.advance(self.clock())
-            answer = replica.serve_chat(body, self.clock())
+            if endpoint == "tokenize":
+                if "messages" in body:
+                    tokens = replica.render_chat(body, bool(body.get("add_generation_prompt", True)))
+                else:
+                    tokens = replica.tokenizer.encode(str(body.get("prompt", "")))
+                answer = {"count": len(tokens), "max_model_len": 32768, "tokens": tokens}
+            elif endpoint == "detokenize":
+                answer = {"prompt": replica.tokenizer.decode([int(t) for t in body.get("tokens", [])])}
+            else:
+                replica.advance(self.clock())
+                answer = replica.serve_chat(body, self.clock())
             return _reply(req, 200, json.dumps(answer).encode(), "application/json")
         return _reply(req, 404, b"not found\n", "text/plain")
 

@@ -88,3 +88,4 @@ def test_demo_runs_the_story_and_exits_by_itself():
     assert before > 80 and lowest < 10
     firing = [l for l in proc.stdout.splitlines() if "ALERT FIRING PrefixCacheHitRateDropAfterDeploy" in l]
     assert firing and all("cause=prompt_prefix_change" in l for l in firing)
+    assert "demo:   likely culprit: timestamp" in proc.stdout

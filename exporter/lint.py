@@ -1,0 +1,105 @@
+"""Prompt-template lint: volatile content standing before static content defeats the
+prefix cache. Pure: file text in, findings out."""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from .divergence import PATTERNS, REQUEST_ID, TIMESTAMP, TOOLS_ORDER, USER, UUID, render, tool_names
+
+# About one 16-token block of static text: less than that after the volatile part
+# costs at most one block, so it is not worth a finding.
+MIN_STATIC_AFTER = 64
+
+_PLACEHOLDERS: dict[str, re.Pattern] = {
+    TIMESTAMP: re.compile(r"\{\{[^}]*\b(now|current_(time|date|datetime)|datetime|timestamp|today|time|date)\b[^}]*\}\}|strftime\(|\$\{?(DATE|TIME|NOW)\b", re.I),
+    UUID: re.compile(r"\{\{[^}]*\buuid\w*[^}]*\}\}", re.I),
+    REQUEST_ID: re.compile(r"\{\{[^}]*\b(request|trace|span|correlation|session)_?id\b[^}]*\}\}", re.I),
+    USER: re.compile(r"\{\{[^}]*\b(user(\.|_)?name|username|user\.\w+|customer\w*|tier|plan)\b[^}]*\}\}", re.I),
+}
+_LITERALS = {TIMESTAMP: re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{1,2}:\d{2}:\d{2}|\b\d{1,2}:\d{2}:\d{2}\b"),
+             UUID: PATTERNS[UUID],
+             REQUEST_ID: re.compile(r"\b(request|trace|span|correlation)[ _-]?id\s*[:=]\s*\S+", re.I)}
+_TEMPLATE_EXPR = re.compile(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", re.S)
+MESSAGES = {
+    TIMESTAMP: "a timestamp before static content: every request gets a new prefix",
+    UUID: "a UUID before static content: no two requests share the prefix after it",
+    REQUEST_ID: "a request/trace id before static content: no two requests share the prefix after it",
+    USER: "a user name or tier before static content: users share nothing after it",
+    TOOLS_ORDER: "tools are not in a stable (sorted) order: a reordering changes every block after them",
+}
+
+
+@dataclass(frozen=True)
+class LintFinding:
+    path: str
+    line: int
+    kind: str
+    message: str
+    snippet: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.kind}: {self.message} ({self.snippet!r})"
+
+
+def _static_after(text: str, end: int) -> int:
+    rest = _TEMPLATE_EXPR.sub("", text[end:])
+    for pattern in list(_PLACEHOLDERS.values()) + list(_LITERALS.values()):
+        rest = pattern.sub("", rest)
+    return len(rest.strip())
+
+
+def _line_of(text: str, offset: int) -> int:
+    return text.count("\n", 0, offset) + 1
+
+
+def lint_template(path: str, text: str) -> list[LintFinding]:
+    found = []
+    for kind, pattern in list(_PLACEHOLDERS.items()) + list(_LITERALS.items()):
+        for m in pattern.finditer(text):
+            if _static_after(text, m.end()) >= MIN_STATIC_AFTER:
+                found.append(LintFinding(path, _line_of(text, m.start()), kind, MESSAGES[kind], m.group(0)))
+    return _dedupe(found)
+
+
+def lint_request(path: str, text: str, request: dict) -> list[LintFinding]:
+    found = []
+    names = tool_names(request)
+    if names and names != sorted(names):
+        at = text.find('"tools"')
+        found.append(LintFinding(path, _line_of(text, max(0, at)), TOOLS_ORDER, MESSAGES[TOOLS_ORDER], ", ".join(names)))
+    rendered = render(request)
+    for kind, pattern in _LITERALS.items():
+        for m in pattern.finditer(rendered):
+            if _static_after(rendered, m.end()) >= MIN_STATIC_AFTER:
+                at = text.find(m.group(0))
+                found.append(LintFinding(path, _line_of(text, at) if at >= 0 else 1, kind, MESSAGES[kind], m.group(0)))
+    return _dedupe(found)
+
+
+def lint(path: str, text: str) -> list[LintFinding]:
+    """A request JSON file (an object with `messages`) or a prompt template."""
+    if path.endswith(".json"):
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"{path}: not JSON: {exc}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+            raise ValueError(f"{path}: not a chat-completions request (no `messages` list)")
+        return lint_request(path, text, data)
+    return lint_template(path, text)
+
+
+def allowed(finding: LintFinding, allow: Sequence[str]) -> bool:
+    return any(finding.kind == a or re.search(a, finding.snippet) for a in allow)
+
+
+def _dedupe(found: list[LintFinding]) -> list[LintFinding]:
+    seen, out = set(), []
+    for f in sorted(found, key=lambda f: (f.line, f.kind)):
+        if (f.line, f.kind) not in seen:
+            seen.add((f.line, f.kind))
+            out.append(f)
+    return out
