@@ -1,7 +1,7 @@
 """Probable cause of a low or fallen hit rate: a pure function of windows and events."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 from .deploys import DeployEvent

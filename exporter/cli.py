@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from . import __version__, config as config_mod, console, divergence, lint as lint_mod, simulator
 from .collector import PrefixCacheCollector
-from .config import Config, ConfigError, Target
+from .config import Config, ConfigError
 from .alertmanager import Notifier
 from .deploys import AnnotationsWatcher
 from .http import App, Server, deploy_handlers

@@ -7,7 +7,7 @@ alert through inactive -> pending -> firing -> resolved with `for` and
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Callable, Sequence
 

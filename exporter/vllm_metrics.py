@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # --- the one table of upstream names ------------------------------------------------
 # Each entry: exposition name -> (role, field). Roles tell the parser how to file the

@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .vllm_metrics import Histogram, Snapshot
+from .vllm_metrics import Snapshot
 
 QUANTILES = (0.5, 0.9, 0.99)
 

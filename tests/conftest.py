@@ -1,5 +1,6 @@
 import shutil
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,21 @@ def require_binary(name: str) -> str:
     if path is None:
         pytest.fail(f"{name} is not installed; run the README's test command (scripts/test), which installs it")
     return path
+
+
+def wait_for(predicate, timeout: float = 20.0, step: float = 0.1) -> bool:
+    """Poll `predicate` until true or `timeout`; a connection error counts as not yet."""
+    import requests
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return True
+        except requests.ConnectionError:
+            pass
+        time.sleep(step)
+    return False
 
 
 @pytest.fixture

@@ -1,11 +1,9 @@
 """A simulated vLLM fleet, the real sidecar and a real Prometheus scraping both, with
 our rules loaded: the setup a team runs, on 127.0.0.1, for the tests that need data in
 Prometheus (PromQL equivalence, dashboard queries, recording rules)."""
-import json
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 

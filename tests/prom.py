@@ -1,59 +1,28 @@
 """Start and query the real Prometheus binary (Debian's `prometheus`) on 127.0.0.1."""
-import subprocess
 import time
 from pathlib import Path
 
 import requests
 import yaml
 
-from conftest import free_port, require_binary
+from service import Service
 
 
-class Prometheus:
+class Prometheus(Service):
+    name = "prometheus"
+
     def __init__(self, workdir: Path, scrape_configs: list, rule_files: list | None = None, scrape_interval: str = "1s"):
-        self.binary = require_binary("prometheus")
-        self.port = free_port()
-        self.workdir = workdir
+        super().__init__(workdir)
         cfg = {"global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
                "scrape_configs": scrape_configs}
         if rule_files:
             cfg["rule_files"] = [str(p) for p in rule_files]
         self.config = workdir / "prometheus.yml"
         self.config.write_text(yaml.safe_dump(cfg))
-        self.proc = None
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> "Prometheus":
-        self.log = open(self.workdir / "prometheus.log", "w")
-        self.proc = subprocess.Popen(
-            [self.binary, f"--config.file={self.config}", f"--storage.tsdb.path={self.workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h"],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("prometheus exited: " + (self.workdir / "prometheus.log").read_text()[-2000:])
-            try:
-                if requests.get(self.url + "/-/ready", timeout=1).status_code == 200:
-                    return self
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("prometheus did not become ready in 30 s")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        if getattr(self, "log", None):
-            self.log.close()
+    def args(self) -> list[str]:
+        return [f"--config.file={self.config}", f"--storage.tsdb.path={self.workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h"]
 
     def query(self, expr: str, at: float | None = None) -> list:
         params = {"query": expr}

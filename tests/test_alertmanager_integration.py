@@ -9,7 +9,7 @@ import time
 import pytest
 
 from am import Alertmanager
-from conftest import free_port
+from conftest import free_port, wait_for
 from fakeserver import FakeServer, reply
 
 pytestmark = pytest.mark.slow
@@ -31,13 +31,6 @@ class Webhook:
             return [a for n in self.notifications for a in n["alerts"] if a["labels"].get("alertname") == ALERT and a["status"] == status]
 
 
-def wait_for(predicate, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.5)
-    return False
 
 
 def demo(am_url, duration):

@@ -4,7 +4,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 import requests
 
 from exporter.cli import main

@@ -1,10 +1,8 @@
 """The engine end to end on simulated scrapes: each rule fires where it should."""
-from dataclasses import replace
 
-import pytest
 
 from exporter import simulator
-from exporter.config import Config, Target, load
+from exporter.config import load
 from exporter.engine import Engine
 from exporter.simulator import Event, Replica, Scenario
 from exporter.vllm_metrics import parse

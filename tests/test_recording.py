@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from exporter.config import Config, load
+from exporter.config import Config
 from exporter.engine import Engine
 from exporter.recording import backtest, read_lines, RecordingError
 from exporter.simulator import Event, Scenario

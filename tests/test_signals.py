@@ -1,7 +1,6 @@
 """The `run` process: SIGHUP reloads (a bad file keeps the old config and says so),
 SIGTERM stops gracefully and lets in-flight Alertmanager deliveries finish."""
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,20 +11,10 @@ import yaml
 
 from exporter import simulator
 
-from conftest import free_port
+from conftest import free_port, wait_for
 from fakeserver import FakeServer, reply
 
 
-def wait_for(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return True
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.1)
-    return False
 
 
 def start(config_path, port):

@@ -9,19 +9,12 @@ from exporter.cli import build_sidecar
 from exporter.config import load
 from exporter.warmup import Warmer, WarmupConfig, request_body
 
-from conftest import free_port
+from conftest import free_port, wait_for
 from fakeserver import FakeServer, reply
 
 CHAT = {"model": "m", "messages": [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "hi"}], "max_tokens": 500}
 
 
-def wait_for(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_request_body_asks_for_one_token():
