@@ -51,6 +51,7 @@ class Engine:
         self.tracks: dict[str, Track] = {}
         self.events: deque[DeployEvent] = deque(maxlen=_MAX_EVENTS)
         self.event_counts: dict[tuple[str, str], int] = {}
+        self.last_deploy_t: dict[str, float] = {}  # target ('' for all) -> newest deploy-like event
         self.alerts: dict[tuple[str, str, str], Alert] = {}
         self.reconfigure(config)
 
@@ -98,6 +99,9 @@ class Engine:
         self.events.append(event)
         key = (event.target or "", event.source)
         self.event_counts[key] = self.event_counts.get(key, 0) + 1
+        if not event.is_restart:
+            target = event.target or ""
+            self.last_deploy_t[target] = max(self.last_deploy_t.get(target, event.t), event.t)
 
     def _summarize(self, track: Track, now: float):
         g = self.config.global_
@@ -130,26 +134,29 @@ class Engine:
 
     def last_deploy(self) -> dict[str, float]:
         """target ('' for all) -> time of the newest deploy-like event (not restarts)."""
-        out: dict[str, float] = {}
-        for e in self.events:
-            if not e.is_restart:
-                out[e.target or ""] = max(out.get(e.target or "", e.t), e.t)
-        return out
+        return dict(self.last_deploy_t)
+
+    def _forget_old_events(self, now: float) -> None:
+        # events arrive close to time order; one older than every rule looks back is dead
+        horizon = max(self.config.rules.event_lookback, self.config.rules.cold_start_grace) + 60.0
+        while self.events and now - self.events[0].t > horizon:
+            self.events.popleft()
 
     def evaluate(self, now: float) -> list[Transition]:
         rc = self.config.rules
         transitions: list[Transition] = []
         window_names = {secs: name for name, secs in self.config.global_.windows}
+        self._forget_old_events(now)
         by_model = self._fleet_ratios()
+        events_of = {name: self.target_events(name, now) for name in self.tracks}
         for name, track in self.tracks.items():
-            events = self.target_events(name, now)
-            models = sorted(track.stats) or [""]
-            for model in models:
-                peers = tuple(r for other, r in by_model.get(model, ()) if other != name)
+            samples = track.history.samples()
+            for model in sorted(track.stats) or [""]:
+                peers = [(other, r) for other, r in by_model.get(model, ()) if other != name]
                 facts = Facts(now=now, target=name, model=model, up=track.up, down_since=track.down_since,
-                              snapshot=track.snapshot, samples=track.history.samples(), stats=track.stats.get(model, {}),
-                              windows=window_names, events=events, peer_ratios=peers,
-                              peers_had_events=any(self.target_events(o, now) for o, _ in by_model.get(model, ()) if o != name),
+                              snapshot=track.snapshot, samples=samples, stats=track.stats.get(model, {}),
+                              windows=window_names, events=events_of[name], peer_ratios=tuple(r for _, r in peers),
+                              peers_had_events=any(events_of[other] for other, _ in peers),
                               block_size=track.snapshot.block_size if track.snapshot else None)
                 for alertname, settings in rc.rules.items():
                     if not settings.enabled or (alertname != TARGET_DOWN and model == ""):

@@ -75,3 +75,14 @@ def test_load_balancer_scatter_when_every_replica_sits_moderate_together():
     tr = drive(e, [replica(i, scenario) for i in range(3)], 600)
     low = firing(tr, "PrefixCacheHitRateLow")
     assert low and {dict(t.alert.labels)["cause"] for t in low} == {"load_balancer_scatter"}
+
+
+def test_old_events_are_forgotten_but_the_last_deploy_time_stays():
+    from exporter.deploys import DeployEvent
+    e = engine_for(1)
+    e.add_event(DeployEvent(START, None, "v1", "api"))
+    e.evaluate(START + 60)
+    assert len(e.events) == 1
+    e.evaluate(START + 3 * 3600)
+    assert len(e.events) == 0
+    assert e.last_deploy() == {"": START} and e.event_counts == {("", "api"): 1}
