@@ -9,17 +9,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
 
 
-def peak_rss_mb(pid: int) -> float:
+def _status_mb(pid: int, key: str) -> float:
     with open(f"/proc/{pid}/status") as fh:
         for line in fh:
-            if line.startswith("VmHWM:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM")
+    raise RuntimeError(f"no {key} in /proc/{pid}/status")
+
+
+def peak_rss_mb(pid: int) -> float:
+    return _status_mb(pid, "VmHWM")
 
 
 def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
+    return _status_mb(pid, "VmRSS")
