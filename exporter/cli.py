@@ -74,9 +74,10 @@ class Sidecar:
         if new.web.listen_address != self.config.web.listen_address:
             log.warning("reload: web.listen_address changes need a restart; keeping %s", self.config.web.listen_address)
             new = replace(new, web=self.config.web)
-        if new.alertmanager != self.config.alertmanager:
-            log.warning("reload: alertmanager changes need a restart; keeping the old settings")
-            new = replace(new, alertmanager=self.config.alertmanager)
+        for section in ("alertmanager", "warmup", "deploys"):
+            if getattr(new, section) != getattr(self.config, section):
+                log.warning("reload: %s changes need a restart; keeping the old settings", section)
+                new = replace(new, **{section: getattr(self.config, section)})
         self.poller.reload(new)
         self.config = new
         self.state.set_process(config_reload_success=True, config_reload_time=time.time())
