@@ -206,27 +206,30 @@ class PrefixCacheCollector(Collector):
         for model, windows in sorted(v.stats.items()):
             for window, ws in windows.items():
                 labels = (model, window)
-                if ws.hit_ratio is not None:
-                    f.add("prefixcache_hit_ratio", labels, ws.hit_ratio, target=t)
-                if ws.query_rate is not None:
-                    f.add("prefixcache_query_tokens_per_second", labels, ws.query_rate, target=t)
-                if ws.hit_rate is not None:
-                    f.add("prefixcache_hit_tokens_per_second", labels, ws.hit_rate, target=t)
-                if ws.query_rate is not None and ws.hit_rate is not None:
-                    f.add("prefixcache_recomputed_tokens_per_second", labels, ws.query_rate - ws.hit_rate, target=t)
-                if ws.external_hit_ratio is not None:
-                    f.add("prefixcache_external_hit_ratio", labels, ws.external_hit_ratio, target=t)
+                for name, value_of in _WINDOW_GAUGES_BEFORE_TTFT:
+                    f.add_present(name, labels, value_of(ws), target=t)
                 totals = ttft_totals.get(model)
                 if ws.ttft_quantiles and totals is not None:
                     f.summary("prefixcache_ttft_seconds", labels, sorted(ws.ttft_quantiles.items()), totals, target=t)
-                if ws.ttft_mean is not None:
-                    f.add("prefixcache_ttft_mean_seconds", labels, ws.ttft_mean, target=t)
-                if ws.correlation is not None:
-                    f.add("prefixcache_ttft_hit_ratio_correlation", labels, ws.correlation, target=t)
-                if ws.ttft_per_10_points is not None:
-                    f.add("prefixcache_ttft_change_per_10pt_hit_ratio_seconds", labels, ws.ttft_per_10_points, target=t)
-                if ws.kv_cache_usage_max is not None:
-                    f.add("prefixcache_kv_cache_usage_max_ratio", labels, ws.kv_cache_usage_max, target=t)
+                for name, value_of in _WINDOW_GAUGES_AFTER_TTFT:
+                    f.add_present(name, labels, value_of(ws), target=t)
+
+
+# derived per-window gauges: (metric, value or None); absent values are not exported
+_WINDOW_GAUGES_BEFORE_TTFT = (
+    ("prefixcache_hit_ratio", lambda ws: ws.hit_ratio),
+    ("prefixcache_query_tokens_per_second", lambda ws: ws.query_rate),
+    ("prefixcache_hit_tokens_per_second", lambda ws: ws.hit_rate),
+    ("prefixcache_recomputed_tokens_per_second",
+     lambda ws: ws.query_rate - ws.hit_rate if ws.query_rate is not None and ws.hit_rate is not None else None),
+    ("prefixcache_external_hit_ratio", lambda ws: ws.external_hit_ratio),
+)
+_WINDOW_GAUGES_AFTER_TTFT = (
+    ("prefixcache_ttft_mean_seconds", lambda ws: ws.ttft_mean),
+    ("prefixcache_ttft_hit_ratio_correlation", lambda ws: ws.correlation),
+    ("prefixcache_ttft_change_per_10pt_hit_ratio_seconds", lambda ws: ws.ttft_per_10_points),
+    ("prefixcache_kv_cache_usage_max_ratio", lambda ws: ws.kv_cache_usage_max),
+)
 
 
 def _ttft_totals(snap) -> dict[str, tuple[float, float]]:
@@ -275,6 +278,10 @@ class Families:
 
     def add(self, name: str, values: tuple, value: float, target) -> None:
         self._family(name).add_metric(self._labels(name, values, target), value)
+
+    def add_present(self, name: str, values: tuple, value: float | None, target) -> None:
+        if value is not None:
+            self.add(name, values, value, target)
 
     def histogram(self, name: str, values: tuple, buckets, total: float, target) -> None:
         fam = self._family(name)
