@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
 from .deploys import DeployEvent
 
@@ -73,6 +72,3 @@ def severity_for(cause: str, default: str) -> str:
     """A cold start after a restart is expected: it never pages."""
     return "info" if cause == COLD_START else default
 
-
-def summarize_peers(ratios: Sequence[float | None]) -> tuple[float, ...]:
-    return tuple(r for r in ratios if r is not None)

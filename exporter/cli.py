@@ -87,7 +87,7 @@ class Sidecar:
 
 def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.time) -> Sidecar:
     state = State()
-    state.set_process(config_reload_success=True, config_reload_time=time.time(), started=time.time())
+    state.set_process(config_reload_success=True, config_reload_time=time.time())
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PrefixCacheCollector(state, [w for w, _ in cfg.global_.windows]))
     host, port = config_mod.parse_listen_address(listen)

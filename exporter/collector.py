@@ -19,6 +19,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from . import __version__
+from .poller import RESULTS as POLL_RESULTS
 from .state import State, TargetView
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("target_up", "gauge", "1 if the last poll of the vLLM target returned vLLM metrics, else 0.", "target"),
     _m("scrape_duration_seconds", "gauge", "Duration of the last poll of the vLLM target's /metrics.", "target"),
     _m("last_scrape_success_timestamp_seconds", "gauge", "Unix time of the last successful poll of the target.", "target"),
-    _m("scrapes", "counter", "Polls of the vLLM target by result (success, timeout, connection_error, http_error, too_large, decode_error, no_vllm_metrics, internal_error).", "target", "result"),
+    _m("scrapes", "counter", f"Polls of the vLLM target by result ({', '.join(POLL_RESULTS)}).", "target", "result"),
     _m("parse_warnings", "gauge", "Lines of the last /metrics body the parser could not use (see the log).", "target"),
     _m("history_samples", "gauge", "Samples kept in the target's window history (bounded by the longest window).", "target"),
     _m("prefix_caching_enabled", "gauge", "1 if vLLM reports prefix caching on (cache_config_info or V0 gauge), 0 if off; absent if unknown.", "target"),

@@ -169,13 +169,6 @@ def parse_duration(value: Any) -> float:
     return total
 
 
-def format_duration(seconds: float) -> str:
-    for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{int(seconds * 1000)}ms"
-
-
 def parse_size(value: Any) -> int:
     if isinstance(value, bool):
         raise ValueError("expected a size like 16MiB")

@@ -7,7 +7,6 @@ for deploys nobody announced. Everything here but `AnnotationsWatcher.poll` is p
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from typing import Sequence
@@ -21,7 +20,6 @@ CONFIG_CHANGE = "config_change"
 ANNOTATIONS = "annotations_file"
 CHANGE_POINT = "change_point"
 RECORDING = "recording"
-SOURCES = (API, RESTART, CONFIG_CHANGE, ANNOTATIONS, CHANGE_POINT, RECORDING)
 
 
 @dataclass(frozen=True)
@@ -145,10 +143,6 @@ class AnnotationsWatcher:
         if first or value == old or value is None:
             return []
         return [DeployEvent(now, self.target, value, ANNOTATIONS, f"{self.key}: {old} -> {value}")]
-
-
-def default_annotations_path() -> str:
-    return os.environ.get("PREFIX_CACHE_EXPORTER_ANNOTATIONS", "/etc/podinfo/annotations")
 
 
 # --- a change point in the hit ratio, for deploys nobody announced ----------------------

@@ -20,7 +20,6 @@ from .window import TargetSample, WindowStats, stats_between
 
 INACTIVE, PENDING, FIRING, INCONCLUSIVE = "inactive", "pending", "firing", "inconclusive"
 RESOLVED = "resolved"  # a transition, after which the alert is inactive
-STATES = (INACTIVE, PENDING, FIRING, INCONCLUSIVE)
 
 DROP_AFTER_DEPLOY = "PrefixCacheHitRateDropAfterDeploy"
 HIT_RATE_LOW = "PrefixCacheHitRateLow"

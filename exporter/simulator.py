@@ -556,11 +556,6 @@ def recording_lines(replicas: Sequence[Replica], start: float, duration: float, 
             yield {"t": t, "target": r.name, "body": r.render()}
 
 
-def dumps_lines(lines: Iterator[dict]) -> Iterator[str]:
-    for line in lines:
-        yield json.dumps(line, separators=(",", ":")) + "\n"
-
-
 def scenario_recording(scenario: Scenario, duration: float, start: float, warm: float = 900.0, replicas: int = 2,
                        interval: float = 5.0, deploys: Sequence[tuple[float, str | None, str]] = (),
                        generation: str = "current", per_replica_events: dict[int, Sequence[Event]] | None = None) -> list[dict]:

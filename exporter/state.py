@@ -34,8 +34,6 @@ class TargetView:
 class ProcessView:
     config_reload_success: bool = True
     config_reload_time: float | None = None
-    config_file: str | None = None
-    started: float | None = None
 
 
 class State:

@@ -176,19 +176,6 @@ class History:
 
 
 # --- PromQL building blocks ------------------------------------------------------------
-def counter_increase(values: Sequence[float]) -> float | None:
-    """increase() without extrapolation: last - first, plus the value before each reset."""
-    if len(values) < 2:
-        return None
-    total = values[-1] - values[0]
-    prev = values[0]
-    for v in values[1:]:
-        if v < prev:
-            total += prev
-        prev = v
-    return total
-
-
 def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float:
     """PromQL's histogram_quantile over (upper bound, cumulative count) pairs."""
     if math.isnan(q):

@@ -4,7 +4,7 @@ import statistics
 import pytest
 
 from exporter.vllm_metrics import CounterPair, Histogram, SeriesSnapshot, Snapshot
-from exporter.window import History, counter_increase, histogram_quantile, pearson, summarize, window_stats
+from exporter.window import History, histogram_quantile, pearson, summarize, window_stats
 
 INF = math.inf
 
@@ -29,8 +29,12 @@ def snap(queries=None, hits=None, buckets=None, ttft_sum=None, engine="0", model
     pytest.param([10.0, 10.0, 10.0], 0.0, id="flat"),
     pytest.param([7.0, 0.0], 0.0, id="reset-to-zero"),
 ])
-def test_counter_increase_matches_promql_reset_handling(values, expected):
-    assert counter_increase(values) == expected
+def test_increase_matches_promql_reset_handling(values, expected):
+    h = History(3600.0)
+    for i, v in enumerate(values):
+        h.append(i * 10.0, snap(v, v))
+    ws = window_stats(h.samples(), "m", 100.0, "1m", 3600.0, min_query_tokens=0)
+    assert ws.query_increase == expected and ws.hit_increase == expected
 
 
 @pytest.mark.parametrize("q, buckets, expected", [
