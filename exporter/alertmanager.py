@@ -18,13 +18,19 @@ from typing import Callable, Sequence
 import requests
 
 from .config import AlertmanagerConfig
+from .scrape import redact_url
 from .rules import FIRING, RESOLVED, Alert, Transition
 
 log = logging.getLogger(__name__)
 
 _BATCH = 500
 _MAX_BACKOFF = 30.0
+RESOLVED_RESEND_FOR = 900.0  # as Prometheus: resolved alerts are re-sent for 15 minutes
 
+
+def alert_key(alert: Alert) -> tuple:
+    """Alertmanager identifies an alert by its label set, and so does the queue."""
+    return tuple(sorted(alert.labels)) or alert.key
 
 def rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
@@ -46,11 +52,13 @@ class _Queue:
     url: str
     pending: "OrderedDict[tuple, dict]" = field(default_factory=OrderedDict)
     queued_at: dict = field(default_factory=dict)  # key -> when a firing alert was last queued
+    resolved: dict = field(default_factory=dict)  # key -> (payload, resolved at, last queued) for 15 minutes
     failures: int = 0
     retry_at: float = 0.0
     sent: int = 0
     ok: int = 0
     failed: int = 0
+    rejected: int = 0
     dropped: int = 0
     last_success: float | None = None
     last_error: str | None = None
@@ -66,6 +74,7 @@ class QueueStats:
     dropped: int
     last_success: float | None
     last_error: str | None
+    rejected: int = 0
 
 
 class Notifier:
@@ -75,6 +84,7 @@ class Notifier:
         self.clock = clock
         self.queues = [_Queue(u.rstrip("/") + "/api/v2/alerts") for u in cfg.urls]
         self.lock = threading.Lock()
+        self._send_lock = threading.Lock()  # one delivery at a time: stop() and the thread never POST one batch twice
         self.session = requests.Session()
         self.session.headers["Content-Type"] = "application/json"
         if cfg.username:
@@ -92,10 +102,16 @@ class Notifier:
         now = self.clock()
         with self.lock:
             for tr in transitions:
+                key = alert_key(tr.alert)
                 if tr.state == FIRING:
-                    self._put(tr.alert.key, payload(tr.alert, now, self.cfg.resend_interval, self.generator_url), now, firing=True)
+                    for q in self.queues:
+                        q.resolved.pop(key, None)
+                    self._put(key, payload(tr.alert, now, self.cfg.resend_interval, self.generator_url), now, firing=True)
                 elif tr.state == RESOLVED:
-                    self._put(tr.alert.key, payload(tr.alert, now, self.cfg.resend_interval, self.generator_url, resolved=True), now, firing=False)
+                    body = payload(tr.alert, now, self.cfg.resend_interval, self.generator_url, resolved=True)
+                    for q in self.queues:
+                        q.resolved[key] = (body, now, now)
+                    self._put(key, body, now, firing=False)
         self._wake.set()
 
     def resend(self, firing: Sequence[Alert]) -> None:
@@ -104,8 +120,15 @@ class Notifier:
         with self.lock:
             for q in self.queues:
                 for a in firing:
-                    if a.state == FIRING and now - q.queued_at.get(a.key, -1e18) >= self.cfg.resend_interval:
-                        self._put_one(q, a.key, payload(a, now, self.cfg.resend_interval, self.generator_url), now, True)
+                    key = alert_key(a)
+                    if a.state == FIRING and now - q.queued_at.get(key, -1e18) >= self.cfg.resend_interval:
+                        self._put_one(q, key, payload(a, now, self.cfg.resend_interval, self.generator_url), now, True)
+                for key, (body, resolved_at, queued) in list(q.resolved.items()):
+                    if now - resolved_at > RESOLVED_RESEND_FOR:
+                        del q.resolved[key]
+                    elif now - queued >= self.cfg.resend_interval and key not in q.pending:
+                        q.resolved[key] = (body, resolved_at, now)
+                        self._put_one(q, key, body, now, False)
         self._wake.set()
 
     def _put(self, key, body: dict, now: float, firing: bool) -> None:
@@ -151,6 +174,10 @@ class Notifier:
             self._wake.clear()
 
     def deliver_once(self, deadline: float | None = None) -> None:
+        with self._send_lock:
+            self._deliver(deadline)
+
+    def _deliver(self, deadline: float | None) -> None:
         for q in self.queues:
             now = self.clock()
             with self.lock:
@@ -158,9 +185,20 @@ class Notifier:
                     continue
                 batch = list(q.pending.items())[:_BATCH]
             timeout = self.cfg.timeout if deadline is None else max(0.1, min(self.cfg.timeout, deadline - time.monotonic()))
-            error = self._post(q.url, [body for _, body in batch], timeout)
+            error, permanent = self._post(q.url, [body for _, body in batch], timeout)
             with self.lock:
-                if error is None:
+                if permanent:
+                    # Alertmanager refused the payload itself (4xx): sending it again cannot
+                    # succeed and would block every later alert behind it
+                    for key, body in batch:
+                        if q.pending.get(key) is body:
+                            del q.pending[key]
+                    q.rejected += 1
+                    q.failures = 0
+                    q.retry_at = 0.0
+                    q.last_error = error
+                    log.error("alertmanager %s rejected %d alert(s), dropped them: %s", redact_url(q.url), len(batch), error)
+                elif error is None:
                     for key, body in batch:
                         if q.pending.get(key) is body:
                             del q.pending[key]
@@ -174,19 +212,22 @@ class Notifier:
                     q.failures += 1
                     q.retry_at = self.clock() + min(_MAX_BACKOFF, 0.5 * 2 ** (q.failures - 1))
                     if q.last_error != error:
-                        log.warning("alertmanager %s: %s; %d alert(s) kept for retry", q.url, error, len(q.pending))
+                        log.warning("alertmanager %s: %s; %d alert(s) kept for retry", redact_url(q.url), error, len(q.pending))
                     q.last_error = error
 
-    def _post(self, url: str, alerts: list[dict], timeout: float) -> str | None:
+    def _post(self, url: str, alerts: list[dict], timeout: float) -> tuple[str | None, bool]:
+        """(error or None, whether retrying cannot help)."""
         try:
             resp = self.session.post(url, json=alerts, timeout=timeout)
         except requests.RequestException as exc:
-            return f"{type(exc).__name__}"
+            return f"{type(exc).__name__}", False
         if 200 <= resp.status_code < 300:
-            return None
-        return f"HTTP {resp.status_code}: {resp.text[:200].strip()}"
+            return None, False
+        error = f"HTTP {resp.status_code}: {resp.text[:200].strip()}"
+        # 408 and 429 are the server asking us to come back later
+        return error, 400 <= resp.status_code < 500 and resp.status_code not in (408, 429)
 
     def stats(self) -> list[QueueStats]:
         with self.lock:
-            return [QueueStats(q.url, len(q.pending), q.ok, q.failed, q.sent, q.dropped, q.last_success, q.last_error)
+            return [QueueStats(q.url, len(q.pending), q.ok, q.failed, q.sent, q.dropped, q.last_success, q.last_error, q.rejected)
                     for q in self.queues]

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from prometheus_client import CollectorRegistry
@@ -29,6 +29,7 @@ from .state import State
 from .vllm_client import VLLMClient, VLLMError
 from .warmup import Warmer
 from .vllm_metrics import parse
+from .webconfig import WebSecurity, load_web_config
 
 log = logging.getLogger("exporter")
 
@@ -48,6 +49,7 @@ class Sidecar:
     server: Server
     notifier: Notifier
     warmer: Warmer
+    reload_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> "Sidecar":
         self.server.start()
@@ -63,6 +65,10 @@ class Sidecar:
         self.server.stop()
 
     def reload(self, path: str) -> bool:
+        with self.reload_lock:  # concurrent SIGHUPs apply one after the other
+            return self._reload(path)
+
+    def _reload(self, path: str) -> bool:
         try:
             new = config_mod.load_file(path)
             config_mod.parse_listen_address(new.web.listen_address)
@@ -74,10 +80,16 @@ class Sidecar:
         if new.web.listen_address != self.config.web.listen_address:
             log.warning("reload: web.listen_address changes need a restart; keeping %s", self.config.web.listen_address)
             new = replace(new, web=self.config.web)
-        for section in ("alertmanager", "warmup", "deploys"):
+        for section in ("alertmanager", "warmup"):
             if getattr(new, section) != getattr(self.config, section):
                 log.warning("reload: %s changes need a restart; keeping the old settings", section)
                 new = replace(new, **{section: getattr(self.config, section)})
+        # the deploy API token is re-read (rotation without a restart); the annotations file is not
+        if replace(new.deploys, api_token="") != replace(self.config.deploys, api_token=""):
+            log.warning("reload: deploys.annotations_file and annotation_key changes need a restart; keeping the old ones")
+            new = replace(new, deploys=replace(self.config.deploys, api_token=new.deploys.api_token))
+        if new.deploys.api_token != self.config.deploys.api_token:
+            log.info("reload: the deploy API token changed")
         self.poller.reload(new)
         self.config = new
         self.state.set_process(config_reload_success=True, config_reload_time=time.time())
@@ -85,7 +97,7 @@ class Sidecar:
         return True
 
 
-def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.time) -> Sidecar:
+def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.time, security: WebSecurity | None = None) -> Sidecar:
     state = State()
     state.set_process(config_reload_success=True, config_reload_time=time.time())
     registry = CollectorRegistry(auto_describe=False)
@@ -115,23 +127,41 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
         return warmer.ready()
 
     poller = Poller(cfg, state, clock=clock, after_evaluate=on_evaluated, sources=sources, on_start=on_start)
-    app = App(state, registry, ready=ready)
+    app = App(state, registry, ready=ready, security=security,
+              deploy_api_open=lambda: not holder["sidecar"].config.deploys.api_token)
     post, get = deploy_handlers(state, poller.add_event, lambda: holder["sidecar"].config.deploys.api_token,
                                 lambda: {t.name for t in holder["sidecar"].config.targets}, clock)
     app.route("POST", "/api/v1/deploys", post)
     app.route("GET", "/api/v1/deploys", get)
-    server = Server(app, host, port)
+    if cfg.deploys.api_token:
+        app.own_auth.add(("POST", "/api/v1/deploys"))  # its bearer token stands in for basic auth
+    server = Server(app, host, port, security)
     sidecar = holder["sidecar"] = Sidecar(cfg, state, registry, poller, app, server, notifier, warmer)
     return sidecar
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s",
-        stream=sys.stderr,
-    )
+class _OneLineFormatter(logging.Formatter):
+    """Every record on one line: control characters from a request (a forged newline in
+    a deploy version) or a target are escaped, never written raw."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return escape_controls(super().format(record))
+
+
+def escape_controls(text: str) -> str:
+    return "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in text)
+
+
+def _setup_logging(level: str, path: str | None = None) -> None:
+    handler = logging.FileHandler(path) if path else logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLineFormatter("ts=%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s"))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    logging.getLogger("cheroot").setLevel(logging.WARNING)
 
 
 # --- subcommands -------------------------------------------------------------------------
@@ -143,8 +173,20 @@ def cmd_check_config(args) -> int:
             print(f"error: {err}", file=sys.stderr)
         print(f"{args.file}: {len(exc.errors)} error(s)", file=sys.stderr)
         return EXIT_USAGE
+    for warning in config_warnings(cfg):
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"{args.file}: OK, {len(cfg.targets)} target(s)")
     return EXIT_OK
+
+
+def config_warnings(cfg: Config) -> list[str]:
+    """Valid but probably not meant."""
+    out = []
+    if not cfg.targets:
+        out.append("no targets: the sidecar will poll nothing (add `targets:`)")
+    if not cfg.deploys.api_token:
+        out.append("no deploys.api_token: POST /api/v1/deploys accepts deploy announcements from anyone who reaches the port")
+    return out
 
 
 def cmd_parse(args) -> int:
@@ -181,10 +223,20 @@ def cmd_run(args) -> int:
         for err in getattr(exc, "errors", [str(exc)]):
             log.error("config: %s", err)
         return EXIT_USAGE
+    security = None
+    if args.web_config_file:
+        try:
+            security = load_web_config(args.web_config_file)
+        except ConfigError as exc:
+            for err in exc.errors:
+                log.error("web config: %s", err)
+            return EXIT_USAGE
+    for warning in config_warnings(cfg):
+        log.warning("config: %s", warning)
     try:
-        sidecar = build_sidecar(cfg, listen)
+        sidecar = build_sidecar(cfg, listen, security=security)
     except OSError as exc:
-        log.error("cannot listen on %s: %s", listen, exc.strerror)
+        log.error("cannot listen on %s: %s", listen, exc.strerror or exc)
         return EXIT_ERROR
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -204,7 +256,7 @@ DEMO_RULES = {
     # the demo tells in a minute what takes minutes in production: shorter rule windows
     "hit_rate_drop_after_deploy": {"for": "5s", "keep_firing_for": "3s", "baseline": "30s", "after": "15s", "min_query_tokens": 5000},
     "hit_rate_low": {"window": "1m", "for": "20s", "keep_firing_for": "3s"},
-    "ttft_regression": {"window": "10s", "reference": "5m", "for": "5s", "keep_firing_for": "3s"},
+    "ttft_regression": {"window": "10s", "reference": "4m", "for": "5s", "keep_firing_for": "3s"},
 }
 
 
@@ -232,7 +284,7 @@ def cmd_demo(args) -> int:
     now = time.time()
     deploy_at, rollback_at = duration * 0.3, duration * 0.7
     names = ("vllm-0", "vllm-1")
-    warm = 300.0  # simulated minutes of healthy traffic before the demo starts
+    warm = 660.0  # simulated healthy traffic before the demo starts: past vLLM's cold-start grace
     story = simulator.Scenario(events=(simulator.Event(warm + deploy_at, "prompt", "timestamp"),
                                        simulator.Event(warm + rollback_at, "prompt", "static")))
     replicas = [simulator.Replica(n, story, start=now - warm, seed=i) for i, n in enumerate(names)]
@@ -479,6 +531,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the sidecar")
     run.add_argument("--config.file", dest="config_file", default=None, help=f"YAML config (or ${config_mod.ENV_CONFIG_FILE})")
     run.add_argument("--web.listen-address", dest="listen_address", default=None, help="HOST:PORT (default :9464 or web.listen_address)")
+    run.add_argument("--web.config.file", dest="web_config_file", default=None,
+                     help="exporter-toolkit web config: tls_server_config and basic_auth_users (bcrypt)")
     run.add_argument("--log.level", dest="log_level", default=argparse.SUPPRESS, choices=["debug", "info", "warn", "warning", "error"])
     run.set_defaults(func=cmd_run)
 

@@ -19,7 +19,10 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from . import __version__
+from .deploys import SOURCES as DEPLOY_SOURCES
 from .poller import RESULTS as POLL_RESULTS
+from .scrape import redact_url
+from .vllm_metrics import REJECT_REASONS
 from .state import State, TargetView
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,10 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("last_scrape_success_timestamp_seconds", "gauge", "Unix time of the last successful poll of the target.", "target"),
     _m("scrapes", "counter", f"Polls of the vLLM target by result ({', '.join(POLL_RESULTS)}).", "target", "result"),
     _m("parse_warnings", "gauge", "Lines of the last /metrics body the parser could not use (see the log).", "target"),
+    _m("rejected_samples", "counter", "Samples of the target the parser refused, by `reason` (non_finite_counter, negative_counter): a counter of +Inf, NaN or below zero would poison every window.", "target", "reason"),
+    _m("collect_errors", "counter", "Renders of this /metrics that failed (the request got HTTP 500; see the log)."),
+    _m("rule_evaluation_errors", "counter", "Rule evaluations that failed with an internal error (see the log)."),
+    _m("clock_steps_back", "counter", "Polls that saw the wall clock step back (NTP, VM migration); logged."),
     _m("history_samples", "gauge", "Samples kept in the target's window history (bounded by the longest window).", "target"),
     _m("prefix_caching_enabled", "gauge", "1 if vLLM reports prefix caching on (cache_config_info or V0 gauge), 0 if off; absent if unknown.", "target"),
     _m("block_size_tokens", "gauge", "KV-cache block size from vllm:cache_config_info; only full blocks can be hit.", "target"),
@@ -82,7 +89,7 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("deploy_events", "counter", "Deploy events by `source` (api, annotations_file, config_change, restart, change_point); target is empty for fleet-wide events.", "target", "source", target_labels=False),
     _m("last_deploy_timestamp_seconds", "gauge", "Unix time of the newest deploy event (restarts excluded), for Grafana annotations; target is empty for fleet-wide events.", "target", target_labels=False),
     # delivery to Alertmanager
-    _m("alertmanager_notifications", "counter", "POSTs to Alertmanager's /api/v2/alerts by `result` (success, failure).", "alertmanager", "result"),
+    _m("alertmanager_notifications", "counter", "POSTs to Alertmanager's /api/v2/alerts by `result`: success; failure (kept and retried); rejected (a 4xx answer: the batch is dropped, see the log).", "alertmanager", "result"),
     _m("alertmanager_alerts_sent", "counter", "Alerts delivered to Alertmanager (firing, re-sent and resolved).", "alertmanager"),
     _m("alertmanager_queue_length", "gauge", "Alerts waiting for delivery to the Alertmanager (latest state per alert).", "alertmanager"),
     _m("alertmanager_dropped_alerts", "counter", "Alerts dropped because the delivery queue was full.", "alertmanager"),
@@ -112,15 +119,13 @@ class PrefixCacheCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
-        try:
-            fams = Families(self.windows, self._label_names())
-            self._fill(fams)
-            for hook in self.extra:
-                hook(self.state, fams)
-            yield from fams.done()
-        except Exception:  # noqa: BLE001 - a scrape of us must not fail on our bug
-            log.exception("collect failed")
-            yield from ()
+        """Raises on a bug: the HTTP layer turns that into a 500, a log line and a count,
+        which a silent empty answer would hide."""
+        fams = Families(self.windows, self._label_names())
+        self._fill(fams)
+        for hook in self.extra:
+            hook(self.state, fams)
+        yield from fams.done()
 
     def _label_names(self) -> tuple[str, ...]:
         names: set[str] = set()
@@ -134,14 +139,22 @@ class PrefixCacheCollector(Collector):
         f.add("prefixcache_config_last_reload_successful", (), 1.0 if proc.config_reload_success else 0.0, target=None)
         if proc.config_reload_time is not None:
             f.add("prefixcache_config_last_reload_success_timestamp_seconds", (), proc.config_reload_time, target=None)
+        counters = self.state.counters()
+        for name, key in (("prefixcache_collect_errors", "collect_errors"), ("prefixcache_rule_evaluation_errors", "evaluation_errors"),
+                          ("prefixcache_clock_steps_back", "clock_steps_back")):
+            f.add(name, (), counters.get(key, 0), target=None)
         for view in sorted(self.state.targets(), key=lambda v: v.target.name):
             self._target(f, view)
         for a in self.state.get("alerts") or ():
             labels = dict(a.labels)
             f.add("prefixcache_alert_state", (a.alertname, a.target, a.model, labels.get("cause", ""), labels.get("severity", ""), a.state), 1.0, target=None)
         deploys = self.state.get("deploys") or {}
-        for (target, source), count in sorted(deploys.get("counts", {}).items()):
-            f.add("prefixcache_deploy_events", (target, source), count, target=None)
+        counts = deploys.get("counts", {})
+        # from zero for every target and source, so that increase() sees the first event
+        for target in [""] + sorted(v.target.name for v in self.state.targets()):
+            mine = counts.get(target, {})
+            for source in sorted(set(DEPLOY_SOURCES) | set(mine)):
+                f.add("prefixcache_deploy_events", (target, source), mine.get(source, 0), target=None)
         for target, t in sorted(deploys.get("last", {}).items()):
             f.add("prefixcache_last_deploy_timestamp_seconds", (target,), t, target=None)
         warm = self.state.get("warmup")
@@ -155,13 +168,15 @@ class PrefixCacheCollector(Collector):
                 f.add("prefixcache_warmup_last_duration_seconds", (), warm.last_duration, target=None)
                 f.add("prefixcache_warmup_last_failed_requests", (), warm.last_failed, target=None)
         for q in self.state.get("alertmanager") or ():
-            f.add("prefixcache_alertmanager_notifications", (q.url, "success"), q.notifications_ok, target=None)
-            f.add("prefixcache_alertmanager_notifications", (q.url, "failure"), q.notifications_failed, target=None)
-            f.add("prefixcache_alertmanager_alerts_sent", (q.url,), q.alerts_sent, target=None)
-            f.add("prefixcache_alertmanager_queue_length", (q.url,), q.pending, target=None)
-            f.add("prefixcache_alertmanager_dropped_alerts", (q.url,), q.dropped, target=None)
+            url = redact_url(q.url)
+            f.add("prefixcache_alertmanager_notifications", (url, "success"), q.notifications_ok, target=None)
+            f.add("prefixcache_alertmanager_notifications", (url, "failure"), q.notifications_failed, target=None)
+            f.add("prefixcache_alertmanager_notifications", (url, "rejected"), q.rejected, target=None)
+            f.add("prefixcache_alertmanager_alerts_sent", (url,), q.alerts_sent, target=None)
+            f.add("prefixcache_alertmanager_queue_length", (url,), q.pending, target=None)
+            f.add("prefixcache_alertmanager_dropped_alerts", (url,), q.dropped, target=None)
             if q.last_success is not None:
-                f.add("prefixcache_alertmanager_last_success_timestamp_seconds", (q.url,), q.last_success, target=None)
+                f.add("prefixcache_alertmanager_last_success_timestamp_seconds", (url,), q.last_success, target=None)
 
     def _target(self, f: "Families", v: TargetView) -> None:
         t = v.target
@@ -170,8 +185,12 @@ class PrefixCacheCollector(Collector):
             f.add("prefixcache_scrape_duration_seconds", (), v.scrape_duration, target=t)
         if v.last_success_time is not None:
             f.add("prefixcache_last_scrape_success_timestamp_seconds", (), v.last_success_time, target=t)
-        for result, count in v.scrapes:
-            f.add("prefixcache_scrapes", (result,), count, target=t)
+        scrapes = dict(v.scrapes)
+        for result in sorted(set(POLL_RESULTS) | set(scrapes)):  # from zero: increase() sees the first failure
+            f.add("prefixcache_scrapes", (result,), scrapes.get(result, 0), target=t)
+        rejected = dict(v.rejected)
+        for reason in sorted(set(REJECT_REASONS) | set(rejected)):
+            f.add("prefixcache_rejected_samples", (reason,), rejected.get(reason, 0), target=t)
         f.add("prefixcache_history_samples", (), v.samples_kept, target=t)
         snap = v.snapshot
         if snap is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
@@ -38,8 +38,11 @@ class Target:
 class GlobalConfig:
     poll_interval: float = 5.0
     connect_timeout: float = 2.0
-    read_timeout: float = 4.0
+    read_timeout: float = 4.0  # longest silence between two reads of one scrape
+    scrape_timeout: float = 6.0  # one deadline for a whole scrape (connect, headers, body); default connect + read
     body_size_limit: int = 16 * 1024 * 1024
+    model_limit: int = 100  # models one target may expose (0: no limit), like Prometheus's sample_limit
+    series_limit: int = 2000  # (model, engine) series one target may expose (0: no limit)
     min_query_tokens: float = 1000.0
     windows: tuple[tuple[str, float], ...] = (("1m", 60.0), ("5m", 300.0), ("15m", 900.0), ("1h", 3600.0))
     jitter: float = 0.5
@@ -267,14 +270,27 @@ def _global(r: _Reader, raw: Any) -> GlobalConfig:
         poll_interval=r.value(data, "global", "poll_interval", parse_duration, d.poll_interval),
         connect_timeout=r.value(data, "global", "connect_timeout", parse_duration, d.connect_timeout),
         read_timeout=r.value(data, "global", "read_timeout", parse_duration, d.read_timeout),
+        scrape_timeout=r.value(data, "global", "scrape_timeout", parse_duration, None),
         body_size_limit=r.value(data, "global", "body_size_limit", parse_size, d.body_size_limit),
+        model_limit=r.value(data, "global", "model_limit", _limit, d.model_limit),
+        series_limit=r.value(data, "global", "series_limit", _limit, d.series_limit),
         min_query_tokens=r.value(data, "global", "min_query_tokens", _positive_number, d.min_query_tokens),
         windows=windows,
         jitter=r.value(data, "global", "jitter", lambda v: parse_duration(v) if v not in (0, "0", "0s") else 0.0, d.jitter),
     )
     if g.connect_timeout + g.read_timeout > g.poll_interval * 4:
         r.errors.append("global.read_timeout: connect_timeout + read_timeout must stay under 4 poll intervals")
+    if g.scrape_timeout is None:
+        g = replace(g, scrape_timeout=g.connect_timeout + g.read_timeout)
+    elif g.scrape_timeout > g.poll_interval * 4:
+        r.errors.append("global.scrape_timeout: must stay under 4 poll intervals")
     return g
+
+
+def _limit(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError("must be a whole number, 0 for no limit")
+    return value
 
 
 def _targets(r: _Reader, raw: Any) -> tuple[Target, ...]:
@@ -311,7 +327,10 @@ def _targets(r: _Reader, raw: Any) -> tuple[Target, ...]:
     return tuple(out)
 
 
-RESERVED_LABELS = {"target", "model_name", "engine", "window", "quantile", "result", "unit", "alertname", "state", "le"}
+# our metrics' labels and the labels every alert carries: a target label must not shadow them
+RESERVED_LABELS = {"target", "model_name", "engine", "window", "quantile", "result", "unit", "alertname", "state", "le",
+                   "severity", "cause", "source", "baseline_version", "alertmanager"}
+MAX_SECRET_FILE = 64 * 1024
 
 
 def _secret(r: _Reader, data: dict, path: str, key: str) -> str:
@@ -321,11 +340,25 @@ def _secret(r: _Reader, data: dict, path: str, key: str) -> str:
     if f"{key}_file" in data:
         file_path = r.value(data, path, f"{key}_file", _string, "")
         try:
-            with open(file_path, encoding="utf-8") as fh:
-                return fh.read().strip()
+            with open(file_path, "rb") as fh:
+                raw = fh.read(MAX_SECRET_FILE + 1)
         except OSError as exc:
             r.errors.append(f"{path}.{key}_file: cannot read {file_path}: {exc.strerror}")
             return ""
+        if len(raw) > MAX_SECRET_FILE:
+            r.errors.append(f"{path}.{key}_file: {file_path} is over {MAX_SECRET_FILE} bytes; not a secret")
+            return ""
+        try:
+            secret = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            r.errors.append(f"{path}.{key}_file: {file_path} is not UTF-8 text")
+            return ""
+        if not secret:
+            # an empty token would turn authentication off: fail closed
+            r.errors.append(f"{path}.{key}_file: {file_path} is empty")
+        elif any(ord(c) < 32 or ord(c) == 127 for c in secret):
+            r.errors.append(f"{path}.{key}_file: {file_path} holds control characters")
+        return secret
     return r.value(data, path, key, _string, "")
 
 
@@ -399,6 +432,7 @@ _RULE_FIELDS = {
     "baseline": ("baseline", parse_duration), "after": ("after", parse_duration), "reference": ("reference", parse_duration),
     "below": ("below", _ratio), "drop_points": ("drop_points", _ratio), "ratio": ("ratio", _positive_number),
     "min_query_tokens": ("min_query_tokens", _positive_number),
+    "startup_grace": ("startup_grace", _duration_or_zero),
 }
 _CHANGE_POINT_FIELDS = {
     "recent": parse_duration, "reference": parse_duration, "drop_points": _ratio,
@@ -457,9 +491,29 @@ def load(data: Any) -> Config:
                  alertmanager=_alertmanager(r, top.get("alertmanager")), deploys=_deploys(r, top.get("deploys")),
                  rules=load_rules(top.get("rules"), errors), warmup=_warmup(r, top.get("warmup"), targets),
                  lint_allow=_lint_allow(r, top.get("lint")))
+    errors += _lookback_errors(cfg)
     if errors:
         raise ConfigError(errors)
     return cfg
+
+
+def _lookback_errors(cfg: Config) -> list[str]:
+    """A rule may not look further back than the history kept (the longest window and
+    one poll): it would silently judge a shorter time than it says."""
+    kept = cfg.longest_window + cfg.global_.poll_interval
+    by_key = {alert: key for key, alert in RULE_KEYS.items()}
+    errors = []
+    for alertname, s in cfg.rules.rules.items():
+        if not s.enabled:
+            continue
+        key = by_key[alertname]
+        needs = {"hit_rate_low": (s.window, "window"), "hits_stuck_at_zero": (s.window, "window"),
+                 "ttft_regression": (s.window + s.reference, "window + reference"),
+                 "hit_rate_drop_after_deploy": (s.baseline + s.after, "baseline + after")}.get(key)
+        if needs is not None and needs[0] > kept:
+            errors.append(f"rules.{key}: {needs[1]} looks back {needs[0]:g}s but global.windows keep {kept:g}s of history "
+                          f"(longest window + poll_interval); add a longer window or shorten the rule")
+    return errors
 
 
 def load_text(text: str, source: str = "<config>") -> Config:

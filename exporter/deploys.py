@@ -20,6 +20,7 @@ CONFIG_CHANGE = "config_change"
 ANNOTATIONS = "annotations_file"
 CHANGE_POINT = "change_point"
 RECORDING = "recording"
+SOURCES = (API, RESTART, CONFIG_CHANGE, ANNOTATIONS, CHANGE_POINT)  # exported from zero; a recording adds its own
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,8 @@ class _Seen:
 def _seen(snap: Snapshot) -> _Seen:
     return _Seen(
         process_start=snap.process_start_time,
-        created=tuple(sorted((s.key, s.created) for s in snap.series if s.created is not None)),
+        # engine is None on some series and a string on others of the same model: sort on text
+        created=tuple(sorted(((s.key, s.created) for s in snap.series if s.created is not None), key=lambda kc: (kc[0][0], kc[0][1] or ""))),
         queries=tuple((s.key, s.prefix_cache.queries) for s in snap.series if s.prefix_cache and s.prefix_cache.queries is not None),
         cache_config=snap.cache_config,
         models=snap.model_names,
@@ -63,19 +65,28 @@ def _seen(snap: Snapshot) -> _Seen:
     )
 
 
-class SnapshotChangeDetector:
-    """Per target: a restart (counter decrease, changed `_created` or process start) or a
-    configuration change (cache_config_info labels, model names, LoRA settings)."""
+# A first scrape whose counters are below this many query tokens (summed over the
+# target) has served almost nothing yet: its cache is as cold as after a restart.
+COLD_COUNTERS_TOKENS = 20000.0
 
-    def __init__(self, target: str):
+
+class SnapshotChangeDetector:
+    """Per target: a restart (counter decrease, changed `_created` or process start), a
+    first start (the first scrape of a process started within the grace, or of counters
+    near zero), or a configuration change (cache_config_info labels, model names, LoRA)."""
+
+    def __init__(self, target: str, grace: float = 600.0):
         self.target = target
+        self.grace = grace
         self._last: _Seen | None = None
 
     def observe(self, t: float, snap: Snapshot) -> list[DeployEvent]:
         seen = _seen(snap)
         last, self._last = self._last, seen
         if last is None:
-            return []
+            started, why = _cold_first_start(t, snap, self.grace)
+            # the grace counts from the process start, as it does from a restart
+            return [DeployEvent(started, self.target, f"start@{int(started)}", RESTART, why)] if why else []
         events = []
         why = _restart_reason(last, seen)
         if why:
@@ -86,6 +97,21 @@ class SnapshotChangeDetector:
         if changed:
             events.append(DeployEvent(t, self.target, f"config@{int(t)}", CONFIG_CHANGE, "changed: " + ", ".join(changed)))
         return events
+
+
+def _cold_first_start(t: float, snap: Snapshot, grace: float) -> tuple[float, str]:
+    """(when the process started, why it is a cold start) or (t, "") when it is not."""
+    started = snap.process_start_time
+    if started is None:
+        created = [s.created for s in snap.series if s.created is not None]
+        started = min(created) if created else None
+    if started is not None and 0 <= t - started <= grace:
+        return started, f"first scrape of a process started {t - started:.0f}s ago: the cache started cold"
+    queries = [s.prefix_cache.queries * (16 if s.prefix_cache.unit == "blocks" else 1)
+               for s in snap.series if s.prefix_cache is not None and s.prefix_cache.queries is not None]
+    if started is None and queries and sum(queries) < COLD_COUNTERS_TOKENS:
+        return t, f"first scrape with counters near zero ({sum(queries):.0f} query tokens): the cache starts cold"
+    return t, ""
 
 
 def _restart_reason(last: _Seen, seen: _Seen) -> str:

@@ -1,8 +1,10 @@
 """The monitoring core: scrapes and events in, windows, alert states and transitions out.
 
-Live, the poller feeds it (under its lock) and an evaluation job calls `evaluate()`;
-`backtest` drives the very same object from a recording on a simulated clock. No I/O,
-no threads, no clock: every call gets `now`.
+Live, each target's poll job calls `observe()` (work that grows with that target's size,
+touching only its own Track), the poller adds the events it found under a small lock,
+and the evaluation job calls `evaluate()` on the immutable views the tracks publish.
+`backtest` drives the very same object from a recording on a simulated clock through
+`ingest()`. No I/O, no threads, no clock: every call gets `now`.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from .deploys import CHANGE_POINT, DeployEvent, SnapshotChangeDetector, detect_c
 from .rules import (
     FIRING,
     INACTIVE,
+    PENDING,
+    RESOLVED,
     RULE_KEYS,
     RULES,
     RUNBOOK_ANCHORS,
@@ -27,10 +31,24 @@ from .rules import (
     step,
 )
 from .vllm_metrics import Snapshot
-from .window import History, WindowStats, intervals, model_keys, summarize
+from .window import History, Samples, WindowStats, recent_intervals, summarize
 
 _FINE_SECONDS = 900.0  # windows up to 15m see every sample; older ones are thinned
 _MAX_EVENTS = 10000
+
+
+@dataclass(frozen=True)
+class TrackView:
+    """What the rules read of one target: replaced whole after each poll, never changed."""
+
+    samples: Samples = field(default_factory=lambda: Samples(()))
+    stats: dict[str, dict[str, WindowStats]] = field(default_factory=dict)
+    snapshot: Snapshot | None = None
+    up: bool = False
+    down_since: float | None = None
+    first_seen: float | None = None  # first poll of this target, success or not
+    ever_up: bool = False
+    last_t: float | None = None
 
 
 @dataclass
@@ -38,11 +56,20 @@ class Track:
     target: Target
     history: History
     detector: SnapshotChangeDetector
-    snapshot: Snapshot | None = None
-    stats: dict[str, dict[str, WindowStats]] = field(default_factory=dict)
-    up: bool = False
-    down_since: float | None = None
-    last_t: float | None = None
+    view: TrackView = field(default_factory=TrackView)
+
+    # read-through properties keep call sites short
+    @property
+    def stats(self) -> dict[str, dict[str, WindowStats]]:
+        return self.view.stats
+
+    @property
+    def snapshot(self) -> Snapshot | None:
+        return self.view.snapshot
+
+    @property
+    def up(self) -> bool:
+        return self.view.up
 
 
 class Engine:
@@ -52,142 +79,200 @@ class Engine:
         self.events: deque[DeployEvent] = deque(maxlen=_MAX_EVENTS)
         self.event_counts: dict[tuple[str, str], int] = {}
         self.last_deploy_t: dict[str, float] = {}  # target ('' for all) -> newest deploy-like event
+        self.last_event_t: dict[str, float] = {}  # target ('' for all) -> newest event of any kind
         self.alerts: dict[tuple[str, str, str], Alert] = {}
         self.reconfigure(config)
 
     # --- configuration ---------------------------------------------------------------
+    def _new_history(self, config: Config) -> History:
+        return History(self.keep_seconds(config), _FINE_SECONDS, windows=[s for _, s in config.global_.windows])
+
+    @staticmethod
+    def keep_seconds(config: Config) -> float:
+        return config.longest_window + config.global_.poll_interval
+
     def reconfigure(self, config: Config) -> None:
-        """New targets get an empty history; kept targets keep theirs if the windows did."""
-        same_windows = config.global_.windows == self.config.global_.windows
-        old = self.tracks
+        """New targets get an empty history; kept targets keep theirs (and their
+        detectors), also when the windows change. Alerts of removed targets or disabled
+        rules are resolved by the next evaluation, not dropped."""
         self.config = config
-        self.tracks = {}
+        old = self.tracks
+        tracks = {}
         for t in config.targets:
-            if t.name in old and same_windows:
-                self.tracks[t.name] = replace(old[t.name], target=t)
+            track = old.get(t.name)
+            if track is None:
+                track = Track(t, self._new_history(config), SnapshotChangeDetector(t.name, config.rules.cold_start_grace))
             else:
-                self.tracks[t.name] = Track(t, History(config.longest_window + config.global_.poll_interval, _FINE_SECONDS),
-                                            SnapshotChangeDetector(t.name))
-        self.alerts = {k: a for k, a in self.alerts.items() if a.target in self.tracks}
+                track.target = t  # mutate: a poll in flight holds this object
+                track.history.retarget(self.keep_seconds(config), [s for _, s in config.global_.windows])
+                track.detector.grace = config.rules.cold_start_grace
+            tracks[t.name] = track
+        self.tracks = tracks
 
     # --- input -------------------------------------------------------------------------
-    def ingest(self, target: str, now: float, snapshot: Snapshot) -> list[DeployEvent]:
-        """A successful scrape. Returns the events it revealed (restart, config change,
-        suspected change point)."""
+    def observe(self, target: str, now: float, snapshot: Snapshot) -> list[DeployEvent]:
+        """A successful scrape: history, detectors, window stats, change point. Touches
+        only this target's Track, so the poller runs it without the shared lock.
+        Returns the events it revealed; the caller hands them to `add_event`."""
         track = self.tracks[target]
         if track.history.append(now, snapshot) is None:
             return []
-        track.snapshot, track.up, track.down_since, track.last_t = snapshot, True, None, now
         found = track.detector.observe(now, snapshot)
+        view = track.view
+        view = replace(view, samples=track.history.samples(), snapshot=snapshot, up=True, down_since=None,
+                       first_seen=view.first_seen if view.first_seen is not None else now, ever_up=True, last_t=now)
+        view = replace(view, stats=self._summarize(view, now))
+        track.view = view
+        point = self._change_point(track, now, found)
+        if point is not None:
+            found.append(point)
+        return found
+
+    def ingest(self, target: str, now: float, snapshot: Snapshot) -> list[DeployEvent]:
+        """`observe` and `add_event` in one call, for single-threaded drivers."""
+        found = self.observe(target, now, snapshot)
         for ev in found:
             self.add_event(ev)
-        track.stats = self._summarize(track, now)
-        point = self._change_point(track, now)
-        if point is not None:
-            self.add_event(point)
-            found.append(point)
         return found
 
     def ingest_failure(self, target: str, now: float) -> None:
         track = self.tracks[target]
-        if track.up or track.down_since is None:
-            track.down_since = now
-        track.up = False
-        track.stats = self._summarize(track, now)
+        view = track.view
+        down_since = now if view.up or view.down_since is None else view.down_since
+        view = replace(view, up=False, down_since=down_since, first_seen=view.first_seen if view.first_seen is not None else now)
+        track.view = replace(view, stats=self._summarize(view, now))
 
     def add_event(self, event: DeployEvent) -> None:
         self.events.append(event)
         key = (event.target or "", event.source)
         self.event_counts[key] = self.event_counts.get(key, 0) + 1
+        target = event.target or ""
+        self.last_event_t[target] = max(self.last_event_t.get(target, event.t), event.t)
         if not event.is_restart:
-            target = event.target or ""
             self.last_deploy_t[target] = max(self.last_deploy_t.get(target, event.t), event.t)
 
-    def _summarize(self, track: Track, now: float):
+    def _summarize(self, view: TrackView, now: float):
         g = self.config.global_
-        block_size = track.snapshot.block_size if track.snapshot else None
-        return summarize(track.history.samples(), now, g.windows, g.min_query_tokens, block_size)
+        block_size = view.snapshot.block_size if view.snapshot else None
+        return summarize(view.samples, now, g.windows, g.min_query_tokens, block_size)
 
-    def _change_point(self, track: Track, now: float) -> DeployEvent | None:
+    def _change_point(self, track: Track, now: float, found: list[DeployEvent]) -> DeployEvent | None:
         rc = self.config.rules
         if not rc.change_point_enabled:
             return None
         cp = rc.change_point
         span = cp.recent + cp.reference + 2 * self.config.global_.poll_interval
-        for e in self.events:
-            if not e.applies_to(track.target.name):
-                continue
-            if (e.is_restart and now - e.t <= rc.cold_start_grace) or now - e.t <= span:
-                return None  # a cold start, or already explained by an event
-        samples = [s for s in track.history.samples() if s.t >= now - span]
-        for model in sorted({k[0] for s in samples for k in s.layout.keys}):
-            began = detect_change_point(intervals(samples, model_keys(samples, model)), now, cp)
+        name = track.target.name
+        # any event within the span, or a restart within the grace, explains a fall
+        newest = max(self.last_event_t.get(name, -1e18), self.last_event_t.get("", -1e18),
+                     max((e.t for e in found), default=-1e18))
+        if now - newest <= max(span, rc.cold_start_grace) and self._explained(name, now, span, found):
+            return None
+        for model in sorted(track.view.stats):
+            began = detect_change_point(recent_intervals(track.view.samples, model, now - span), now, cp)
             if began is not None:
-                return DeployEvent(began, track.target.name, f"suspected@{int(began)}", CHANGE_POINT,
+                return DeployEvent(began, name, f"suspected@{int(began)}", CHANGE_POINT,
                                    f"hit ratio of {model} fell sharply with no deploy event")
         return None
 
+    def _explained(self, target: str, now: float, span: float, found: list[DeployEvent]) -> bool:
+        grace = self.config.rules.cold_start_grace
+        for e in list(self.events)[-64:] + found:  # the newest events are at the end
+            if e.applies_to(target) and ((e.is_restart and now - e.t <= grace) or now - e.t <= span):
+                return True
+        return False
+
     # --- output ------------------------------------------------------------------------
-    def target_events(self, target: str, now: float) -> tuple[DeployEvent, ...]:
+    def target_events(self, target: str, now: float, events=None) -> tuple[DeployEvent, ...]:
         horizon = max(self.config.rules.event_lookback, self.config.rules.cold_start_grace)
-        return tuple(sorted((e for e in self.events if e.applies_to(target) and 0 <= now - e.t <= horizon), key=lambda e: e.t))
+        source = self.events if events is None else events
+        return tuple(sorted((e for e in source if e.applies_to(target) and 0 <= now - e.t <= horizon), key=lambda e: e.t))
 
     def last_deploy(self) -> dict[str, float]:
         """target ('' for all) -> time of the newest deploy-like event (not restarts)."""
         return dict(self.last_deploy_t)
 
-    def _forget_old_events(self, now: float) -> None:
-        # events arrive close to time order; one older than every rule looks back is dead
+    def take_events(self, now: float) -> tuple[DeployEvent, ...]:
+        """Forget events older than every rule looks back; a copy of the rest, for
+        `evaluate` (the poller calls this under its lock)."""
         horizon = max(self.config.rules.event_lookback, self.config.rules.cold_start_grace) + 60.0
+        # events arrive close to time order; one older than every rule looks back is dead
         while self.events and now - self.events[0].t > horizon:
             self.events.popleft()
+        return tuple(self.events)
 
-    def evaluate(self, now: float) -> list[Transition]:
+    def evaluate(self, now: float, events: tuple[DeployEvent, ...] | None = None) -> list[Transition]:
+        """Run every enabled rule on every (target, model). An alert whose key was not
+        evaluated (target gone, rule disabled, model vanished, a TargetDown that was
+        raised before the first scrape) resolves. Reads only the tracks' views."""
+        if events is None:
+            events = self.take_events(now)
         rc = self.config.rules
         transitions: list[Transition] = []
         window_names = {secs: name for name, secs in self.config.global_.windows}
-        self._forget_old_events(now)
         by_model = self._fleet_ratios()
-        events_of = {name: self.target_events(name, now) for name in self.tracks}
-        for name, track in self.tracks.items():
-            samples = track.history.samples()
-            for model in sorted(track.stats) or [""]:
-                peers = [(other, r) for other, r in by_model.get(model, ()) if other != name]
-                facts = Facts(now=now, target=name, model=model, up=track.up, down_since=track.down_since,
-                              snapshot=track.snapshot, samples=samples, stats=track.stats.get(model, {}),
-                              windows=window_names, events=events_of[name], peer_ratios=tuple(r for _, r in peers),
-                              peers_had_events=any(events_of[other] for other, _ in peers),
-                              block_size=track.snapshot.block_size if track.snapshot else None)
+        by_target: dict[str, list[DeployEvent]] = {}
+        for e in events:
+            by_target.setdefault(e.target or "", []).append(e)
+        horizon = max(rc.event_lookback, rc.cold_start_grace)
+        events_of = {}
+        for name in self.tracks:
+            mine = [e for e in by_target.get(name, []) + by_target.get("", []) if 0 <= now - e.t <= horizon]
+            events_of[name] = tuple(sorted(mine, key=lambda e: e.t))
+        evaluated: set[tuple[str, str, str]] = set()
+        for name, track in list(self.tracks.items()):
+            view = track.view
+            for model in [""] + sorted(view.stats):
+                peers = [(other, r) for other, r in by_model.get(model, ()) if other != name] if model else []
+                base = Facts(now=now, target=name, model=model, up=view.up, down_since=view.down_since,
+                             snapshot=view.snapshot, samples=view.samples, stats=view.stats.get(model, {}),
+                             windows=window_names, events=events_of[name], peer_ratios=tuple(r for _, r in peers),
+                             peers_had_events=any(events_of.get(other) for other, _ in peers),
+                             block_size=view.snapshot.block_size if view.snapshot else None,
+                             ever_up=view.ever_up, first_seen=view.first_seen)
                 for alertname, settings in rc.rules.items():
-                    if not settings.enabled or (alertname != TARGET_DOWN and model == ""):
+                    if not settings.enabled or (alertname == TARGET_DOWN) != (model == ""):
                         continue
-                    cond = RULES[alertname](facts, settings, rc)
                     key = (alertname, name, model)
+                    evaluated.add(key)
                     alert = self.alerts.get(key) or Alert(alertname, name, model)
-                    new, transition = step(alert, cond, now, settings, lambda a, c: self._describe(a, c, facts))
-                    if new.state == INACTIVE and transition is None:
-                        self.alerts.pop(key, None)
-                    else:
-                        self.alerts[key] = new
-                    if transition is not None:
-                        transitions.append(transition)
-                        if new.state == INACTIVE:
-                            self.alerts.pop(key, None)
+                    facts = replace(base, active_since=alert.active_at if alert.state in (PENDING, FIRING) else None,
+                                    anchor=alert.anchor if alert.state in (PENDING, FIRING) else None)
+                    cond = RULES[alertname](facts, settings, rc)
+                    new, transition = step(alert, cond, now, settings, lambda a, c, f=facts: self._describe(a, c, f))
+                    self._keep(key, new, transition, transitions)
+        for key in [k for k in self.alerts if k not in evaluated]:
+            alert = self.alerts.pop(key)
+            if alert.state == FIRING:
+                gone = replace(alert, state=INACTIVE, resolved_at=now)
+                transitions.append(Transition(now, gone, RESOLVED))
+            elif alert.state == PENDING:
+                transitions.append(Transition(now, replace(alert, state=INACTIVE), INACTIVE))
         return transitions
+
+    def _keep(self, key, new: Alert, transition: Transition | None, transitions: list[Transition]) -> None:
+        if transition is not None:
+            transitions.append(transition)
+        if new.state == INACTIVE:
+            self.alerts.pop(key, None)
+        else:
+            self.alerts[key] = new
 
     def _fleet_ratios(self) -> dict[str, list[tuple[str, float]]]:
         """model -> [(target, hit ratio over the hit-rate rule's window)]."""
         seconds = self.config.rules.rules[RULE_KEYS["hit_rate_low"]].window
         name = next((n for n, s in self.config.global_.windows if s == seconds), None)
         out: dict[str, list[tuple[str, float]]] = {}
-        for target, track in self.tracks.items():
-            for model, windows in track.stats.items():
+        for target, track in list(self.tracks.items()):
+            for model, windows in track.view.stats.items():
                 ws = windows.get(name) if name else None
                 if ws is not None and ws.hit_ratio is not None:
                     out.setdefault(model, []).append((target, ws.hit_ratio))
         return out
 
     def _describe(self, alert: Alert, cond: Condition, facts: Facts) -> Alert:
+        """Labels and annotations from the evidence now. `step` calls this while an alert
+        is pending and once as it starts firing; from then on only annotations change."""
         rc = self.config.rules
         settings = rc.rules[alert.alertname]
         if cond.cause is not None:
@@ -195,14 +280,16 @@ class Engine:
         else:
             cause, why = causes.classify(evidence(facts, rc), rc.cause_settings())
         severity = causes.severity_for(cause, settings.severity)
-        labels = dict(alert.labels) if alert.labels else {
-            "alertname": alert.alertname, "severity": severity, "target": alert.target,
-            "model_name": alert.model, "cause": cause, **dict(self.tracks[alert.target].target.labels)}
+        track = self.tracks.get(alert.target)
+        extra = dict(track.target.labels) if track is not None else {}
+        labels = {**extra, "alertname": alert.alertname, "severity": severity, "target": alert.target,
+                  "model_name": alert.model, "cause": cause}
         runbook = rc.runbook_url + "#" + RUNBOOK_ANCHORS[alert.alertname] if rc.runbook_url else ""
         description = cond.description + (f" Probable cause: {cause} ({why})." if why else "")
         annotations = {"summary": cond.summary, "description": description.strip(),
                        "runbook_url": runbook, "dashboard_url": rc.dashboard_url}
-        return replace(alert, labels=tuple(sorted(labels.items())), annotations=tuple(sorted(annotations.items())))
+        return replace(alert, labels=tuple(sorted(labels.items())), annotations=tuple(sorted(annotations.items())),
+                       anchor=cond.anchor if cond.anchor is not None else alert.anchor)
 
     def active_alerts(self) -> list[Alert]:
         return sorted(self.alerts.values(), key=lambda a: a.key)

@@ -8,16 +8,19 @@ import json
 import logging
 import math
 import threading
-from socketserver import ThreadingMixIn
+import unicodedata
 from typing import Callable, Iterable
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from cheroot import wsgi
+from cheroot.ssl.builtin import BuiltinSSLAdapter
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from . import __version__
 from .deploys import API, DeployEvent
+from .scrape import redact_url
 from .state import State
+from .webconfig import BasicAuth, WebSecurity
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +43,50 @@ def _finite(v):
     return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
 
 
+class Exposition:
+    """Our /metrics text, rendered once per state change and shared by every scraper
+    (with its gzip), instead of once per request. A failed render is an HTTP 500, a log
+    line and a count in prefixcache_collect_errors_total: never an empty 200."""
+
+    def __init__(self, state: State, registry: CollectorRegistry):
+        self.state = state
+        self.registry = registry
+        self._lock = threading.Lock()
+        self._generation = -1
+        self._body = b""
+        self._gzip: bytes | None = None
+
+    def get(self, gzipped: bool) -> bytes:
+        with self._lock:  # concurrent scrapers wait for one render instead of each rendering
+            generation = self.state.generation
+            if generation != self._generation:
+                try:
+                    body = generate_latest(self.registry)
+                except Exception:
+                    log.exception("collect failed: /metrics answers 500 until a render succeeds")
+                    self.state.count("collect_errors")
+                    self._generation = -1
+                    raise
+                self._body, self._gzip, self._generation = body, None, generation
+            if not gzipped:
+                return self._body
+            if self._gzip is None:
+                self._gzip = gzip.compress(self._body, compresslevel=1)
+            return self._gzip
+
+
 class App:
     """Routes: (method, path) -> handler. Later stages add their routes with `route()`."""
 
-    def __init__(self, state: State, registry: CollectorRegistry, ready: Callable[[], tuple[bool, str]] | None = None):
+    def __init__(self, state: State, registry: CollectorRegistry, ready: Callable[[], tuple[bool, str]] | None = None,
+                 security: WebSecurity | None = None, deploy_api_open: Callable[[], bool] | None = None):
         self.state = state
         self.registry = registry
+        self.exposition = Exposition(state, registry)
         self.ready_check = ready or (lambda: (state.ready(), "every target polled at least once"))
+        self.basic_auth = BasicAuth(security.users) if security is not None and security.basic_auth else None
+        self.deploy_api_open = deploy_api_open
+        self.own_auth: set[tuple[str, str]] = set()  # routes that check their own credentials
         self.routes: dict[tuple[str, str], Handler] = {}
         self.route("GET", "/metrics", self._metrics)
         self.route("GET", "/-/healthy", lambda env: (200, "text/plain", b"Healthy.\n"))
@@ -62,6 +102,11 @@ class App:
     def __call__(self, environ: dict, start_response) -> Iterable[bytes]:
         method, path = environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "/") or "/"
         handler = self.routes.get((method, path))
+        if self.basic_auth is not None and (method, path) not in self.own_auth \
+                and not self.basic_auth.check(environ.get("HTTP_AUTHORIZATION", "")):
+            start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", 'Basic realm="vllm-prefix-cache-exporter"'),
+                                                ("Content-Length", "13")])
+            return [b"Unauthorized\n"]
         if handler is None:
             if any(p == path for _, p in self.routes):
                 status, ctype, body = 405, "text/plain", f"method {method} not allowed on {path}\n".encode()
@@ -74,15 +119,17 @@ class App:
                 log.exception("handler for %s %s failed", method, path)
                 status, ctype, body = 500, "text/plain", b"internal error\n"
         headers = [("Content-Type", ctype)]
-        if path == "/metrics" and status == 200 and "gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""):
-            body = gzip.compress(body, compresslevel=1)
+        if path == "/metrics" and status == 200 and _wants_gzip(environ):
             headers.append(("Content-Encoding", "gzip"))
         headers.append(("Content-Length", str(len(body))))
         start_response(_STATUS.get(status, f"{status} Status"), headers)
         return [b"" if method == "HEAD" else body]
 
     def _metrics(self, environ) -> tuple[int, str, bytes]:
-        return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
+        try:
+            return 200, CONTENT_TYPE_LATEST, self.exposition.get(_wants_gzip(environ))
+        except Exception:  # noqa: BLE001 - logged and counted by the exposition
+            return 500, "text/plain", b"collecting metrics failed; see the log and prefixcache_collect_errors_total\n"
 
     def _ready(self, environ) -> tuple[int, str, bytes]:
         ok, why = self.ready_check()
@@ -93,8 +140,12 @@ class App:
         rows = "".join(
             f"<tr><td>{html.escape(v.target.name)}</td><td>{'up' if v.up else 'down'}</td>"
             f"<td>{html.escape(v.last_error or '')}</td></tr>" for v in self.state.targets())
+        warning = ""
+        if self.deploy_api_open is not None and self.deploy_api_open():
+            warning = ("<p><strong>Warning:</strong> POST /api/v1/deploys is open: no deploys.api_token is configured, "
+                       "so anyone who reaches this port can announce deploys.</p>")
         page = (f"<!doctype html><html><head><title>vLLM prefix-cache exporter</title></head><body>"
-                f"<h1>vLLM prefix-cache exporter {__version__}</h1><ul>{links}</ul>"
+                f"<h1>vLLM prefix-cache exporter {__version__}</h1>{warning}<ul>{links}</ul>"
                 f"<table><tr><th>target</th><th>state</th><th>last error</th></tr>{rows}</table></body></html>")
         return 200, "text/html; charset=utf-8", page.encode()
 
@@ -112,8 +163,9 @@ def deploy_handlers(state: State, add_event: Callable[[DeployEvent], None], toke
     def post(environ) -> tuple[int, str, bytes]:
         expected = token()
         if expected:
-            given = environ.get("HTTP_AUTHORIZATION", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {expected}".encode()):
+            scheme, _, given = environ.get("HTTP_AUTHORIZATION", "").strip().partition(" ")
+            # the scheme is case-insensitive (RFC 9110); the token is compared in constant time
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
                 return json_response(401, {"error": "a valid bearer token is required"})
         ctype = environ.get("CONTENT_TYPE", "") or "application/json"
         if not ctype.split(";")[0].strip().lower() == "application/json":
@@ -153,6 +205,10 @@ def _deploy_errors(data, known: set[str]) -> list[str]:
     version = data.get("version")
     if not isinstance(version, str) or not version.strip() or len(version) > 200:
         errors.append("version: a non-empty string of at most 200 characters is required")
+    for key in ("version", "target", "description"):
+        value = data.get(key)
+        if isinstance(value, str) and _has_control(value):
+            errors.append(f"{key}: control characters (newlines, escapes) are not allowed")
     target = data.get("target")
     if target is not None and (not isinstance(target, str) or target not in known):
         errors.append(f"target: must be one of the configured targets ({', '.join(sorted(known))}) or absent for all")
@@ -160,6 +216,14 @@ def _deploy_errors(data, known: set[str]) -> list[str]:
     if description is not None and (not isinstance(description, str) or len(description) > 2000):
         errors.append("description: a string of at most 2000 characters")
     return errors
+
+
+def _has_control(text: str) -> bool:
+    return any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in text)
+
+
+def _wants_gzip(environ) -> bool:
+    return "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")
 
 
 def status_json(state: State) -> dict:
@@ -184,7 +248,7 @@ def status_json(state: State) -> dict:
         snap = v.snapshot
         targets.append({
             "name": v.target.name,
-            "url": v.target.url,
+            "url": redact_url(v.target.url),
             "up": v.up,
             "last_result": v.last_result,
             "last_error": v.last_error,
@@ -205,29 +269,35 @@ def status_json(state: State) -> dict:
     return out
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format, *args):  # noqa: A002 - stdlib signature
-        log.debug("http: " + format, *args)
-
-
-class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
 class Server:
-    def __init__(self, app: App, host: str, port: int):
-        self.httpd = make_server(host or "0.0.0.0", port, app, server_class=_ThreadingWSGIServer, handler_class=_QuietHandler)
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
+    """cheroot: a bounded pool of worker threads, request and idle timeouts, a real
+    listen backlog, TLS from the web config, IPv4 and IPv6."""
+
+    def __init__(self, app: App, host: str, port: int, security: WebSecurity | None = None,
+                 threads: int = 16, backlog: int = 1024, timeout: float = 10.0):
+        bind = (host or "0.0.0.0", port)
+        self.httpd = wsgi.Server(bind, app, numthreads=threads, max=threads, request_queue_size=backlog,
+                                 timeout=int(max(1, timeout)), shutdown_timeout=1, accepted_queue_size=threads * 16,
+                                 accepted_queue_timeout=int(max(1, timeout)))
+        self.httpd.server_name = "vllm-prefix-cache-exporter"
+        self.httpd.max_request_header_size = 64 * 1024
+        self.httpd.max_request_body_size = 1024 * 1024
+        if security is not None and security.tls is not None:
+            tls = security.tls
+            adapter = BuiltinSSLAdapter(tls.cert_file, tls.key_file)
+            adapter.context = tls.context()
+            self.httpd.ssl_adapter = adapter
+        self.httpd.prepare()  # binds now, so a busy port fails at build time
+        self._thread = threading.Thread(target=self.httpd.serve, name="http", daemon=True)
 
     @property
     def port(self) -> int:
-        return self.httpd.server_address[1]
+        return self.httpd.bind_addr[1]
 
     def start(self) -> "Server":
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.httpd.stop()
+        self._thread.join(5.0)

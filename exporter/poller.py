@@ -22,16 +22,21 @@ from .state import State, TargetView
 from .vllm_metrics import parse
 from .deploys import DeployEvent
 from .engine import Engine
+from .rules import INACTIVE
 
 log = logging.getLogger(__name__)
 
 NO_VLLM_METRICS = "no_vllm_metrics"
+LIMIT_EXCEEDED = "limit_exceeded"
 INTERNAL_ERROR = "internal_error"
-RESULTS = scrape_results.RESULTS + (NO_VLLM_METRICS, INTERNAL_ERROR)
+RESULTS = scrape_results.RESULTS + (NO_VLLM_METRICS, LIMIT_EXCEEDED, INTERNAL_ERROR)
 
 
 class TargetPoller:
-    """One target's job: scrape, parse, hand the snapshot to the engine, publish."""
+    """One target's job: scrape, parse, hand the snapshot to the engine, publish.
+
+    Work that grows with the target's size (parse, history, windows) runs under this
+    target's own lock; the shared lock only covers adding the events it found."""
 
     def __init__(self, target: Target, config: Config, state: State, engine: Engine, lock: threading.Lock,
                  clock: Callable[[], float] = time.time, on_start: Callable[[str, str], None] | None = None):
@@ -40,10 +45,14 @@ class TargetPoller:
         self.state = state
         self.engine = engine
         self.lock = lock
+        self.track_lock = threading.Lock()
         self.clock = clock
-        self.scraper = Scraper(target.url, g.connect_timeout, g.read_timeout, g.body_size_limit)
+        self.scraper = Scraper(target.url, g.connect_timeout, g.scrape_timeout, g.body_size_limit, idle=g.read_timeout)
+        self.model_limit = g.model_limit
+        self.series_limit = g.series_limit
         self.on_start = on_start
         self._warned: tuple[str, ...] = ()
+        self._last_now: float | None = None
 
     def poll(self) -> None:
         """One cycle; never raises (an APScheduler job that raises only logs noise)."""
@@ -51,10 +60,22 @@ class TargetPoller:
             self._poll()
         except Exception:  # noqa: BLE001 - the loop must survive any bug in one cycle
             log.exception("target=%s poll failed", self.target.name)
-            self._publish_failure(self.clock(), INTERNAL_ERROR, "internal error; see log", None)
+            try:
+                self._publish_failure(self.clock(), INTERNAL_ERROR, "internal error; see log", None)
+            except Exception:  # noqa: BLE001
+                log.exception("target=%s publishing the failure failed", self.target.name)
+
+    def _clock(self) -> float:
+        now = self.clock()
+        if self._last_now is not None and now < self._last_now:
+            log.warning("target=%s the wall clock stepped back %.3fs; this poll is not used for windows",
+                        self.target.name, self._last_now - now)
+            self.state.count("clock_steps_back")
+        self._last_now = now if self._last_now is None else max(now, self._last_now)
+        return now
 
     def _poll(self) -> None:
-        now = self.clock()
+        now = self._clock()
         result = self.scraper.scrape()
         if result.result != scrape_results.SUCCESS:
             self._publish_failure(now, result.result, result.error, result.duration)
@@ -67,25 +88,47 @@ class TargetPoller:
         if not snapshot.series:
             self._publish_failure(now, NO_VLLM_METRICS, "no vLLM prefix-cache series in the body", result.duration, snapshot)
             return
-        with self.lock:
-            events = self.engine.ingest(self.target.name, now, snapshot)
-            track = self.engine.tracks[self.target.name]
-            stats, kept = track.stats, len(track.history)
+        over = self._over_limit(snapshot)
+        if over:
+            self._publish_failure(now, LIMIT_EXCEEDED, over, result.duration)
+            return
+        if self.target.name not in self.engine.tracks:
+            return  # removed by a reload while this poll was in flight
+        with self.track_lock:
+            was_up = self.engine.tracks[self.target.name].view.ever_up
+            events = self.engine.observe(self.target.name, now, snapshot)
+            track = self.engine.tracks.get(self.target.name)
+            stats, kept = (track.view.stats, len(track.history)) if track else ({}, 0)
+        if events:
+            with self.lock:
+                for ev in events:
+                    self.engine.add_event(ev)
         for ev in events:
             log.info("target=%s event source=%s version=%s %s", self.target.name, ev.source, ev.version, ev.description)
         view = self._view()
         if not view.up:
             log.info("target=%s is up", self.target.name)
         if self.on_start is not None:
-            if not view.up:
-                self.on_start(self.target.name, "target up")
+            # only a real start of vLLM empties its cache: the first answer since we
+            # started, or a restart (process start time, counters reset), never a
+            # transient scrape failure
+            if not was_up:
+                self.on_start(self.target.name, "start")
             elif any(ev.is_restart for ev in events):
                 self.on_start(self.target.name, "restart")
         self.state.publish(replace(
             view, up=True, polled=True, last_result=result.result, last_error=None, last_scrape_time=now,
             last_success_time=now, scrape_duration=result.duration, scrapes=_count(view.scrapes, result.result),
-            snapshot=snapshot, stats=stats, samples_kept=kept,
+            snapshot=snapshot, stats=stats, samples_kept=kept, rejected=_add(view.rejected, snapshot.rejected),
         ))
+
+    def _over_limit(self, snapshot) -> str:
+        if self.series_limit and len(snapshot.series) > self.series_limit:
+            return f"{len(snapshot.series)} series exceed global.series_limit={self.series_limit}"
+        models = len({s.model_name for s in snapshot.series})
+        if self.model_limit and models > self.model_limit:
+            return f"{models} models exceed global.model_limit={self.model_limit}"
+        return ""
 
     def _view(self) -> TargetView:
         return self.state.target(self.target.name) or TargetView(target=self.target)
@@ -94,10 +137,13 @@ class TargetPoller:
         view = self._view()
         if view.up or not view.polled:
             log.warning("target=%s is down: %s", self.target.name, error)
-        with self.lock:
-            self.engine.ingest_failure(self.target.name, now)
-            track = self.engine.tracks[self.target.name]
-            stats, kept = track.stats, len(track.history)
+        stats, kept = view.stats, view.samples_kept
+        if self.target.name in self.engine.tracks:
+            with self.track_lock:
+                self.engine.ingest_failure(self.target.name, now)
+                track = self.engine.tracks.get(self.target.name)
+                if track is not None:
+                    stats, kept = track.view.stats, len(track.history)
         self.state.publish(replace(
             view, up=False, polled=True, last_result=result, last_error=error, last_scrape_time=now,
             scrape_duration=duration, scrapes=_count(view.scrapes, result),
@@ -114,9 +160,19 @@ def _count(scrapes: tuple[tuple[str, int], ...], result: str) -> tuple[tuple[str
     return tuple(sorted(counts.items()))
 
 
+def _add(total: tuple[tuple[str, int], ...], more: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+    if not more:
+        return total
+    counts = dict(total)
+    for reason, n in more:
+        counts[reason] = counts.get(reason, 0) + n
+    return tuple(sorted(counts.items()))
+
+
 class Poller:
-    """Owns the scheduler, the engine (behind one lock) and one TargetPoller per target.
-    The evaluation job runs the rules every poll interval and hands transitions on."""
+    """Owns the schedulers, the engine and one TargetPoller per target. Targets poll on
+    one pool; rule evaluation runs on its own thread every poll interval, so slow
+    targets cannot starve it, and hands transitions on."""
 
     def __init__(self, config: Config, state: State, clock: Callable[[], float] = time.time,
                  after_evaluate: Callable[[list, list], None] | None = None, sources: Sequence[Callable[[float], list]] = (),
@@ -126,10 +182,12 @@ class Poller:
         self.clock = clock
         self.after_evaluate = after_evaluate
         self.sources = list(sources)
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # events and alert views: small work only
+        self.eval_lock = threading.Lock()  # evaluation against reconfiguration
+        self.reload_lock = threading.Lock()  # one reload at a time
         self.engine = Engine(config)
         workers = max(4, min(64, len(config.targets) + 1))
-        self.scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(workers)},
+        self.scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(workers), "rules": ThreadPoolExecutor(1)},
                                              job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None})
         self.pollers: dict[str, TargetPoller] = {}
         self.config = config
@@ -149,7 +207,7 @@ class Poller:
                                    next_run_time=_now_datetime())
         if self.scheduler.get_job("evaluate"):
             self.scheduler.remove_job("evaluate")
-        self.scheduler.add_job(self.evaluate, "interval", id="evaluate", name="evaluate",
+        self.scheduler.add_job(self.evaluate, "interval", id="evaluate", name="evaluate", executor="rules",
                                seconds=config.global_.poll_interval, next_run_time=_now_datetime())
 
     def add_event(self, event: DeployEvent) -> None:
@@ -166,32 +224,44 @@ class Poller:
                     with self.lock:
                         self.engine.add_event(ev)
             with self.lock:
-                transitions = self.engine.evaluate(now)
+                events = self.engine.take_events(now)
+            with self.eval_lock:
+                transitions = self.engine.evaluate(now, events)
                 firing = self.engine.firing()
             for tr in transitions:
                 a = tr.alert
-                log.info("alert %s %s target=%s model=%s cause=%s", a.alertname, tr.state, a.target, a.model, dict(a.labels).get("cause"))
+                if tr.state == INACTIVE:
+                    log.info("alert %s pending ended without firing target=%s model=%s", a.alertname, a.target, a.model)
+                else:
+                    log.info("alert %s %s target=%s model=%s cause=%s", a.alertname, tr.state, a.target, a.model, dict(a.labels).get("cause"))
             self._publish_engine()
             if self.after_evaluate is not None:
                 self.after_evaluate(transitions, firing)
         except Exception:  # noqa: BLE001 - the evaluation loop must survive a bug
             log.exception("rule evaluation failed")
+            self.state.count("evaluation_errors")
 
     def _publish_engine(self) -> None:
-        with self.lock:
+        with self.eval_lock:
             alerts = self.engine.active_alerts()
+        with self.lock:
             events = list(self.engine.events)[-50:]
-            counts = dict(self.engine.event_counts)
+            counts: dict[str, dict[str, int]] = {}
+            for (target, source), n in self.engine.event_counts.items():
+                counts.setdefault(target, {})[source] = n
             last = self.engine.last_deploy()
         self.state.put("alerts", alerts)
         self.state.put("deploys", {"recent": [e.to_json() for e in events], "counts": counts, "last": last})
 
     def reload(self, config: Config) -> None:
-        """New targets, timings or rules: histories of kept targets survive."""
-        self.config = config
-        with self.lock:
-            self.engine.reconfigure(config)
-        self._install(config)
+        """New targets, timings or rules: histories of kept targets survive. Reloads are
+        serialized; a poll in flight finishes against the track it started with."""
+        with self.reload_lock:
+            self.config = config
+            with self.eval_lock, self.lock:
+                self.engine.reconfigure(config)
+            self._install(config)
+            self._publish_engine()
 
     def start(self) -> None:
         self.scheduler.start()

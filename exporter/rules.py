@@ -46,6 +46,7 @@ class RuleSettings:
     drop_points: float = 0.25
     ratio: float = 1.5
     min_query_tokens: float = 20000.0
+    startup_grace: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,10 @@ class Facts:
     peer_ratios: tuple[float, ...] = ()
     peers_had_events: bool = False
     block_size: int | None = None
+    ever_up: bool = True
+    first_seen: float | None = None
+    active_since: float | None = None  # when this alert became pending, while it is active
+    anchor: float | None = None  # the event time an active alert measures against
 
     def window(self, seconds: float) -> WindowStats:
         name = self.windows.get(seconds)
@@ -115,6 +120,7 @@ class Condition:
     summary: str = ""
     description: str = ""
     cause: tuple[str, str] | None = None  # classified later when None
+    anchor: float | None = None  # the event this condition compared against
 
     @property
     def true(self) -> bool:
@@ -139,7 +145,10 @@ def rule_drop_after_deploy(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condit
     deploys = [e for e in f.events if not e.is_restart and 0 <= f.now - e.t <= rc.event_lookback]
     if not deploys:
         return FALSE
-    ev = deploys[-1]
+    # an active alert keeps measuring against the deploy that raised it: a rollback
+    # announced later must not become the baseline of the incident it ends
+    anchored = [e for e in deploys if f.anchor is not None and e.t == f.anchor]
+    ev = anchored[-1] if anchored else deploys[-1]
     if any(e.is_restart and e.t >= ev.t - 1.0 for e in f.events) or _in_cold_start(f, rc.cold_start_grace):
         return FALSE  # the cache was emptied: a cold start, not a prompt change
     baseline = stats_between(f.samples, f.model, ev.t - s.baseline, ev.t, 0.0, f.block_size)
@@ -153,10 +162,17 @@ def rule_drop_after_deploy(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condit
                          f"Baseline {f.query_tokens(baseline):.0f} and post-deploy {f.query_tokens(after):.0f} query tokens; "
                          f"{s.min_query_tokens:.0f} needed in each.")
     dropped = before_ratio - after_ratio >= s.drop_points or (after_ratio < s.below <= before_ratio)
+    if anchored and not dropped and not _recovered(before_ratio, after_ratio, s):
+        dropped = True  # still short of where it was: the incident is not over
     return Condition("true" if dropped else "false", after_ratio,
                      f"Prefix-cache hit rate of {f.model} on {f.target} fell from {before_ratio:.0%} to {after_ratio:.0%} after deploy {who}",
                      f"Token-weighted hit ratio {before_ratio:.1%} in the {s.baseline:.0f}s before the event at {ev.t:.0f}, "
-                     f"{after_ratio:.1%} since. Uncached prompt tokens are prefilled again: TTFT and cost rise.")
+                     f"{after_ratio:.1%} since. Uncached prompt tokens are prefilled again: TTFT and cost rise.", anchor=ev.t)
+
+
+def _recovered(before: float, after: float, s: RuleSettings) -> bool:
+    """An active drop alert ends when the ratio is back within half its threshold."""
+    return before - after < s.drop_points / 2 and not after < s.below <= before
 
 
 def rule_hit_rate_low(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
@@ -202,9 +218,12 @@ def rule_ttft_regression(f: Facts, s: RuleSettings, rc: RulesConfig) -> Conditio
     # default, so a drop of d points from the reference shows as at least d/2 in it.
     longest = f.window(max(f.windows)) if f.windows else recent
     r_long = _ratio(longest)
-    if r_long is None or r_long - r_now < s.drop_points / 2:
+    if f.active_since is None and (r_long is None or r_long - r_now < s.drop_points / 2):
         return FALSE
-    reference = stats_between(f.samples, f.model, f.now - s.window - s.reference, f.now - s.window, 0.0, f.block_size)
+    # while the alert is active its reference stays the time before it began: a
+    # baseline never slides into the incident it measures
+    ref_end = f.now - s.window if f.active_since is None else min(f.now, f.active_since) - s.window
+    reference = stats_between(f.samples, f.model, ref_end - s.reference, ref_end, 0.0, f.block_size)
     r_ref, p_ref = _ratio(reference), reference.ttft_quantiles.get(0.99)
     if r_ref is None or p_ref is None or p_ref <= 0 or f.query_tokens(reference) < s.min_query_tokens:
         return FALSE
@@ -218,6 +237,8 @@ def rule_ttft_regression(f: Facts, s: RuleSettings, rc: RulesConfig) -> Conditio
 def rule_target_down(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
     if f.up or f.down_since is None:  # up, or not polled yet
         return FALSE
+    if not f.ever_up and f.now - f.down_since < max(0.0, s.startup_grace - s.for_):
+        return FALSE  # never answered yet: vLLM may still be loading its model (a startupProbe's grace)
     return Condition("true", 0.0, f"vLLM target {f.target} cannot be polled",
                      "The sidecar gets no vLLM metrics from the target: it is down, slow, or not vLLM. Hit-rate alerts for it are blind.",
                      (causes.UNKNOWN, "target down"))
@@ -264,10 +285,12 @@ class Alert:
     active_at: float | None = None
     fired_at: float | None = None
     last_true: float | None = None
+    false_since: float | None = None  # first false evaluation while firing: keep_firing_for counts from it
     resolved_at: float | None = None
     labels: tuple[tuple[str, str], ...] = ()
     annotations: tuple[tuple[str, str], ...] = ()
     value: float | None = None
+    anchor: float | None = None  # the event an active alert measures against
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -278,7 +301,7 @@ class Alert:
 class Transition:
     t: float
     alert: Alert
-    state: str  # pending | firing | resolved
+    state: str  # pending | firing | resolved; inactive: a pending alert ended without firing
 
     def to_json(self) -> dict:
         return {"t": self.t, "alertname": self.alert.alertname, "state": self.state,
@@ -287,33 +310,42 @@ class Transition:
 
 def step(alert: Alert, cond: Condition, now: float, s: RuleSettings,
          describe: Callable[[Alert, Condition], Alert]) -> tuple[Alert, Transition | None]:
-    """One evaluation: `describe` fills labels and annotations of an active alert."""
+    """One evaluation, with Prometheus's semantics: pending needs the condition true at
+    every evaluation; labels follow the evidence while pending and are fixed from the
+    moment the alert fires; `keep_firing_for` counts from the first false evaluation.
+    `describe` fills labels and annotations from the evidence of this evaluation."""
     state = alert.state
     if cond.true:
         if state in (INACTIVE, INCONCLUSIVE):
-            new = describe(replace(alert, state=PENDING, active_at=now, last_true=now, resolved_at=None, value=cond.value), cond)
+            new = describe(replace(alert, state=PENDING, active_at=now, last_true=now, false_since=None,
+                                   resolved_at=None, value=cond.value), cond)
             if s.for_ <= 0:
                 new = replace(new, state=FIRING, fired_at=now)
                 return new, Transition(now, new, FIRING)
             return new, Transition(now, new, PENDING)
         if state == PENDING:
-            new = replace(alert, last_true=now, value=cond.value)
-            new = replace(new, annotations=describe(new, cond).annotations)
+            new = describe(replace(alert, last_true=now, value=cond.value), cond)
             if now - alert.active_at >= s.for_:
                 new = replace(new, state=FIRING, fired_at=now)
                 return new, Transition(now, new, FIRING)
             return new, None
         # firing: labels (the cause) stay as they were when it began; annotations follow
-        return replace(alert, last_true=now, value=cond.value, annotations=describe(alert, cond).annotations), None
-    if cond.state == INCONCLUSIVE:
-        if state == INACTIVE:
-            return describe(replace(alert, state=INCONCLUSIVE, value=None), cond), None
-        return alert, None  # no new information: a firing or pending alert holds
+        described = describe(alert, cond)
+        return replace(alert, last_true=now, false_since=None, value=cond.value, annotations=described.annotations), None
     if state == FIRING:
-        if alert.last_true is not None and now - alert.last_true < s.keep_firing_for:
-            return alert, None
+        if cond.state == INCONCLUSIVE:
+            return alert, None  # no new information: a firing alert holds
+        false_since = alert.false_since if alert.false_since is not None else now
+        if now - false_since < s.keep_firing_for:
+            return replace(alert, false_since=false_since), None
         new = replace(alert, state=INACTIVE, resolved_at=now)
         return new, Transition(now, new, RESOLVED)
-    if state in (PENDING, INCONCLUSIVE):
+    if state == PENDING:
+        # not true at this evaluation (false, or too little traffic to tell): pending ends
+        new = replace(alert, state=INACTIVE, active_at=None)
+        return new, Transition(now, new, INACTIVE)
+    if cond.state == INCONCLUSIVE:
+        return describe(replace(alert, state=INCONCLUSIVE, value=None), cond), None
+    if state == INCONCLUSIVE:
         return replace(alert, state=INACTIVE, active_at=None), None
     return alert, None

@@ -28,6 +28,7 @@ class TargetView:
     snapshot: Snapshot | None = None
     stats: dict[str, dict[str, WindowStats]] = field(default_factory=dict)  # model -> window -> stats
     samples_kept: int = 0
+    rejected: tuple[tuple[str, int], ...] = ()  # reason -> samples the parser refused, cumulative
 
 
 @dataclass(frozen=True)
@@ -42,17 +43,42 @@ class State:
         self._targets: dict[str, TargetView] = {}
         self._process = ProcessView()
         self._extras: dict[str, Any] = {}
+        self._counters: dict[str, int] = {}
+        self._generation = 0  # bumped on every change: readers cache what they render from it
 
     def set_targets(self, views: list[TargetView]) -> None:
         """Install the target list (start-up and reload); views of kept targets survive."""
         with self._lock:
             old = self._targets
             self._targets = {v.target.name: (replace(old[v.target.name], target=v.target) if v.target.name in old else v) for v in views}
+        self._changed()
+
+    def _changed(self) -> None:
+        with self._lock:
+            self._generation += 1
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Process-wide event counters (collect errors, clock steps, ...)."""
+        with self._lock:
+            self._counters[name] = self._counters.get(name, 0) + n
+        self._changed()
+
+    def counters(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counters)
 
     def publish(self, view: TargetView) -> None:
+        """A poll's result. The installed Target wins over the one the poll started with,
+        so a poll in flight during a reload never brings back the old labels or URL."""
         with self._lock:
-            if view.target.name in self._targets:
-                self._targets[view.target.name] = view
+            current = self._targets.get(view.target.name)
+            if current is not None:
+                self._targets[view.target.name] = view if view.target is current.target else replace(view, target=current.target)
+        self._changed()
 
     def target(self, name: str) -> TargetView | None:
         with self._lock:
@@ -65,6 +91,7 @@ class State:
     def set_process(self, **changes) -> None:
         with self._lock:
             self._process = replace(self._process, **changes)
+        self._changed()
 
     def process(self) -> ProcessView:
         with self._lock:
@@ -74,6 +101,7 @@ class State:
         """Results of later stages (alerts, deploys, warm-up), published the same way."""
         with self._lock:
             self._extras[key] = value
+        self._changed()
 
     def get(self, key: str, default: Any = None) -> Any:
         with self._lock:

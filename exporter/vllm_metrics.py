@@ -72,6 +72,10 @@ _ROLE_BY_NAME: dict[str, tuple[str, str]] = {
 _UNIT_FROM_HELP = {GPU_PREFIX_QUERIES, GPU_PREFIX_HITS}
 
 
+# Why the parser refuses a sample it otherwise reads (counted per target).
+REJECT_REASONS = ("non_finite_counter", "negative_counter")
+
+
 # --- the parsed result ---------------------------------------------------------------
 @dataclass(frozen=True)
 class CounterPair:
@@ -126,6 +130,7 @@ class Snapshot:
     process_start_time: float | None = None
     cache_config: tuple[tuple[str, str], ...] | None = None
     lora_config: tuple[tuple[str, str], ...] | None = None
+    rejected: tuple[tuple[str, int], ...] = ()  # reason -> samples refused (non-finite or negative counters)
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -141,6 +146,7 @@ class Snapshot:
             "lora_config": dict(self.lora_config) if self.lora_config is not None else None,
             "series": [_series_json(s) for s in self.series],
             "warnings": list(self.warnings),
+            "rejected_samples": dict(self.rejected),
         }
 
 
@@ -283,6 +289,7 @@ def parse(text: str) -> Snapshot:
     infos: dict[str, list[dict[str, str]]] = {}
     helps: dict[str, str] = {}
     process_start: float | None = None
+    rejected: dict[str, int] = {}
     roles = _ROLE_BY_NAME
 
     for lineno, line in _lines(text):
@@ -315,6 +322,12 @@ def parse(text: str) -> Snapshot:
             warnings.append(f"line {lineno}: bad value {value_text[:40]!r} for {name}")
             continue
         kind, field_name = role
+        if kind in ("counter", "bucket") and not (0.0 <= value < math.inf):
+            # one +Inf or NaN would poison every window of the series for good
+            reason = "negative_counter" if value < 0 else "non_finite_counter"
+            rejected[reason] = rejected.get(reason, 0) + 1
+            warnings.append(f"line {lineno}: {name} has the value {value_text[:40]}; a counter must be finite and not negative; sample dropped")
+            continue
         if kind == "info":
             infos.setdefault(field_name, []).append(labels)
             continue
@@ -366,6 +379,7 @@ def parse(text: str) -> Snapshot:
         process_start_time=process_start,
         cache_config=tuple(sorted(cache_config.items())) if cache_config is not None else None,
         lora_config=tuple(sorted((k, v) for k, v in lora.items() if k not in ("running_lora_adapters", "waiting_lora_adapters"))) if lora is not None else None,
+        rejected=tuple(sorted(rejected.items())),
     )
 
 

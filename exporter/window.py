@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import math
 from array import array
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from collections.abc import Sequence
+from typing import Iterable
 
 from .vllm_metrics import Snapshot
 
@@ -26,16 +28,19 @@ NAN = math.nan
 SeriesKey = tuple  # (model_name, engine)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Layout:
     """Where each series' values sit in a sample's array. Consecutive samples with the
-    same series share one Layout object, so a sample costs one float array."""
+    same series share one Layout object, so a sample costs one float array, and every
+    lookup below is a dict hit, whatever the number of series."""
 
     keys: tuple[SeriesKey, ...]
     units: tuple[str | None, ...]
     bounds: tuple[tuple[float, ...] | None, ...]
     offsets: tuple[int, ...]
     size: int
+    position: dict  # key -> index into keys
+    by_model: dict  # model_name -> keys of that model, engines sorted
 
     @staticmethod
     def build(keys, units, bounds) -> "Layout":
@@ -43,13 +48,18 @@ class Layout:
         for b in bounds:
             offsets.append(pos)
             pos += len(_FIXED) + (len(b) if b else 0)
-        return Layout(tuple(keys), tuple(units), tuple(bounds), tuple(offsets), pos)
+        keys = tuple(keys)
+        by_model: dict[str, list] = {}
+        for k in keys:
+            by_model.setdefault(k[0], []).append(k)
+        return Layout(keys, tuple(units), tuple(bounds), tuple(offsets), pos, {k: i for i, k in enumerate(keys)},
+                      {m: tuple(sorted(ks, key=lambda k: k[1] or "")) for m, ks in by_model.items()})
 
     def index(self, key: SeriesKey) -> int | None:
-        try:
-            return self.keys.index(key)
-        except ValueError:
-            return None
+        return self.position.get(key)
+
+
+_SLOT = {name: i for i, name in enumerate(_FIXED)}
 
 
 class TargetSample:
@@ -65,14 +75,14 @@ class TargetSample:
         self.values = values
 
     def get(self, key: SeriesKey, name: str) -> float | None:
-        i = self.layout.index(key)
+        i = self.layout.position.get(key)
         if i is None:
             return None
-        v = self.values[self.layout.offsets[i] + _FIXED.index(name)]
+        v = self.values[self.layout.offsets[i] + _SLOT[name]]
         return None if v != v else v
 
     def buckets(self, key: SeriesKey) -> tuple[tuple[float, ...], list[float]] | None:
-        i = self.layout.index(key)
+        i = self.layout.position.get(key)
         if i is None or not self.layout.bounds[i]:
             return None
         start = self.layout.offsets[i] + len(_FIXED)
@@ -80,7 +90,7 @@ class TargetSample:
         return bounds, list(self.values[start:start + len(bounds)])
 
     def unit(self, key: SeriesKey) -> str | None:
-        i = self.layout.index(key)
+        i = self.layout.position.get(key)
         return None if i is None else self.layout.units[i]
 
 
@@ -99,21 +109,194 @@ def _raw_values(s) -> tuple[list[float], tuple[float, ...] | None, str | None]:
     return values, (h.bounds if complete else None), (pc.unit if pc else None)
 
 
+class ModelLog:
+    """Per poll, one model summed over its engines: what happened since the previous poll
+    (query and hit tokens, the interval's hit ratio and mean TTFT) and the KV usage.
+    Kept at poll resolution for the longest window, column-wise, so that correlation and
+    KV maxima over a window cost O(1) per poll with running sums instead of a rescan.
+
+    Arrays are only appended to; pruning moves `start`, and compaction builds new arrays,
+    so a reader holding (arrays, end) from an earlier view never sees them shift."""
+
+    __slots__ = ("t", "t_start", "q", "h", "x", "y", "kv", "start")
+
+    def __init__(self) -> None:
+        self.t, self.t_start, self.q, self.h = array("d"), array("d"), array("d"), array("d")
+        self.x, self.y, self.kv = array("d"), array("d"), array("d")
+        self.start = 0
+
+    def append(self, t: float, t_start: float, q: float, h: float, x: float, y: float, kv: float) -> None:
+        self.t.append(t)
+        self.t_start.append(t_start)
+        self.q.append(q)
+        self.h.append(h)
+        self.x.append(x)
+        self.y.append(y)
+        self.kv.append(kv)
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+    def prune(self, horizon: float) -> int:
+        """Drop entries at or before `horizon`; returns how far indexes shifted (0 unless compacted)."""
+        t, n = self.t, len(self.t)
+        while self.start < n and t[self.start] <= horizon:
+            self.start += 1
+        if self.start < 256 or self.start * 2 < n:
+            return 0
+        shift = self.start
+        for name in ModelLog.__slots__[:-1]:
+            setattr(self, name, getattr(self, name)[shift:])
+        self.start = 0
+        return shift
+
+    def first_after(self, column: array, since: float, end: int) -> int:
+        return bisect_right(column, since, self.start, end)
+
+
+class _Running:
+    """Running sums over the log entries of one window, for one model."""
+
+    __slots__ = ("seconds", "lo_start", "n", "sx", "sy", "sxy", "sxx", "syy", "kv", "removed")
+
+    def __init__(self, seconds: float, lo: int):
+        self.seconds = seconds
+        self.lo_start = lo
+        self.n = self.sx = self.sy = self.sxy = self.sxx = self.syy = 0.0
+        self.kv: deque = deque()  # (t, kv), kv decreasing: the front is the window's max
+        self.removed = 0
+
+    def add(self, x: float, y: float, sign: float = 1.0) -> None:
+        if x == x and y == y:
+            self.n += sign
+            self.sx += sign * x
+            self.sy += sign * y
+            self.sxy += sign * x * y
+            self.sxx += sign * x * x
+            self.syy += sign * y * y
+
+    def update(self, log: ModelLog, i: int, now: float) -> None:
+        """Entry i was just appended at `now`."""
+        self.add(log.x[i], log.y[i])
+        edge = now - self.seconds
+        while self.lo_start <= i and log.t_start[self.lo_start] <= edge:
+            self.add(log.x[self.lo_start], log.y[self.lo_start], -1.0)
+            self.lo_start += 1
+            self.removed += 1
+        kv = log.kv[i]
+        if kv == kv:
+            while self.kv and self.kv[-1][1] <= kv:
+                self.kv.pop()
+            self.kv.append((log.t[i], kv))
+        while self.kv and self.kv[0][0] <= edge:
+            self.kv.popleft()
+        if self.removed >= 512:  # bound the drift of add-and-subtract
+            self.removed = 0
+            self.n = self.sx = self.sy = self.sxy = self.sxx = self.syy = 0.0
+            for j in range(self.lo_start, i + 1):
+                self.add(log.x[j], log.y[j])
+
+    def shift(self, by: int) -> None:
+        self.lo_start -= by
+
+    def fit(self) -> tuple[float, float] | None:
+        return _fit(self.n, self.sx, self.sy, self.sxy, self.sxx, self.syy)
+
+    def kv_max(self) -> float | None:
+        return self.kv[0][1] if self.kv else None
+
+
+def _fit(n, sx, sy, sxy, sxx, syy) -> tuple[float, float] | None:
+    """(r, slope of y on x) from sums, or None with fewer than three points or no spread."""
+    if n < 3:
+        return None
+    vx, vy, cov = sxx - sx * sx / n, syy - sy * sy / n, sxy - sx * sy / n
+    scale = n * 1e-12
+    if vx <= scale * max(1.0, sxx / n) or vy <= scale * max(1.0, syy / n):
+        return None
+    r = cov / math.sqrt(vx * vy)
+    return max(-1.0, min(1.0, r)), cov / vx
+
+
+class Samples(Sequence):
+    """An immutable view of a History at one moment: the samples, their times, and the
+    model logs as they were. Safe to read from another thread while the History grows."""
+
+    def __init__(self, samples: tuple, logs: dict | None = None, running: dict | None = None):
+        self._samples = samples
+        self.times = [s.t for s in samples]
+        self._runs: list[tuple[Layout, int, int]] | None = None
+        # model -> (log arrays, end): entries past `end` were appended after this view
+        self.logs = logs if logs is not None else {}
+        self.running = running or {}
+
+    def __getitem__(self, i):
+        return self._samples[i]
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def __iter__(self):
+        return iter(self._samples)
+
+    def runs(self) -> list[tuple[Layout, int, int]]:
+        """(layout, first index, last index) of each stretch of samples sharing a layout."""
+        if self._runs is None:
+            runs: list[tuple[Layout, int, int]] = []
+            for i, s in enumerate(self._samples):
+                if runs and runs[-1][0] is s.layout:
+                    runs[-1] = (s.layout, runs[-1][1], i)
+                else:
+                    runs.append((s.layout, i, i))
+            self._runs = runs
+        return self._runs
+
+    def span(self, since: float, until: float) -> tuple[int, int]:
+        """Indexes [lo, hi) of samples in (since, until]."""
+        return bisect_right(self.times, since), bisect_right(self.times, until)
+
+    def clipped_runs(self, lo: int, hi: int) -> list[tuple[Layout, int, int]]:
+        out = []
+        for layout, a, b in self.runs():
+            if b < lo or a >= hi:
+                continue
+            out.append((layout, max(a, lo), min(b, hi - 1)))
+        return out
+
+    def models(self, lo: int, hi: int) -> set[str]:
+        out: set[str] = set()
+        for layout, _, _ in self.clipped_runs(lo, hi):
+            out.update(layout.by_model)
+        return out
+
+
+def _as_samples(samples) -> Samples:
+    return samples if isinstance(samples, Samples) else Samples(tuple(samples))
+
+
 class History:
     """A target's samples, reset-adjusted, kept as far back as the longest window needs.
 
     Samples newer than `fine_seconds` are all kept; older ones are thinned to one per
     `coarse_step`, which the adjusted counters allow without changing any increase.
-    Not thread-safe: the poller owns one per target and appends from its job only."""
+    Per model, a ModelLog keeps what happened at each poll, with running sums for the
+    `windows` given, so that a poll costs O(series x windows) whatever the history holds.
+    Not thread-safe for writers: one poll job per target appends; `samples()` gives
+    readers a view that later appends do not change."""
 
-    def __init__(self, keep_seconds: float, fine_seconds: float | None = None, coarse_step: float = 60.0):
+    def __init__(self, keep_seconds: float, fine_seconds: float | None = None, coarse_step: float = 60.0,
+                 windows: Sequence[float] = ()):
         self.keep_seconds = keep_seconds
         self.fine_seconds = keep_seconds if fine_seconds is None else min(fine_seconds, keep_seconds)
         self.coarse_step = coarse_step
+        self.windows = tuple(sorted(set(windows)))
         self._samples: deque[TargetSample] = deque()
         self._layout: Layout | None = None
-        self._last_raw: dict[tuple[SeriesKey, int], float] = {}
-        self._offset: dict[tuple[SeriesKey, int], float] = {}
+        self._last_raw: dict[tuple, float] = {}
+        self._offset: dict[tuple, float] = {}
+        self.logs: dict[str, ModelLog] = {}
+        self.running: dict[str, dict[float, _Running]] = {}
+        self._view: Samples | None = None
 
     def append(self, t: float, snapshot: Snapshot) -> TargetSample | None:
         if self._samples and t <= self._samples[-1].t:
@@ -129,16 +312,58 @@ class History:
         if layout is None or layout.keys != tuple(keys) or layout.units != tuple(units) or layout.bounds != tuple(bounds):
             layout = self._layout = Layout.build(keys, units, bounds)
         flat = array("d")
+        gauge = len(COUNTERS)
         for key, values, b in zip(keys, rows, bounds):
             for j, raw in enumerate(values):
-                if j == len(COUNTERS):  # the gauge is taken as it is
+                if j == gauge:  # the gauge is taken as it is
                     flat.append(raw)
                     continue
-                flat.append(self._adjust((key, j if j < len(_FIXED) else (j, b)), raw))
+                flat.append(self._adjust((key, j) if j < len(_FIXED) else (key, j, b), raw))
         sample = TargetSample(t, layout, flat)
+        previous = self._samples[-1] if self._samples else None
         self._samples.append(sample)
+        self._log(previous, sample)
         self._prune(t)
+        self._view = None
         return sample
+
+    def _log(self, prev: TargetSample | None, cur: TargetSample) -> None:
+        q_i, h_i, s_i, c_i, kv_i = _SLOT["queries"], _SLOT["hits"], _SLOT["ttft_sum"], _SLOT["ttft_count"], _SLOT["kv_cache_usage"]
+        cur_layout, cv = cur.layout, cur.values
+        for model, keys in cur_layout.by_model.items():
+            dq = dh = ds = dc = 0.0
+            kv = NAN
+            for key in keys:
+                base = cur_layout.offsets[cur_layout.position[key]]
+                usage = cv[base + kv_i]
+                if usage == usage and not usage <= kv:
+                    kv = usage
+                if prev is None:
+                    continue
+                j = prev.layout.position.get(key)
+                if j is None:
+                    continue
+                pbase, pv = prev.layout.offsets[j], prev.values
+                q0, q1, h0, h1 = pv[pbase + q_i], cv[base + q_i], pv[pbase + h_i], cv[base + h_i]
+                if q0 == q0 and q1 == q1 and h0 == h0 and h1 == h1:
+                    dq += q1 - q0
+                    dh += h1 - h0
+                s0, s1, c0, c1 = pv[pbase + s_i], cv[base + s_i], pv[pbase + c_i], cv[base + c_i]
+                if s0 == s0 and s1 == s1 and c0 == c0 and c1 == c1:
+                    ds += s1 - s0
+                    dc += c1 - c0
+            x = y = NAN
+            if dq > 0 and dc > 0:
+                x, y = dh / dq, ds / dc
+            log = self.logs.get(model)
+            if log is None:
+                log = self.logs[model] = ModelLog()
+            log.append(cur.t, prev.t if prev is not None else cur.t, dq, dh, x, y, kv)
+            running = self.running.get(model)
+            if running is None:
+                running = self.running[model] = {w: _Running(w, len(log) - 1) for w in self.windows}
+            for r in running.values():
+                r.update(log, len(log) - 1, cur.t)
 
     def _adjust(self, slot, raw: float) -> float:
         if raw != raw:
@@ -154,25 +379,71 @@ class History:
     def _prune(self, now: float) -> None:
         samples = self._samples
         horizon = now - self.keep_seconds
+        first_layout = samples[0].layout
         # keep one sample at or before the horizon so a full window has a left edge
         while len(samples) > 2 and samples[1].t <= horizon:
             samples.popleft()
         # thin the part older than the fine horizon to one sample per coarse step
         fine = now - self.fine_seconds
-        if len(samples) < 3 or samples[1].t > fine:
-            return
-        kept: list[TargetSample] = []
-        while len(samples) > 1 and samples[0].t <= fine:
-            s = samples.popleft()
-            if not kept or s.t - kept[-1].t >= self.coarse_step or samples[0].t > fine:
-                kept.append(s)
-        samples.extendleft(reversed(kept))
+        if len(samples) >= 3 and samples[1].t <= fine:
+            kept: list[TargetSample] = []
+            while len(samples) > 1 and samples[0].t <= fine:
+                s = samples.popleft()
+                if not kept or s.t - kept[-1].t >= self.coarse_step or samples[0].t > fine:
+                    kept.append(s)
+            samples.extendleft(reversed(kept))
+        for model in list(self.logs):
+            log = self.logs[model]
+            shift = log.prune(horizon)
+            if shift:
+                for r in self.running[model].values():
+                    r.shift(shift)
+            if log.start >= len(log):  # the model has not been seen for the whole history
+                del self.logs[model]
+                del self.running[model]
+        if samples[0].layout is not first_layout:
+            self._forget_gone_series()
 
-    def samples(self) -> tuple[TargetSample, ...]:
-        return tuple(self._samples)
+    def _forget_gone_series(self) -> None:
+        """Reset offsets of series no sample holds any more: a target whose models come
+        and go must not grow these maps forever."""
+        alive = set()
+        seen_layouts = set()
+        for s in self._samples:
+            if id(s.layout) not in seen_layouts:
+                seen_layouts.add(id(s.layout))
+                alive.update(s.layout.keys)
+        for slot in [k for k in self._last_raw if k[0] not in alive]:
+            self._last_raw.pop(slot, None)
+            self._offset.pop(slot, None)
+
+    def retarget(self, keep_seconds: float, windows: Sequence[float]) -> None:
+        """A reload changed the windows: keep every sample, track the new windows."""
+        self.keep_seconds = keep_seconds
+        self.fine_seconds = min(self.fine_seconds, keep_seconds) if self.fine_seconds else keep_seconds
+        windows = tuple(sorted(set(windows)))
+        if windows == self.windows:
+            return
+        self.windows = windows
+        for model, log in self.logs.items():
+            running = self.running[model] = {}
+            for w in windows:
+                r = running[w] = _Running(w, log.start)
+                for i in range(log.start, len(log)):
+                    r.update(log, i, log.t[i])
+        self._view = None
+
+    def samples(self) -> Samples:
+        if self._view is None:
+            logs = {m: (log.t, log.t_start, log.q, log.h, log.x, log.y, log.kv, log.start, len(log)) for m, log in self.logs.items()}
+            self._view = Samples(tuple(self._samples), logs, self.running)
+        return self._view
 
     def __len__(self) -> int:
         return len(self._samples)
+
+    def series_count(self) -> int:
+        return len(self._layout.keys) if self._layout is not None else 0
 
 
 # --- PromQL building blocks ------------------------------------------------------------
@@ -270,47 +541,54 @@ class WindowStats:
     samples: int
 
 
-def _within(samples: Sequence[TargetSample], now: float, seconds: float) -> list[TargetSample]:
-    # (now - seconds, now], as PromQL range selectors since Prometheus 3.0
-    return [s for s in samples if now - seconds < s.t <= now]
+def _key_edges(view: Samples, runs: list[tuple[Layout, int, int]], key: SeriesKey) -> tuple[int, int] | None:
+    """First and last sample index holding `key` among the clipped runs."""
+    first = last = None
+    for layout, a, b in runs:
+        if key in layout.position:
+            if first is None:
+                first = a
+            last = b
+    return None if first is None else (first, last)
 
 
-def _values(samples: Iterable[TargetSample], key: SeriesKey, name: str) -> list[float]:
-    out = []
-    for s in samples:
-        v = s.get(key, name)
-        if v is not None:
-            out.append(v)
-    return out
-
-
-def _sum_increase(samples: Sequence[TargetSample], keys, name: str) -> float | None:
+def _increase(view: Samples, edges: dict, name: str) -> float | None:
     """Increase summed over engines; the values are reset-adjusted already."""
     total, seen = 0.0, False
-    for key in keys:
-        values = _values(samples, key, name)
-        if len(values) >= 2:
-            total += values[-1] - values[0]
+    slot = _SLOT[name]
+    for key, (a, b) in edges.items():
+        if a == b:
+            continue
+        sa, sb = view[a], view[b]
+        va = sa.values[sa.layout.offsets[sa.layout.position[key]] + slot]
+        vb = sb.values[sb.layout.offsets[sb.layout.position[key]] + slot]
+        if va == va and vb == vb:
+            total += vb - va
             seen = True
     return total if seen else None
 
 
-def _ttft_bucket_increase(samples: Sequence[TargetSample], keys) -> list[tuple[float, float]] | None:
+def _ttft_bucket_increase(view: Samples, runs, edges: dict) -> list[tuple[float, float]] | None:
     """Per-bucket increase summed over engines. A series whose bucket layout changed in
     the window (a restart with other buckets) contributes only its latest layout."""
     summed: dict[float, float] = {}
     seen = False
-    for key in keys:
-        rows = [b for b in (s.buckets(key) for s in samples) if b is not None]
-        if len(rows) < 2:
+    for key in edges:
+        holding = [(layout, a, b) for layout, a, b in runs if key in layout.position and layout.bounds[layout.position[key]]]
+        if not holding:
             continue
-        bounds = rows[-1][0]
-        first = len(rows) - 1
-        while first > 0 and rows[first - 1][0] == bounds:
-            first -= 1
-        if first == len(rows) - 1:
+        layout, _, last = holding[-1]
+        bounds = layout.bounds[layout.position[key]]
+        first = holding[-1][1]
+        for other, a, _ in reversed(holding[:-1]):
+            if other.bounds[other.position[key]] != bounds:
+                break
+            first = a
+        if first == last:
             continue
-        for le, a, b in zip(bounds, rows[first][1], rows[-1][1]):
+        _, row_a = view[first].buckets(key)
+        _, row_b = view[last].buckets(key)
+        for le, a, b in zip(bounds, row_a, row_b):
             summed[le] = summed.get(le, 0.0) + (b - a)
         seen = True
     return sorted(summed.items()) if seen else None
@@ -333,76 +611,102 @@ class Interval:
         return self.hit_tokens / self.query_tokens if self.query_tokens > 0 else None
 
 
-def intervals(samples: Sequence[TargetSample], keys) -> list[Interval]:
+def recent_intervals(view: Samples, model_name: str, since: float) -> list[Interval]:
+    """The model's per-poll intervals that ended after `since`, from its log: O(intervals)."""
+    log = view.logs.get(model_name)
+    if log is None:
+        return []
+    t, t_start, q, h, _, _, kv, start, end = log
+    lo = bisect_right(t, since, start, end)
     out = []
-    for prev, cur in zip(samples, samples[1:]):
-        dq = dh = ds = dc = 0.0
-        kv = None
-        for key in keys:
-            q0, q1, h0, h1 = prev.get(key, "queries"), cur.get(key, "queries"), prev.get(key, "hits"), cur.get(key, "hits")
-            if None not in (q0, q1, h0, h1):
-                dq += q1 - q0
-                dh += h1 - h0
-            s0, s1, c0, c1 = prev.get(key, "ttft_sum"), cur.get(key, "ttft_sum"), prev.get(key, "ttft_count"), cur.get(key, "ttft_count")
-            if None not in (s0, s1, c0, c1):
-                ds += s1 - s0
-                dc += c1 - c0
-            usage = cur.get(key, "kv_cache_usage")
-            if usage is not None and usage == usage:
-                kv = usage if kv is None else max(kv, usage)
-        out.append(Interval(prev.t, cur.t, dq, dh, ds, dc, kv))
+    for i in range(lo, end):
+        if t_start[i] == t[i]:
+            continue  # the model's first poll: no interval yet
+        usage = kv[i]
+        out.append(Interval(t_start[i], t[i], q[i], h[i], 0.0, 0.0, usage if usage == usage else None))
     return out
 
 
-def model_keys(samples: Sequence[TargetSample], model_name: str) -> list[SeriesKey]:
-    return sorted({k for s in samples for k in s.layout.keys if k[0] == model_name}, key=lambda k: k[1] or "")
-
-
-def _correlation_points(ivs: Sequence[Interval]) -> tuple[list[float], list[float]]:
-    """Per poll interval: (hit ratio, mean TTFT), where both are defined."""
-    ratios, ttfts = [], []
-    for iv in ivs:
-        if iv.query_tokens > 0 and iv.ttft_count > 0:
-            ratios.append(iv.hit_tokens / iv.query_tokens)
-            ttfts.append(iv.ttft_sum / iv.ttft_count)
-    return ratios, ttfts
+def _log_fit_and_kv(view: Samples, model: str, now: float, seconds: float, with_kv: bool) -> tuple[tuple[float, float] | None, float | None]:
+    """Correlation fit and KV max over (now - seconds, now]: running sums when this is the
+    history's latest moment and a tracked window, else a scan of the log."""
+    log = view.logs.get(model)
+    if log is None:
+        return None, None
+    t, t_start, _, _, x, y, kv, start, end = log
+    running = view.running.get(model, {}).get(seconds)
+    if running is not None and end and t[end - 1] == now and view.times and view.times[-1] == now:
+        return running.fit(), running.kv_max()
+    edge = now - seconds
+    hi = bisect_right(t, now, start, end)
+    lo = bisect_right(t_start, edge, start, hi)  # starts are the previous poll times: sorted
+    n = sx = sy = sxy = sxx = syy = 0.0
+    for i in range(lo, hi):
+        if t_start[i] <= edge:
+            continue
+        xi, yi = x[i], y[i]
+        if xi == xi and yi == yi:
+            n += 1
+            sx += xi
+            sy += yi
+            sxy += xi * yi
+            sxx += xi * xi
+            syy += yi * yi
+    kv_max = None
+    if with_kv:
+        for i in range(bisect_right(t, edge, start, hi), hi):
+            v = kv[i]
+            if v == v and (kv_max is None or v > kv_max):
+                kv_max = v
+    return _fit(n, sx, sy, sxy, sxx, syy), kv_max
 
 
 def window_stats(
-    samples: Sequence[TargetSample],
+    samples,
     model_name: str,
     now: float,
     window: str,
     seconds: float,
     min_query_tokens: float,
     block_size: int | None = None,
+    detailed: bool = True,
 ) -> WindowStats:
-    inside = _within(samples, now, seconds)
-    keys = model_keys(inside, model_name)
-    units = {u for s in inside for k in keys if (u := s.unit(k)) is not None}
+    """One (model, window) over (now - seconds, now]. Costs O(engines x layouts in the
+    window), not O(samples): increases come from the first and last sample holding each
+    series, since values are reset-adjusted. `detailed` adds the correlation and KV max."""
+    view = _as_samples(samples)
+    lo, hi = view.span(now - seconds, now)
+    runs = view.clipped_runs(lo, hi)
+    edges = {}
+    units = set()
+    for layout, _, _ in runs:
+        for key in layout.by_model.get(model_name, ()):
+            if key not in edges:
+                edges[key] = _key_edges(view, runs, key)
+            u = layout.units[layout.position[key]]
+            if u is not None:
+                units.add(u)
     unit = units.pop() if len(units) == 1 else None
-    queries = _sum_increase(inside, keys, "queries")
-    hits = _sum_increase(inside, keys, "hits")
-    span = inside[-1].t - inside[0].t if len(inside) >= 2 else 0.0
+    queries = _increase(view, edges, "queries")
+    hits = _increase(view, edges, "hits")
+    span = view.times[hi - 1] - view.times[lo] if hi - lo >= 2 else 0.0
     # the floor is in tokens; a 0.8.x target counts blocks
     query_tokens = None if queries is None else queries * ((block_size or 16) if unit == "blocks" else 1)
     hit_ratio = None
     if queries is not None and hits is not None and query_tokens is not None and query_tokens >= max(min_query_tokens, 1e-12) and unit is not None:
         hit_ratio = hits / queries
-    ext_q = _sum_increase(inside, keys, "external_queries")
-    ext_h = _sum_increase(inside, keys, "external_hits")
-    buckets = _ttft_bucket_increase(inside, keys)
+    ext_q = _increase(view, edges, "external_queries")
+    ext_h = _increase(view, edges, "external_hits")
+    buckets = _ttft_bucket_increase(view, runs, edges)
     quantiles = {}
     if buckets is not None:
         for q in QUANTILES:
             value = histogram_quantile(q, buckets)
             if not math.isnan(value):
                 quantiles[q] = value
-    ttft_sum = _sum_increase(inside, keys, "ttft_sum")
-    ttft_count = _sum_increase(inside, keys, "ttft_count")
-    ratios, ttfts = _correlation_points(intervals(inside, keys))
-    fit = pearson(ratios, ttfts)
-    kv = [v for k in keys for v in _values(inside, k, "kv_cache_usage")]
+    ttft_sum = _increase(view, edges, "ttft_sum")
+    ttft_count = _increase(view, edges, "ttft_count")
+    fit, kv_max = _log_fit_and_kv(view, model_name, now, seconds, detailed) if detailed else (None, None)
     return WindowStats(
         window=window,
         seconds=seconds,
@@ -418,29 +722,34 @@ def window_stats(
         ttft_count_increase=ttft_count,
         correlation=fit[0] if fit else None,
         ttft_per_10_points=fit[1] * 0.1 if fit else None,
-        prompt_token_increase=_sum_increase(inside, keys, "prompt_tokens"),
-        preemption_increase=_sum_increase(inside, keys, "preemptions"),
-        kv_cache_usage_max=max(kv) if kv else None,
-        samples=len(inside),
+        prompt_token_increase=_increase(view, edges, "prompt_tokens"),
+        preemption_increase=_increase(view, edges, "preemptions"),
+        kv_cache_usage_max=kv_max,
+        samples=hi - lo,
     )
 
 
-def stats_between(samples: Sequence[TargetSample], model_name: str, start: float, end: float,
-                  min_query_tokens: float, block_size: int | None = None) -> WindowStats:
+def stats_between(samples, model_name: str, start: float, end: float,
+                  min_query_tokens: float, block_size: int | None = None, detailed: bool = False) -> WindowStats:
     """The window (start, end]: for baselines before an event and the time after it."""
-    return window_stats(samples, model_name, end, "", max(end - start, 1e-9), min_query_tokens, block_size)
+    return window_stats(samples, model_name, end, "", max(end - start, 1e-9), min_query_tokens, block_size, detailed)
 
 
 def summarize(
-    samples: Sequence[TargetSample],
+    samples,
     now: float,
     windows: Sequence[tuple[str, float]],
     min_query_tokens: float,
     block_size: int | None = None,
 ) -> dict[str, dict[str, WindowStats]]:
-    """model_name -> window name -> WindowStats, for every model seen in the history."""
-    models = sorted({k[0] for s in samples for k in s.layout.keys})
+    """model_name -> window name -> WindowStats, for every model seen in the longest
+    window: a model that vanished drops out once no window holds it."""
+    view = _as_samples(samples)
+    if not windows:
+        return {}
+    longest = max(s for _, s in windows)
+    models = sorted(view.models(*view.span(now - longest, now)))
     return {
-        m: {name: window_stats(samples, m, now, name, secs, min_query_tokens, block_size) for name, secs in windows}
+        m: {name: window_stats(view, m, now, name, secs, min_query_tokens, block_size) for name, secs in windows}
         for m in models
     }

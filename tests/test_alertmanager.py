@@ -113,7 +113,7 @@ def test_dead_alertmanager_is_counted_not_raised():
 
 def test_queue_is_bounded_and_counts_drops(am):
     n = notifier(am.base, Clock(), queue_capacity=2)
-    alerts = [Alert("A", f"t{i}", "m", state=FIRING, fired_at=1.0, labels=(("alertname", "A"),)) for i in range(5)]
+    alerts = [Alert("A", f"t{i}", "m", state=FIRING, fired_at=1.0, labels=(("alertname", "A"), ("target", f"t{i}"))) for i in range(5)]
     n.transitions([Transition(1.0, a, FIRING) for a in alerts])
     assert n.stats()[0].pending == 2 and n.stats()[0].dropped == 3
     n.stop(1.0)

@@ -57,13 +57,32 @@ def test_empty_state_still_exposes_process_metrics():
     assert "prefixcache_build_info" in text and "prefixcache_config_last_reload_successful 1.0" in text
 
 
-def test_collect_never_raises():
-    class Broken(State):
+def test_a_failing_collect_is_a_500_a_log_line_and_a_count(caplog):
+    """Never a silent empty 200: the scrape fails visibly, the error is counted, and the
+    next good render shows the count."""
+    import io
+    from exporter.http import App
+
+    class Flaky(State):
+        broken = True
+
         def targets(self):
-            raise RuntimeError("bug")
+            if self.broken:
+                raise RuntimeError("bug")
+            return super().targets()
+
+    state = Flaky()
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(PrefixCacheCollector(Broken(), ["1m"]))
-    assert generate_latest(registry) == b""
+    registry.register(PrefixCacheCollector(state, ["1m"]))
+    app = App(state, registry)
+    out = {}
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", "wsgi.input": io.BytesIO(b"")}
+    body = b"".join(app(environ, lambda status, headers: out.update(status=status)))
+    assert out["status"].startswith("500") and b"collect" in body
+    assert "collect failed" in caplog.text
+    state.broken = False
+    body = b"".join(app(environ, lambda status, headers: out.update(status=status)))
+    assert out["status"].startswith("200") and b"prefixcache_collect_errors_total 1.0" in body
 
 
 def test_promtool_check_metrics_accepts_our_output():

@@ -29,9 +29,32 @@ def test_every_error_is_reported_at_once_with_its_key_path():
     errors = exc.value.errors
     for path in ("global.poll_interval", "global.body_size_limit", "global.windows[1]", "global.retention: unknown key",
                  "web.listen_address", "targets[0].url", "targets[0].labels.target", "targets[0].labels.bad-name",
-                 "targets[1].name: required", "targets[1].lables: unknown key", "targets[2].name: duplicate"):
+                 "targets[1].name: required", "targets[1].lables: unknown key", "targets[2].name: duplicate",
+                 # windows: [1m] keeps a minute of history: the 5m rules would silently judge less
+                 "rules.hit_rate_low: window looks back 300s", "rules.ttft_regression", "rules.hit_rate_drop_after_deploy"):
         assert any(e.startswith(path) for e in errors), (path, errors)
-    assert len(errors) == 11
+    assert len(errors) == 14
+
+
+@pytest.mark.parametrize("label", ["severity", "cause", "alertname", "model_name"])
+def test_target_labels_may_not_override_alert_labels(label):
+    with pytest.raises(ConfigError) as exc:
+        load({"targets": [{"name": "a", "url": "http://127.0.0.1:1/metrics", "labels": {label: "x"}}]})
+    assert exc.value.errors == [f"targets[0].labels.{label}: reserved by the exporter"]
+
+
+@pytest.mark.parametrize("content, error", [
+    pytest.param("", "is empty", id="empty"),
+    pytest.param("  \n\t\n", "is empty", id="whitespace-only"),
+    pytest.param("x" * (64 * 1024 + 1), "is over", id="too-large"),
+    pytest.param("a\x00b", "control characters", id="control-characters"),
+])
+def test_a_token_file_that_would_disable_auth_is_rejected(tmp_path, content, error):
+    token = tmp_path / "token"
+    token.write_text(content)
+    with pytest.raises(ConfigError) as exc:
+        load({"deploys": {"api_token_file": str(token)}})
+    assert len(exc.value.errors) == 1 and error in exc.value.errors[0]
 
 
 @pytest.mark.parametrize("text, fragment", [

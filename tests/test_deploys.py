@@ -8,8 +8,9 @@ from exporter.window import Interval
 from conftest import FIXTURES
 
 
-def snapshots(scenario, times, generation="current"):
-    r = simulator.Replica("r", scenario, start=0.0, seed=1, generation=generation)
+def snapshots(scenario, times, generation="current", start=-700.0):
+    """A replica started `start` seconds before t=0: by default longer ago than the cold-start grace."""
+    r = simulator.Replica("r", scenario, start=start, seed=1, generation=generation)
     for t in times:
         r.advance(t)
         yield t, parse(r.render())
@@ -19,9 +20,40 @@ def snapshots(scenario, times, generation="current"):
 def test_restart_is_detected_from_created_process_start_or_a_decrease(generation):
     det = SnapshotChangeDetector("r")
     found = []
-    for t, snap in snapshots(simulator.Scenario(events=(simulator.Event(22, "restart"),)), [5, 10, 15, 20, 25, 30], generation):
+    for t, snap in snapshots(simulator.Scenario(events=(simulator.Event(722, "restart"),)), [5, 10, 15, 20, 25, 30], generation):
         found += det.observe(t, snap)
     assert [(e.source, e.t) for e in found] == [(deploys.RESTART, 25)]
+
+
+@pytest.mark.parametrize("generation", ["current", "v0.10", "v0.8"])
+@pytest.mark.parametrize("started, cold", [
+    pytest.param(-60.0, True, id="process-started-a-minute-ago"),
+    pytest.param(-700.0, False, id="process-started-before-the-grace"),
+])
+def test_a_first_scrape_of_a_fresh_process_is_a_cold_start(generation, started, cold):
+    det = SnapshotChangeDetector("r", grace=600.0)
+    found = []
+    for t, snap in snapshots(simulator.Scenario(), [5, 10], generation, start=started):
+        found += det.observe(t, snap)
+    # the grace counts from the process start, as from a restart
+    assert [(e.source, e.t) for e in found] == ([(deploys.RESTART, started)] if cold else [])
+
+
+def test_a_first_scrape_of_counters_near_zero_is_a_cold_start():
+    text = ('vllm:prefix_cache_queries_total{model_name="m",engine="0"} 320\n'
+            'vllm:prefix_cache_hits_total{model_name="m",engine="0"} 0\n')
+    (e,) = SnapshotChangeDetector("r").observe(1.0, parse(text))
+    assert e.source == deploys.RESTART and "near zero" in e.description
+
+
+def test_restart_detection_survives_series_with_and_without_engine():
+    text = ('vllm:prefix_cache_queries_total{model_name="m"} 1e6\nvllm:prefix_cache_queries_created{model_name="m"} 5\n'
+            'vllm:prefix_cache_queries_total{model_name="m",engine="0"} 1e6\n'
+            'vllm:prefix_cache_queries_created{model_name="m",engine="0"} 5\n')
+    det = SnapshotChangeDetector("r")
+    det.observe(1000.0, parse(text))
+    (e,) = det.observe(1005.0, parse(text.replace("} 5", "} 900")))
+    assert e.source == deploys.RESTART
 
 
 def test_a_counter_decrease_alone_is_a_restart(fixtures):
@@ -35,7 +67,7 @@ def test_a_counter_decrease_alone_is_a_restart(fixtures):
 def test_cache_config_change_is_a_config_event():
     det = SnapshotChangeDetector("r")
     found = []
-    for t, snap in snapshots(simulator.Scenario(events=(simulator.Event(7, "kv_blocks", 12000),)), [5, 10, 15]):
+    for t, snap in snapshots(simulator.Scenario(events=(simulator.Event(707, "kv_blocks", 12000),)), [5, 10, 15]):
         found += det.observe(t, snap)
     assert [e.source for e in found] == [deploys.CONFIG_CHANGE]
     assert "cache_config_info" in found[0].description

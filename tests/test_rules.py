@@ -32,7 +32,9 @@ def run(conds, for_=10.0, keep=0.0, step_s=5.0):
     pytest.param([TRUE], 0, 0, [FIRING], id="for-zero-fires-at-once"),
     pytest.param([TRUE, FALSE], 10, 0, [PENDING, INACTIVE], id="pending-drops-silently"),
     pytest.param([TRUE, TRUE, TRUE, FALSE], 10, 0, [PENDING, PENDING, FIRING, INACTIVE], id="firing-resolves"),
-    pytest.param([TRUE, TRUE, TRUE, FALSE, FALSE, FALSE], 10, 10, [PENDING, PENDING, FIRING, FIRING, INACTIVE, INACTIVE], id="keep-firing-for"),
+    pytest.param([TRUE, TRUE, TRUE, FALSE, FALSE, FALSE], 10, 10, [PENDING, PENDING, FIRING, FIRING, FIRING, INACTIVE],
+                 id="keep-firing-for-counts-from-the-first-false-evaluation"),
+    pytest.param([TRUE, INCON, TRUE, TRUE], 10, 0, [PENDING, INACTIVE, PENDING, PENDING], id="inconclusive-ends-pending"),
     pytest.param([TRUE, TRUE, TRUE, FALSE, TRUE], 10, 10, [PENDING, PENDING, FIRING, FIRING, FIRING], id="keep-firing-bridges-a-gap"),
     pytest.param([INCON, INCON], 10, 0, [INCONCLUSIVE, INCONCLUSIVE], id="inconclusive-never-fires"),
     pytest.param([INCON, TRUE, TRUE, TRUE], 10, 0, [INCONCLUSIVE, PENDING, PENDING, FIRING], id="inconclusive-then-data"),
@@ -54,3 +56,24 @@ def test_labels_stay_while_annotations_follow():
     alert, _ = step(alert, Condition("true", 2.0, "second"), 5.0, settings(0), describe)
     assert alert.labels == (("alertname", "A"),) and dict(alert.annotations)["summary"] == "second"
     assert alert.value == 2.0 and alert.fired_at == 0.0
+
+
+def test_a_pending_alert_that_ends_says_so():
+    out = run([TRUE, FALSE])
+    assert [tr for _, _, tr in out] == [PENDING, INACTIVE]
+
+
+def test_labels_follow_the_evidence_while_pending_and_freeze_when_firing():
+    from dataclasses import replace
+
+    def by_cause(alert, cond):
+        return replace(alert, labels=(("cause", cond.summary),), annotations=(("summary", cond.summary),))
+
+    s = settings(for_=10.0)
+    alert = Alert("A", "t", "m")
+    for t, cause in ((0.0, "prompt_prefix_change"), (5.0, "eviction_pressure"), (10.0, "eviction_pressure"), (15.0, "unknown")):
+        alert, _ = step(alert, Condition("true", 1.0, cause), t, s, by_cause)
+        if t == 5.0:
+            assert dict(alert.labels)["cause"] == "eviction_pressure" and alert.state == PENDING
+    assert alert.state == FIRING and dict(alert.labels)["cause"] == "eviction_pressure"
+    assert dict(alert.annotations)["summary"] == "unknown"

@@ -67,7 +67,7 @@ def test_sigterm_lets_an_in_flight_delivery_finish(tmp_path):
             "global": {"poll_interval": "500ms", "read_timeout": "1s", "connect_timeout": "500ms"},
             "targets": [{"name": "dead", "url": f"http://127.0.0.1:{free_port()}/metrics"}],
             "alertmanager": {"urls": [am.base]},
-            "rules": {"target_down": {"for": "0s"}},
+            "rules": {"target_down": {"for": "0s", "startup_grace": "0s"}},
         }))
         port = free_port()
         proc = start(cfg, port)

@@ -95,9 +95,25 @@ def test_escapes_nan_inf_and_exponents():
     (s,) = snap.series
     assert s.model_name == 'team "a"\\b\nc'
     assert s.prefix_cache.queries == 1.7537953269352946e09
-    assert math.isnan(s.kv_cache_usage)
-    assert math.isinf(s.ttft.sum)
+    assert math.isnan(s.kv_cache_usage)  # a gauge may be NaN
+    assert s.ttft.sum is None  # a counter may not: +Inf is refused, counted and warned about
+    assert snap.rejected == (("non_finite_counter", 1),)
+    assert any("+Inf" in w and "dropped" in w for w in snap.warnings)
     assert s.ttft.buckets == ((0.1, 3.0), (math.inf, 4.0))
+
+
+@pytest.mark.parametrize("value, reason", [
+    pytest.param("+Inf", "non_finite_counter", id="plus-inf"),
+    pytest.param("NaN", "non_finite_counter", id="nan"),
+    pytest.param("-Inf", "negative_counter", id="minus-inf"),
+    pytest.param("-5", "negative_counter", id="negative"),
+])
+def test_counters_must_be_finite_and_not_negative(value, reason):
+    text = (f'vllm:prefix_cache_queries_total{{model_name="m",engine="0"}} {value}\n'
+            'vllm:prefix_cache_hits_total{model_name="m",engine="0"} 5\n')
+    snap = parse(text)
+    assert snap.series[0].prefix_cache.queries is None and snap.series[0].prefix_cache.hits == 5.0
+    assert snap.rejected == ((reason, 1),)
 
 
 @pytest.mark.parametrize("name, expect", [
