@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import deque
 import logging
+import math
 import os
 import signal
 import socket
@@ -24,7 +26,7 @@ from .deploys import AnnotationsWatcher
 from .http import App, Server, deploy_handlers
 from .poller import Poller
 from .recording import backtest, write_line
-from .scrape import Scraper, SUCCESS
+from .scrape import SUCCESS, Scraper, redact_url
 from .state import State
 from .vllm_client import VLLMClient, VLLMError
 from .warmup import Warmer
@@ -97,7 +99,8 @@ class Sidecar:
         return True
 
 
-def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.time, security: WebSecurity | None = None) -> Sidecar:
+def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.time, security: WebSecurity | None = None,
+                  on_transitions: Callable[[list], None] | None = None) -> Sidecar:
     state = State()
     state.set_process(config_reload_success=True, config_reload_time=time.time())
     registry = CollectorRegistry(auto_describe=False)
@@ -112,6 +115,8 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
     warmer = Warmer(cfg.warmup, clock)
 
     def on_evaluated(transitions, engine_firing) -> None:
+        if on_transitions is not None and transitions:
+            on_transitions(transitions)
         notifier.transitions(transitions)
         notifier.resend(engine_firing)
         state.put("alertmanager", notifier.stats())
@@ -196,7 +201,7 @@ def cmd_parse(args) -> int:
         print(f"error: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
         return EXIT_ERROR
     snap = parse(text)
-    json.dump(snap.to_json(), sys.stdout, indent=None)
+    json.dump(strict_json(snap.to_json()), sys.stdout, indent=None, allow_nan=False)
     sys.stdout.write("\n")
     for w in snap.warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -204,6 +209,17 @@ def cmd_parse(args) -> int:
         print("error: no vLLM prefix-cache series found", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK
+
+
+def strict_json(value):
+    """JSON has no NaN or Infinity: a gauge that reads NaN is printed as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
 
 
 def _load_run_config(args) -> Config:
@@ -282,7 +298,7 @@ def _post_deploy(sidecar: Sidecar, version: str, description: str) -> None:
 def cmd_demo(args) -> int:
     duration = args.duration
     now = time.time()
-    deploy_at, rollback_at = duration * 0.3, duration * 0.7
+    deploy_at, rollback_at = duration * 0.25, duration * 0.5  # the second half shows the recovery
     names = ("vllm-0", "vllm-1")
     warm = 660.0  # simulated healthy traffic before the demo starts: past vLLM's cold-start grace
     story = simulator.Scenario(events=(simulator.Event(warm + deploy_at, "prompt", "timestamp"),
@@ -291,25 +307,26 @@ def cmd_demo(args) -> int:
     for r in replicas:
         r.advance(now)
     fleet = simulator.Fleet(replicas, clock=time.time).start()
+    transitions: deque = deque()
     try:
         cfg = demo_config(fleet, names, args.listen_address, args.alertmanager_urls)
-        sidecar = build_sidecar(cfg, cfg.web.listen_address).start()
+        sidecar = build_sidecar(cfg, cfg.web.listen_address, on_transitions=transitions.extend).start()
     except (OSError, ConfigError) as exc:
         fleet.stop()
         print(f"error: cannot start the demo sidecar on {args.listen_address}: {exc} (try --web.listen-address=127.0.0.1:0)", file=sys.stderr)
         return EXIT_ERROR
     out = sys.stdout
-    print(f"demo: 2 simulated vLLM replicas at http://127.0.0.1:{fleet.port}/<name>/metrics; "
-          f"exporter at http://127.0.0.1:{sidecar.server.port}/metrics", file=out)
-    print(f"demo: at t={deploy_at:.0f}s deploy v42 puts 'Current date and time: ...' atop the system prompt; "
-          f"at t={rollback_at:.0f}s v43 rolls it back", file=out)
+    screen = console.Screen(out, tty=out.isatty())
+    screen.say(f"demo: 2 simulated vLLM replicas at http://127.0.0.1:{fleet.port}/<name>/metrics; "
+               f"exporter at http://127.0.0.1:{sidecar.server.port}/metrics", header=True)
+    screen.say(f"demo: at t={deploy_at:.0f}s deploy v42 puts 'Current date and time: ...' atop the system prompt; "
+               f"at t={rollback_at:.0f}s v43 rolls it back", header=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     windows = [w for w, _ in cfg.global_.windows]
     phases: dict[str, list[float]] = {"before": [], "after": [], "rollback": []}
     announced: set[str] = set()
-    seen_alerts: set[tuple] = set()
     try:
         while not stop.is_set():
             elapsed = time.time() - now
@@ -318,27 +335,30 @@ def cmd_demo(args) -> int:
             for version, at, what in (("v42", deploy_at, "timestamp atop the system prompt"), ("v43", rollback_at, "rollback of v42")):
                 if elapsed >= at and version not in announced:
                     _post_deploy(sidecar, version, what)
-                    print(f"demo: t={elapsed:.1f}s deploy {version} ({what}) announced to POST /api/v1/deploys", file=out)
+                    screen.say(f"demo: t={elapsed:.1f}s deploy {version} ({what}) announced to POST /api/v1/deploys")
                     announced.add(version)
+            if "v43" in announced and "explained" not in announced:
+                announced.add("explained")
+                screen.say(f"demo: the {windows[0]} window recovers within seconds of the rollback; the {windows[1]} window still "
+                           f"holds the incident's traffic for {windows[1]}, so PrefixCacheHitRateLow (on the {windows[1]} window) "
+                           "can fire or stay firing until it slides past")
+            while transitions:
+                tr = transitions.popleft()
+                a = tr.alert
+                what = {"inactive": "PENDING ENDED WITHOUT FIRING"}.get(tr.state, tr.state.upper())
+                screen.say(f"demo: t={tr.t - now:.1f}s ALERT {what} {a.alertname} on {a.target}: {dict(a.annotations).get('summary')} "
+                           f"[cause={dict(a.labels).get('cause')} severity={dict(a.labels).get('severity')}]")
+                if tr.state == "firing" and "diagnosed" not in announced:
+                    announced.add("diagnosed")
+                    for line in _demo_diagnose(replicas[0], fleet):
+                        screen.say(line)
             views = sidecar.state.targets()
-            alerts = [a for a in sidecar.state.get("alerts") or () if a.state in ("pending", "firing")]
-            lines = [f"{a.alertname} {a.state} target={a.target} cause={dict(a.labels).get('cause')} "
-                     f"severity={dict(a.labels).get('severity')}" for a in alerts]
-            print(console.table(views, elapsed, windows, lines), file=out, flush=True)
-            for a in alerts:
-                if (a.key, a.state) not in seen_alerts:
-                    seen_alerts.add((a.key, a.state))
-                    if a.state == "firing":
-                        print(f"demo: t={elapsed:.1f}s ALERT FIRING {a.alertname} on {a.target}: {dict(a.annotations).get('summary')} "
-                              f"[cause={dict(a.labels).get('cause')}]", file=out)
-            if "diagnosed" not in announced and any(a.state == "firing" for a in sidecar.state.get("alerts") or ()):
-                announced.add("diagnosed")
-                _demo_diagnose(replicas[0], fleet, out)
+            screen.show(console.table(views, elapsed, windows), elapsed)
             ratios = [s[windows[0]].hit_ratio for v in views for s in v.stats.values() if s[windows[0]].hit_ratio is not None]
             if ratios:
                 phase = "before" if elapsed < deploy_at else "after" if elapsed < rollback_at else "rollback"
                 phases[phase].append(sum(ratios) / len(ratios))
-            stop.wait(min(2.0, max(0.0, duration - elapsed)))
+            stop.wait(min(1.0, max(0.0, duration - elapsed)))
     finally:
         sidecar.stop()
         fleet.stop()
@@ -351,19 +371,17 @@ def cmd_demo(args) -> int:
     return EXIT_OK
 
 
-def _demo_diagnose(replica: simulator.Replica, fleet: simulator.Fleet, out) -> None:
+def _demo_diagnose(replica: simulator.Replica, fleet: simulator.Fleet) -> list[str]:
     """What the operator does next: compare two real requests a second apart."""
     t = time.time()
     a, b = replica.request_at(0, t - 1.0), replica.request_at(0, t)
     try:
         finding = diagnose_requests(a, b, fleet.url(replica.name), None, offline=False)
     except VLLMError as exc:
-        print(f"demo: diagnose failed: {exc}", file=out)
-        return
-    print("demo: diagnose of two requests of one tenant, a second apart "
-          f"(vllm-prefix-cache-exporter diagnose A.json B.json --target {fleet.url(replica.name)}):", file=out)
-    for line in divergence.report(finding).splitlines():
-        print(f"demo:   {line}", file=out)
+        return [f"demo: diagnose failed: {exc}"]
+    return ["demo: diagnose of two requests of one tenant, a second apart "
+            f"(vllm-prefix-cache-exporter diagnose A.json B.json --target {fleet.url(replica.name)}):"] + \
+        [f"demo:   {line}" for line in divergence.report(finding).splitlines()]
 
 
 def cmd_backtest(args) -> int:
@@ -405,13 +423,14 @@ def cmd_record(args) -> int:
     except OSError as exc:
         print(f"error: cannot open {args.out}: {exc.strerror}", file=sys.stderr)
         return EXIT_ERROR
-    count = 0
+    count = answered = 0
     with out:
         while not stop.is_set() and time.monotonic() < deadline:
             t = time.time()
             res = scraper.scrape()
             line = {"t": t, "target": name}
             if res.result == SUCCESS:
+                answered += 1
                 line["body"] = res.body
             else:
                 line["error"] = res.error or res.result
@@ -420,7 +439,10 @@ def cmd_record(args) -> int:
             out.flush()
             count += 1
             stop.wait(max(0.0, min(args.interval, deadline - time.monotonic())))
-    print(f"recorded {count} scrape(s) of {args.target} to {args.out}", file=sys.stderr)
+    print(f"recorded {count} scrape(s) of {redact_url(args.target)} to {args.out}, {answered} answered", file=sys.stderr)
+    if count and not answered:
+        print(f"error: {redact_url(args.target)} never answered", file=sys.stderr)
+        return EXIT_ERROR
     return EXIT_OK
 
 
@@ -522,69 +544,89 @@ def cmd_simulate(args) -> int:
     return EXIT_OK
 
 
+class _HelpWithDefaults(argparse.HelpFormatter):
+    """Every option's help ends with its default, as `--help` should tell."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "%(default)" not in text and action.default not in (None, argparse.SUPPRESS, False, []) and action.option_strings:
+            text += " (default: %(default)s)"
+        return text
+
+
+LOG_LEVELS = ["debug", "info", "warn", "warning", "error"]
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="vllm-prefix-cache-exporter", description="Prometheus exporter and alerting sidecar for vLLM prefix caching.")
+    p = argparse.ArgumentParser(prog="vllm-prefix-cache-exporter", description="Prometheus exporter and alerting sidecar for vLLM prefix caching.",
+                                formatter_class=_HelpWithDefaults)
     p.add_argument("--version", action="version", version=__version__)
-    p.add_argument("--log.level", dest="log_level", default="info", choices=["debug", "info", "warn", "warning", "error"])
+    p.add_argument("--log.level", dest="log_level", default=None, choices=LOG_LEVELS,
+                   help="info for run, error for demo (its console table stays readable)")
     sub = p.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run the sidecar")
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_text, description=help_text, formatter_class=_HelpWithDefaults)
+
+    run = command("run", "run the sidecar")
     run.add_argument("--config.file", dest="config_file", default=None, help=f"YAML config (or ${config_mod.ENV_CONFIG_FILE})")
-    run.add_argument("--web.listen-address", dest="listen_address", default=None, help="HOST:PORT (default :9464 or web.listen_address)")
+    run.add_argument("--web.listen-address", dest="listen_address", default=None, help="HOST:PORT, [::]:PORT for IPv6 (default :9464 or web.listen_address)")
     run.add_argument("--web.config.file", dest="web_config_file", default=None,
                      help="exporter-toolkit web config: tls_server_config and basic_auth_users (bcrypt)")
-    run.add_argument("--log.level", dest="log_level", default=argparse.SUPPRESS, choices=["debug", "info", "warn", "warning", "error"])
+    run.add_argument("--log.level", dest="log_level", default=argparse.SUPPRESS, choices=LOG_LEVELS, help="log level (default: info)")
     run.set_defaults(func=cmd_run)
 
-    demo = sub.add_parser("demo", help="play the incident on a simulated vLLM fleet")
-    demo.add_argument("--duration", type=float, default=90.0)
-    demo.add_argument("--web.listen-address", dest="listen_address", default="127.0.0.1:9464")
+    demo = command("demo", "play the incident on a simulated vLLM fleet")
+    demo.add_argument("--duration", type=float, default=120.0, help="seconds the story takes")
+    demo.add_argument("--web.listen-address", dest="listen_address", default="127.0.0.1:9464", help="where the demo's exporter listens")
     demo.add_argument("--alertmanager.url", dest="alertmanager_urls", action="append", default=[],
                       help="also deliver the demo's alerts to this Alertmanager (repeatable)")
+    demo.add_argument("--log.file", dest="log_file", default=None, help="write the sidecar's log lines here (default: only errors, to stderr)")
+    demo.add_argument("--log.level", dest="log_level", default=argparse.SUPPRESS, choices=LOG_LEVELS, help="log level (default: error, or info with --log.file)")
     demo.set_defaults(func=cmd_demo)
 
-    bt = sub.add_parser("backtest", help="replay a recording through the rules; prints alert transitions as JSON lines")
-    bt.add_argument("--config.file", dest="config_file", default=None)
-    bt.add_argument("recording")
+    bt = command("backtest", "replay a recording through the rules; prints alert transitions as JSON lines")
+    bt.add_argument("--config.file", dest="config_file", default=None, help="rules and windows (default: the built-in defaults)")
+    bt.add_argument("recording", help="a recording (JSON lines), - for stdin")
     bt.set_defaults(func=cmd_backtest)
 
-    check = sub.add_parser("check-config", help="validate a config file")
-    check.add_argument("file")
+    check = command("check-config", "validate a config file")
+    check.add_argument("file", help="the YAML config")
     check.set_defaults(func=cmd_check_config)
 
-    parse_cmd = sub.add_parser("parse", help="print the normalized snapshot of one /metrics text as JSON")
-    parse_cmd.add_argument("file", nargs="?", default="-")
+    parse_cmd = command("parse", "print the normalized snapshot of one /metrics text as JSON")
+    parse_cmd.add_argument("file", nargs="?", default="-", help="a /metrics text, - for stdin (default: -)")
     parse_cmd.set_defaults(func=cmd_parse)
 
-    rec = sub.add_parser("record", help="append scrapes of a target to a recording")
+    rec = command("record", "append scrapes of a target to a recording")
     rec.add_argument("--target", required=True, help="the /metrics URL")
     rec.add_argument("--name", default=None, help="target name in the recording (default: the URL)")
-    rec.add_argument("--out", required=True)
-    rec.add_argument("--interval", type=float, default=5.0)
-    rec.add_argument("--duration", type=float, default=300.0)
+    rec.add_argument("--out", required=True, help="the recording to append to")
+    rec.add_argument("--interval", type=float, default=5.0, help="seconds between scrapes")
+    rec.add_argument("--duration", type=float, default=300.0, help="seconds to record")
     rec.set_defaults(func=cmd_record)
 
-    diag = sub.add_parser("diagnose", help="first divergent token of two chat requests and the cache blocks that survive")
-    diag.add_argument("a", metavar="A.json")
-    diag.add_argument("b", metavar="B.json")
+    diag = command("diagnose", "first divergent token of two chat requests and the cache blocks that survive")
+    diag.add_argument("a", metavar="A.json", help="the earlier chat-completions request")
+    diag.add_argument("b", metavar="B.json", help="the later one")
     diag.add_argument("--target", help="the vLLM server (http://host:8000): /tokenize, /detokenize, /metrics")
     diag.add_argument("--block-size", dest="block_size", type=int, default=None, help="default: from vllm:cache_config_info, else 16")
     diag.add_argument("--offline", action="store_true", help="no server: an approximation on the rendered text")
-    diag.add_argument("--json", action="store_true")
+    diag.add_argument("--json", action="store_true", help="print JSON instead of text")
     diag.set_defaults(func=cmd_diagnose)
 
-    lint_cmd = sub.add_parser("lint", help="flag volatile content before static content in prompt templates or request JSON")
-    lint_cmd.add_argument("files", nargs="+")
+    lint_cmd = command("lint", "flag volatile content before static content in prompt templates or request JSON")
+    lint_cmd.add_argument("files", nargs="+", help="templates or request JSON files")
     lint_cmd.add_argument("--config.file", dest="config_file", default=None, help="for lint.allow")
     lint_cmd.set_defaults(func=cmd_lint)
 
-    sim = sub.add_parser("simulate", help="serve simulated vLLM replicas on 127.0.0.1")
-    sim.add_argument("--replicas", type=int, default=2)
-    sim.add_argument("--port", type=int, default=0)
-    sim.add_argument("--generation", choices=simulator.GENERATIONS, default="current")
-    sim.add_argument("--scenario", choices=sorted(SCENARIOS), default="healthy")
+    sim = command("simulate", "serve simulated vLLM replicas on 127.0.0.1")
+    sim.add_argument("--replicas", type=int, default=2, help="how many replicas")
+    sim.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    sim.add_argument("--generation", choices=simulator.GENERATIONS, default="current", help="which vLLM metric names to serve")
+    sim.add_argument("--scenario", choices=sorted(SCENARIOS), default="healthy", help="the story to play")
     sim.add_argument("--rate", type=float, default=5.0, help="requests/s per replica")
-    sim.add_argument("--event-at", dest="event_at", type=float, default=60.0)
+    sim.add_argument("--event-at", dest="event_at", type=float, default=60.0, help="seconds until the scenario's event")
     sim.add_argument("--duration", type=float, default=0.0, help="seconds; 0 serves until stopped")
     sim.set_defaults(func=cmd_simulate)
     return p
@@ -593,5 +635,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _setup_logging(args.log_level)
+    log_file = getattr(args, "log_file", None)
+    level = args.log_level or ("error" if args.command == "demo" and not log_file else "info")
+    _setup_logging(level, log_file)
     return args.func(args)

@@ -1,9 +1,12 @@
-"""The demo's live console table: a pure function of the published views."""
+"""The demo's console: a table that is a pure function of the published views, and a
+screen that redraws it in place on a terminal or prints a scrolling log elsewhere."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, TextIO
 
 from .state import TargetView
+
+_CLEAR = "\x1b[H\x1b[2J"
 
 
 def _pct(v: float | None) -> str:
@@ -29,3 +32,28 @@ def table(views: Sequence[TargetView], elapsed: float, windows: Sequence[str], a
     for a in alerts:
         lines.append(f"{'':9}ALERT {a}")
     return "\n".join(lines)
+
+
+class Screen:
+    """On a terminal: the header, the table and the story so far, redrawn in place. Not on
+    a terminal (a pipe, CI): each story line once, and the table every `every` seconds."""
+
+    def __init__(self, out: TextIO, tty: bool, every: float = 10.0):
+        self.out, self.tty, self.every = out, tty, every
+        self.header: list[str] = []
+        self.story: list[str] = []
+        self._last_table = -1e18
+
+    def say(self, line: str, header: bool = False) -> None:
+        (self.header if header else self.story).append(line)
+        if not self.tty:
+            print(line, file=self.out, flush=True)
+
+    def show(self, table_text: str, elapsed: float) -> None:
+        if self.tty:
+            body = "\n".join(self.header + ["", table_text, ""] + self.story[-30:])
+            self.out.write(_CLEAR + body + "\n")
+            self.out.flush()
+        elif elapsed - self._last_table >= self.every:
+            self._last_table = elapsed
+            print(table_text, file=self.out, flush=True)

@@ -44,9 +44,10 @@ class Finding:
     context_a: str = ""
     context_b: str = ""
     approximate: bool = False
+    identical: bool = False  # A and B render to the same tokens (or text, offline)
 
     def to_json(self) -> dict:
-        return {"first_divergent_token": self.first_divergence, "tokens": [self.tokens_a, self.tokens_b],
+        return {"identical": self.identical, "first_divergent_token": self.first_divergence, "tokens": [self.tokens_a, self.tokens_b],
                 "block_size": self.block_size, "reusable_blocks": self.reusable_blocks, "total_blocks": self.total_blocks,
                 "culprits": list(self.culprits), "advice": [ADVICE[c] for c in self.culprits],
                 "context": {"a": self.context_a, "b": self.context_b}, "approximate": self.approximate}
@@ -139,9 +140,10 @@ def offline(request_a: dict, request_b: dict, block_size: int) -> Finding:
     est = int(chars / CHARS_PER_TOKEN)
     tokens_b = max(1, round(len(tb) / CHARS_PER_TOKEN))
     hit, total = reusable_blocks(est, tokens_b, block_size)
+    same = ta == tb
     return Finding(est, round(len(ta) / CHARS_PER_TOKEN), tokens_b, block_size, hit, total,
-                   culprits(_around(ta, chars), _around(tb, chars), request_a, request_b),
-                   _around(ta, chars), _around(tb, chars), approximate=True)
+                   () if same else culprits(_around(ta, chars), _around(tb, chars), request_a, request_b),
+                   _around(ta, chars), _around(tb, chars), approximate=True, identical=same)
 
 
 def _around(text: str, at: int, width: int = 60) -> str:
@@ -152,8 +154,9 @@ def online(tokens_a: Sequence[int], tokens_b: Sequence[int], block_size: int, co
            request_a: dict, request_b: dict) -> Finding:
     d = first_divergence(tokens_a, tokens_b)
     hit, total = reusable_blocks(d, len(tokens_b), block_size)
+    same = list(tokens_a) == list(tokens_b)
     return Finding(d, len(tokens_a), len(tokens_b), block_size, hit, total,
-                   culprits(context_a, context_b, request_a, request_b), context_a, context_b)
+                   () if same else culprits(context_a, context_b, request_a, request_b), context_a, context_b, identical=same)
 
 
 def report(f: Finding) -> str:
@@ -161,6 +164,10 @@ def report(f: Finding) -> str:
     if f.approximate:
         lines.append("APPROXIMATION (--offline): character divergence mapped to a token index at ~4 characters a token; "
                      "run against vLLM (--target) for exact token ids.")
+    if f.identical:
+        lines.append(f"the two requests are identical ({f.tokens_a} tokens): B reuses every full block A cached "
+                     f"({f.reusable_blocks} of {f.total_blocks}, block size {f.block_size}); their prefix is not the problem")
+        return "\n".join(lines)
     lines.append(f"first divergent token: {f.first_divergence} (A has {f.tokens_a} tokens, B has {f.tokens_b})")
     lines.append(f"reusable blocks: {f.reusable_blocks} of {f.total_blocks} (block size {f.block_size}); "
                  f"{f.total_blocks - f.reusable_blocks} block(s) of B are prefilled again")

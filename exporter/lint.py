@@ -19,7 +19,11 @@ _PLACEHOLDERS: dict[str, re.Pattern] = {
     REQUEST_ID: re.compile(r"\{\{[^}]*\b(request|trace|span|correlation|session)_?id\b[^}]*\}\}", re.I),
     USER: re.compile(r"\{\{[^}]*\b(user(\.|_)?name|username|user\.\w+|customer\w*|tier|plan)\b[^}]*\}\}", re.I),
 }
-_LITERALS = {TIMESTAMP: re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{1,2}:\d{2}:\d{2}|\b\d{1,2}:\d{2}:\d{2}\b"),
+_LITERALS = {TIMESTAMP: re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{1,2}:\d{2}:\d{2}|\b\d{1,2}:\d{2}:\d{2}\b"
+                                   # 12-hour clock times (8:38 PM) and Unix epoch seconds or
+                                   # milliseconds from 2001 to 2286 (1000000000-9999999999)
+                                   r"|\b(1[0-2]|0?[1-9]):[0-5]\d\s?(?:[AaPp]\.?[Mm]\.?)(?![A-Za-z])"
+                                   r"|(?<![\d.])[1-9]\d{9}(?:\d{3})?(?!\.?\d)"),
              UUID: PATTERNS[UUID],
              REQUEST_ID: re.compile(r"\b(request|trace|span|correlation)[ _-]?id\s*[:=]\s*\S+", re.I)}
 _TEMPLATE_EXPR = re.compile(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", re.S)

@@ -80,11 +80,20 @@ def test_run_serves_metrics_and_stops_on_sigterm(tmp_path):
 
 
 def test_demo_runs_the_story_and_exits_by_itself():
-    proc = run_cli("demo", "--duration=60", f"--web.listen-address=127.0.0.1:{free_port()}", timeout=150)
+    proc = run_cli("demo", f"--web.listen-address=127.0.0.1:{free_port()}", timeout=200)
     assert proc.returncode == 0, proc.stderr
-    last = [l for l in proc.stdout.splitlines() if l.startswith("demo: hit rate")][-1]
+    assert proc.stderr == ""  # quiet by default: no log lines interleave with the console
+    lines = proc.stdout.splitlines()
+    last = [l for l in lines if l.startswith("demo: hit rate")][-1]
     before, lowest, end = [float(x.rstrip("%,")) for x in last.split() if x.endswith("%") or x.endswith("%,")]
-    assert before > 80 and lowest < 10
-    firing = [l for l in proc.stdout.splitlines() if "ALERT FIRING PrefixCacheHitRateDropAfterDeploy" in l]
-    assert firing and all("cause=prompt_prefix_change" in l for l in firing)
+    assert before > 80 and lowest < 10 and end > 70
+    firing = [l for l in lines if "ALERT FIRING PrefixCacheHitRateDropAfterDeploy" in l]
+    assert len(firing) == 2 and all("cause=prompt_prefix_change" in l for l in firing)
     assert "demo:   likely culprit: timestamp" in proc.stdout
+    # every transition is printed once, and every alert that fired has resolved by the end
+    transitions = [l.split("ALERT ", 1)[1].split(":")[0] for l in lines if " ALERT " in l]
+    assert len(transitions) == len(set(transitions))
+    fired = {t.removeprefix("FIRING ") for t in transitions if t.startswith("FIRING ")}
+    resolved = {t.removeprefix("RESOLVED ") for t in transitions if t.startswith("RESOLVED ")}
+    assert fired and fired == resolved
+    assert any("window still holds the incident's traffic" in l for l in lines)

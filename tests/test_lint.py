@@ -23,6 +23,8 @@ def findings(name):
     pytest.param("unsorted_tools.json", {("tools_order", 13)}, id="unsorted-tools"),
     pytest.param("literal_timestamp.json", {("timestamp", 6)}, id="literal-timestamp-in-request"),
     pytest.param("sorted_static.json", set(), id="clean-request"),
+    pytest.param("epoch_seconds.json", {("timestamp", 6)}, id="epoch-seconds-first"),
+    pytest.param("twelve_hour_time.txt", {("timestamp", 2)}, id="twelve-hour-time-first"),
 ])
 def test_findings_with_file_and_line(name, kinds):
     assert {(f.kind, f.line) for f in findings(name)} == kinds
