@@ -269,6 +269,22 @@ def status_json(state: State) -> dict:
     return out
 
 
+class _ReadyFirstServer(wsgi.Server):
+    """cheroot hands a freshly accepted connection straight to a worker, which then
+    blocks reading it: 300 clients that connect and send nothing hold every worker until
+    they time out. Here a new connection first waits in the selector, like an idle
+    keep-alive one, and reaches a worker only once it has bytes to read; the selector
+    closes it after `timeout` if it never does."""
+
+    def process_conn(self, conn):
+        manager = getattr(self, "_connections", None)
+        if manager is not None and not getattr(conn, "_waited_for_bytes", False):
+            conn._waited_for_bytes = True
+            manager.put(conn)
+            return
+        super().process_conn(conn)
+
+
 class Server:
     """cheroot: a bounded pool of worker threads, request and idle timeouts, a real
     listen backlog, TLS from the web config, IPv4 and IPv6."""
@@ -276,7 +292,7 @@ class Server:
     def __init__(self, app: App, host: str, port: int, security: WebSecurity | None = None,
                  threads: int = 16, backlog: int = 1024, timeout: float = 10.0):
         bind = (host or "0.0.0.0", port)
-        self.httpd = wsgi.Server(bind, app, numthreads=threads, max=threads, request_queue_size=backlog,
+        self.httpd = _ReadyFirstServer(bind, app, numthreads=threads, max=threads, request_queue_size=backlog,
                                  timeout=int(max(1, timeout)), shutdown_timeout=1, accepted_queue_size=threads * 16,
                                  accepted_queue_timeout=int(max(1, timeout)))
         self.httpd.server_name = "vllm-prefix-cache-exporter"

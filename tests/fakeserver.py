@@ -90,3 +90,26 @@ def endless_chunks(chunk: bytes, max_bytes: int):
         except OSError:
             pass  # the client hung up once over its cap: what we want
     return handler
+
+
+def drip(interval: float, count: int, headers_first: bool = True):
+    """An answer that trickles one byte every `interval` seconds, `count` bytes in all
+    (bounded, so the test ends): with headers_first the status line and headers come at
+    once and the body drips; otherwise even the headers drip."""
+    def handler(h):
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n" % count
+        try:
+            if headers_first:
+                h.wfile.write(head)
+                h.wfile.flush()
+                payload = b"#" * count
+            else:
+                payload = head + b"#" * count
+            for i in range(len(payload) if not headers_first else count):
+                h.wfile.write(payload[i:i + 1])
+                h.wfile.flush()
+                time.sleep(interval)
+        except OSError:
+            pass  # the scraper hung up at its deadline: what we want
+        h.close_connection = True
+    return handler

@@ -4,6 +4,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import requests
 
 from exporter.cli import main
@@ -97,3 +98,56 @@ def test_demo_runs_the_story_and_exits_by_itself():
     resolved = {t.removeprefix("RESOLVED ") for t in transitions if t.startswith("RESOLVED ")}
     assert fired and fired == resolved
     assert any("window still holds the incident's traffic" in l for l in lines)
+
+
+def test_log_lines_escape_control_characters(tmp_path):
+    """A deploy version or a target's text with a newline cannot forge a log line."""
+    import logging
+    from exporter.cli import _setup_logging
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    path = tmp_path / "log"
+    try:
+        _setup_logging("info", str(path))
+        logging.getLogger("exporter.test").info("deploy announced: version=%s", "v1\nts=x level=ERROR msg=forged\x1b[2J")
+        for h in root.handlers:
+            h.flush()
+    finally:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+            h.close()
+        for h in saved[0]:
+            root.addHandler(h)
+        root.setLevel(saved[1])
+    lines = path.read_text().splitlines()
+    assert len(lines) == 1 and "version=v1\\nts=x level=ERROR msg=forged\\x1b[2J" in lines[0]
+
+
+def test_check_config_warns_about_no_targets_and_an_open_deploy_api(tmp_path):
+    cfg = tmp_path / "empty.yml"
+    cfg.write_text("global: {poll_interval: 5s}\n")
+    proc = run_cli("check-config", str(cfg))
+    assert proc.returncode == 0
+    assert "warning: no targets" in proc.stderr and "warning: no deploys.api_token" in proc.stderr
+
+
+def test_parse_prints_strict_json(fixtures):
+    import json
+    proc = run_cli("parse", str(fixtures / "edge" / "escapes_nan_inf.txt"))
+    assert "NaN" not in proc.stdout and "Infinity" not in proc.stdout
+    data = json.loads(proc.stdout, parse_constant=lambda c: pytest.fail(f"bare {c}"))
+    assert data["series"][0]["kv_cache_usage"] is None and data["rejected_samples"] == {"non_finite_counter": 1}
+
+
+def test_record_exits_1_when_the_target_never_answered(tmp_path):
+    out = tmp_path / "rec.jsonl"
+    proc = run_cli("record", f"--target=http://user:pw@127.0.0.1:{free_port()}/metrics", f"--out={out}",
+                   "--interval=0.2", "--duration=0.5")
+    assert proc.returncode == 1 and "never answered" in proc.stderr
+    assert "pw@" not in proc.stderr and "user:xxxxx@" in proc.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "demo", "backtest", "record", "simulate", "diagnose"])
+def test_help_shows_defaults(command):
+    proc = run_cli(command, "--help")
+    assert proc.returncode == 0 and "default" in proc.stdout

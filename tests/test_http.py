@@ -136,6 +136,9 @@ def test_deploy_is_accepted(deploy_app):
     pytest.param({"version": "v1"}, {"CONTENT_TYPE": "text/plain"}, None, 415, id="wrong-content-type"),
     pytest.param(None, {}, b"x" * (64 * 1024 + 1), 413, id="over-64KiB"),
     pytest.param(None, {}, "{\"version\": \"\\ud800\"}".encode(), 400, id="bad-unicode"),
+    pytest.param({"version": "v1\nts=x level=ERROR msg=forged"}, {}, None, 400, id="newline-in-version"),
+    pytest.param({"version": "v1", "description": "a\x1b[31mred"}, {}, None, 400, id="escape-in-description"),
+    pytest.param({"version": "v1"}, {"HTTP_AUTHORIZATION": "Basic s3cret"}, None, 401, id="other-scheme"),
 ])
 def test_bad_deploy_requests_get_a_clear_4xx(deploy_app, body, headers, raw, status):
     app, events = deploy_app
@@ -157,3 +160,142 @@ def test_deploys_listing(deploy_app):
     app, _ = deploy_app
     status, _, body = call(app, "GET", "/api/v1/deploys")
     assert status == 200 and set(json.loads(body)) == {"recent", "counts", "last"}
+
+
+@pytest.mark.parametrize("header", ["Bearer s3cret", "bearer s3cret", "BEARER s3cret", "  Bearer   s3cret "])
+def test_the_bearer_scheme_is_case_insensitive(deploy_app, header):
+    app, events = deploy_app
+    assert post(app, {"version": "v1"}, {"HTTP_AUTHORIZATION": header})[0] == 202
+
+
+def test_landing_page_says_when_the_deploy_api_is_open():
+    state = simulated_state()
+    open_app = App(state, CollectorRegistry(), deploy_api_open=lambda: True)
+    closed_app = App(state, CollectorRegistry(), deploy_api_open=lambda: False)
+    assert b"POST /api/v1/deploys is open" in call(open_app, "GET", "/")[2]
+    assert b"is open" not in call(closed_app, "GET", "/")[2]
+
+
+def test_credentials_in_target_urls_never_reach_the_status_api():
+    from dataclasses import replace
+    state = simulated_state()
+    view = state.targets()[0]
+    secret = replace(view.target, url="http://scraper:hunter2@127.0.0.1:1/metrics")
+    state.set_targets([replace(view, target=secret)])
+    body = call(App(state, CollectorRegistry()), "GET", "/api/v1/status")[2]
+    assert b"hunter2" not in body and b"scraper:xxxxx@127.0.0.1:1" in body
+
+
+def test_every_endpoint_answers_after_every_kind_of_event():
+    """An event of each source, then every GET route: each answers 200 with its own
+    content type; the JSON ones parse. (The status and deploys APIs once answered 500
+    forever after the first deploy event.)"""
+    from exporter import deploys
+    from exporter.config import Config, GlobalConfig, Target
+    from exporter.deploys import DeployEvent
+    from exporter.http import deploy_handlers
+    from exporter.poller import Poller
+
+    targets = (Target("vllm-0", "http://127.0.0.1:1/metrics"),)
+    cfg = Config(targets=targets, global_=GlobalConfig(windows=(("1m", 60.0),)))
+    state = State()
+    poller = Poller(cfg, state, clock=lambda: 1000.0)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PrefixCacheCollector(state, ["1m"]))
+    app = App(state, registry)
+    post_handler, get_handler = deploy_handlers(state, poller.add_event, lambda: "", lambda: {"vllm-0"}, lambda: 1000.0)
+    app.route("POST", "/api/v1/deploys", post_handler)
+    app.route("GET", "/api/v1/deploys", get_handler)
+    sources = (deploys.API, deploys.RESTART, deploys.CONFIG_CHANGE, deploys.ANNOTATIONS, deploys.CHANGE_POINT, deploys.RECORDING)
+    for i, source in enumerate(sources):
+        poller.add_event(DeployEvent(1000.0 + i, "vllm-0" if i % 2 else None, f"v{i}", source, "why"))
+        poller.evaluate()
+        for method, path in sorted(app.routes):
+            if method != "GET":
+                continue
+            status, headers, body = call(app, "GET", path)
+            assert status in (200, 503) if path == "/-/ready" else status == 200, (source, path, body[:200])
+            if headers["Content-Type"] == "application/json":
+                json.loads(body)
+    counts = json.loads(call(app, "GET", "/api/v1/deploys")[2])["counts"]
+    assert counts == {"": {"api": 1, "config_change": 1, "change_point": 1}, "vllm-0": {"restart": 1, "annotations_file": 1, "recording": 1}}
+    metrics = call(app, "GET", "/metrics")[2].decode()
+    assert 'prefixcache_deploy_events_total{source="recording",target="vllm-0"} 1.0' in metrics
+
+
+def test_the_exposition_is_rendered_once_per_state_change():
+    state = simulated_state()
+    calls = []
+
+    class Counting(PrefixCacheCollector):
+        def collect(self):
+            calls.append(1)
+            return super().collect()
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Counting(state, ["1m", "5m"]))
+    app = App(state, registry)
+    first = [call(app, "GET", "/metrics")[2] for _ in range(5)]
+    zipped = [call(app, "GET", "/metrics", {"HTTP_ACCEPT_ENCODING": "gzip"})[2] for _ in range(3)]
+    assert len(calls) == 1 and len(set(first)) == 1 and gzip.decompress(zipped[0]) == first[0]
+    state.set_process(config_reload_success=False)
+    assert b"prefixcache_config_last_reload_successful 0.0" in call(app, "GET", "/metrics")[2]
+    assert len(calls) == 2
+
+
+@pytest.fixture
+def served():
+    from exporter.http import Server
+    state = simulated_state()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PrefixCacheCollector(state, ["1m", "5m"]))
+    server = Server(App(state, registry), "127.0.0.1", 0, timeout=2.0).start()
+    yield f"http://127.0.0.1:{server.port}"
+    server.stop()
+
+
+def test_half_open_connections_do_not_starve_a_scrape(served):
+    """300 clients connect and send nothing; a real scrape still gets through quickly
+    and the idle ones are dropped after the request timeout."""
+    import socket
+    import requests
+    port = int(served.rsplit(":", 1)[1])
+    idle = []
+    try:
+        for _ in range(300):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            idle.append(s)
+        resp = requests.get(served + "/metrics", timeout=5)
+        assert resp.status_code == 200 and "prefixcache_target_up" in resp.text
+        idle[0].settimeout(10)
+        assert idle[0].recv(1) == b""  # closed by the server after its timeout, not held forever
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_concurrent_scrapers_all_succeed(served):
+    import concurrent.futures
+    import requests
+
+    def scrape(_):
+        with requests.Session() as s:
+            return [s.get(served + "/metrics", timeout=10).status_code for _ in range(5)]
+
+    with concurrent.futures.ThreadPoolExecutor(50) as pool:
+        codes = [c for batch in pool.map(scrape, range(50)) for c in batch]
+    assert codes == [200] * 250
+
+
+@pytest.mark.parametrize("listen", ["[::1]:0", "[::]:0"])
+def test_ipv6_listen_addresses(listen):
+    import requests
+    from exporter.config import parse_listen_address
+    from exporter.http import Server
+    host, port = parse_listen_address(listen)
+    state = simulated_state()
+    server = Server(App(state, CollectorRegistry()), host, port).start()
+    try:
+        assert requests.get(f"http://[::1]:{server.port}/-/healthy", timeout=5).status_code == 200
+    finally:
+        server.stop()

@@ -127,3 +127,107 @@ def test_a_slow_and_a_dead_target_do_not_delay_a_fast_one():
         assert fast >= 5, "the fast target was held up by the slow or dead one"
         assert state.target("slow").last_result == "timeout"
         assert state.target("dead").last_result == "connection_error"
+
+
+def many_models(n: int, t: float) -> str:
+    rows = []
+    for i in range(n):
+        rows.append(f'vllm:prefix_cache_queries_total{{model_name="m{i}",engine="0"}} {1000 * t}')
+        rows.append(f'vllm:prefix_cache_hits_total{{model_name="m{i}",engine="0"}} {800 * t}')
+    return "\n".join(rows) + "\n"
+
+
+def test_a_target_over_its_model_limit_fails_clearly_and_the_others_go_on():
+    small = simulator.Replica("small", simulator.Scenario(), start=-600.0, seed=1)
+    clock = Clock(0.0)
+    routes = {"/big": lambda h: text(many_models(50, clock.t))(h),
+              "/small": lambda h: (small.advance(clock.t), text(small.render())(h))}
+    with FakeServer(routes) as server:
+        big, other = Target("big", server.base + "/big"), Target("small", server.base + "/small")
+        cfg = config(big, other, model_limit=10)
+        state, engine = State(), Engine(cfg)
+        state.set_targets([TargetView(target=big), TargetView(target=other)])
+        pollers = [TargetPoller(t, cfg, state, engine, threading.Lock(), clock) for t in (big, other)]
+        for t in (0.0, 5.0):
+            clock.t = t
+            for p in pollers:
+                p.poll()
+    view = state.target("big")
+    assert not view.up and view.last_result == "limit_exceeded"
+    assert view.last_error == "50 models exceed global.model_limit=10"
+    assert dict(view.scrapes) == {"limit_exceeded": 2}
+    assert engine.tracks["big"].view.stats == {}  # nothing of it entered the history
+    assert state.target("small").up and dict(state.target("small").scrapes) == {"success": 2}
+
+
+def test_one_targets_work_never_holds_up_another_target_or_the_rules():
+    """The work that grows with a target's size runs under that target's own lock: with
+    one target's lock held (a huge ingest in progress), another target polls and rules
+    are evaluated."""
+    a = simulator.Replica("a", simulator.Scenario(), start=-600.0, seed=1)
+    b = simulator.Replica("b", simulator.Scenario(), start=-600.0, seed=2)
+    clock = Clock(0.0)
+    routes = {"/a": lambda h: (a.advance(clock.t), text(a.render())(h)), "/b": lambda h: (b.advance(clock.t), text(b.render())(h))}
+    with FakeServer(routes) as server:
+        cfg = config(Target("a", server.base + "/a"), Target("b", server.base + "/b"))
+        poller = Poller(cfg, State(), clock=clock)
+        busy = poller.pollers["a"].track_lock
+        busy.acquire()
+        try:
+            done = threading.Event()
+
+            def work():
+                poller.pollers["b"].poll()
+                poller.evaluate()
+                done.set()
+            threading.Thread(target=work, daemon=True).start()
+            assert done.wait(5.0), "target b or the evaluation waited for target a's lock"
+        finally:
+            busy.release()
+    assert poller.state.target("b").up
+
+
+def test_a_wall_clock_stepping_back_is_logged_and_counted(switch, caplog):
+    replica = simulator.Replica("r", simulator.Scenario(), start=-600.0, seed=1)
+    clock, state = Clock(100.0), State()
+    target = Target("r", switch.url)
+    cfg = config(target)
+    state.set_targets([TargetView(target=target)])
+    poller = TargetPoller(target, cfg, state, Engine(cfg), threading.Lock(), clock)
+    for t in (100.0, 105.0, 90.0):
+        clock.t = t
+        replica.advance(max(t, 105.0))
+        switch.body = replica.render()
+        poller.poll()
+    assert state.counters() == {"clock_steps_back": 1}
+    assert "wall clock stepped back 15.000s" in caplog.text
+
+
+def test_a_poll_in_flight_during_a_reload_publishes_the_new_labels(switch):
+    replica = simulator.Replica("r", simulator.Scenario(), start=-600.0, seed=1)
+    replica.advance(0.0)
+    switch.body = replica.render()
+    old = Target("r", switch.url, labels=(("team", "old"),))
+    cfg = config(old)
+    poller = Poller(cfg, State(), clock=Clock(0.0))
+    in_flight = poller.pollers["r"]
+    new = Target("r", switch.url, labels=(("team", "new"),))
+    poller.reload(config(new))
+    in_flight.poll()  # started before the reload, finishes after it
+    assert poller.state.target("r").target.labels == (("team", "new"),)
+
+
+def test_warm_up_runs_on_a_real_start_or_restart_only(switch):
+    """A transient scrape failure is not a restart: vLLM's cache is still warm."""
+    replica = simulator.Replica("r", simulator.Scenario(events=(simulator.Event(630.0, "restart"),)), start=-600.0, seed=1)
+    clock, state, starts = Clock(0.0), State(), []
+    target = Target("r", switch.url)
+    cfg = config(target)
+    state.set_targets([TargetView(target=target)])
+    poller = TargetPoller(target, cfg, state, Engine(cfg), threading.Lock(), clock, on_start=lambda t, why: starts.append((clock.t, why)))
+    for t, status in ((0, 200), (5, 200), (10, 503), (15, 503), (20, 200), (25, 200), (30, 200), (35, 200)):
+        clock.t = float(t)
+        replica.advance(float(t))
+        switch.status, switch.body = status, replica.render()
+        poller.poll()
+    assert starts == [(0.0, "start"), (30.0, "restart")]

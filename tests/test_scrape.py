@@ -4,7 +4,7 @@ from exporter import scrape
 from exporter.scrape import Scraper
 
 from conftest import FIXTURES, free_port
-from fakeserver import FakeServer, endless_chunks, gzipped, reply, slow, text
+from fakeserver import FakeServer, drip, endless_chunks, gzipped, reply, slow, text
 
 GOOD = (FIXTURES / "vllm-metrics" / "v1-0.10.0_production-stack-issue-617.txt").read_text()
 GARBAGE = (FIXTURES / "edge" / "garbage.txt").read_text()
@@ -20,6 +20,9 @@ def server():
         "/huge": endless_chunks(b"x" * 65536, 8 * 1024 * 1024),
         "/garbage": text(GARBAGE),
         "/latin1": lambda h: reply(h, 200, b"caf\xe9 1\n"),
+        "/drip-body": drip(0.1, 200),
+        "/drip-headers": drip(0.1, 200, headers_first=False),
+        "/auth": lambda h: reply(h, 200, (h.headers.get("Authorization") or "none").encode()),
     }
     with FakeServer(routes) as s:
         yield s
@@ -72,3 +75,31 @@ def test_dead_target():
     res = scraper(f"http://127.0.0.1:{free_port()}/metrics").scrape()
     assert res.result == scrape.CONNECTION_ERROR
     assert res.error
+
+
+@pytest.mark.parametrize("path", [
+    pytest.param("/drip-body", id="body-drips-a-byte-at-a-time"),
+    pytest.param("/drip-headers", id="headers-drip-a-byte-at-a-time"),
+])
+def test_one_deadline_covers_the_whole_scrape(server, path):
+    """Each byte arrives well within the idle timeout; the total deadline still cuts it."""
+    s = Scraper(server.base + path, 1.0, 1.0, 1024 * 1024, idle=0.5)
+    res = s.scrape()
+    assert res.result == scrape.TIMEOUT and "1s scrape deadline" in res.error
+    assert 0.9 <= res.duration < 1.5
+
+
+def test_userinfo_is_sent_as_basic_auth_and_never_shown(server):
+    url = server.base.replace("http://", "http://scraper:s3cret@") + "/auth"
+    res = scraper(url).scrape()
+    assert res.result == scrape.SUCCESS and res.body == "Basic c2NyYXBlcjpzM2NyZXQ="
+    assert scrape.redact_url(url) == server.base.replace("http://", "http://scraper:xxxxx@") + "/auth"
+    assert scrape.redact_url("http://[::1]:9/x") == "http://[::1]:9/x"
+
+
+def test_a_gzip_bomb_is_cut_at_the_size_limit():
+    import gzip as gz
+    bomb = gz.compress(b"0" * (64 * 1024 * 1024))
+    with FakeServer({"/bomb": lambda h: reply(h, 200, bomb, [("Content-Encoding", "gzip")])}) as s:
+        res = scraper(s.base + "/bomb", limit=1024 * 1024).scrape()
+    assert res.result == scrape.TOO_LARGE

@@ -83,3 +83,86 @@ def test_sigterm_lets_an_in_flight_delivery_finish(tmp_path):
                 proc.kill()
         assert proc.returncode == 0 and took < 10
         assert received and received[0][0]["labels"]["alertname"] == "PrefixCacheTargetDown"
+
+
+def test_sigterm_exits_in_seconds_while_a_target_drips_bytes(tmp_path):
+    """A target that answers a byte at a time is cut at the scrape deadline, is down,
+    and never keeps the process from stopping (Kubernetes allows 30 s)."""
+    from fakeserver import drip
+    with FakeServer({"/metrics": drip(0.2, 10000)}) as slowpoke:
+        cfg = tmp_path / "config.yml"
+        cfg.write_text(yaml.safe_dump({
+            "global": {"poll_interval": "1s", "connect_timeout": "500ms", "read_timeout": "1s", "scrape_timeout": "2s"},
+            "targets": [{"name": "drip", "url": slowpoke.base + "/metrics"}],
+        }))
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        proc = start(cfg, port)
+        try:
+            status = lambda: requests.get(base + "/api/v1/status", timeout=2).json()["targets"][0]
+            assert wait_for(lambda: status()["last_result"] == "timeout", timeout=20)
+            assert status()["up"] is False
+            began = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=30)
+            took = time.monotonic() - began
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0 and took < 5, (took, err)
+
+
+def test_sighup_rereads_the_deploy_token(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    cfg = tmp_path / "config.yml"
+    cfg.write_text(yaml.safe_dump({"targets": [{"name": "a", "url": f"http://127.0.0.1:{free_port()}/metrics"}],
+                                   "deploys": {"api_token_file": str(token)}}))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api/v1/deploys"
+    proc = start(cfg, port)
+    try:
+        post = lambda tok: requests.post(url, json={"version": "v1"}, headers={"Authorization": f"Bearer {tok}"}, timeout=2).status_code
+        assert wait_for(lambda: post("first") == 202)
+        token.write_text("second\n")
+        proc.send_signal(signal.SIGHUP)
+        assert wait_for(lambda: post("second") == 202)
+        assert post("first") == 401
+        token.write_text("")  # an empty token file must not switch auth off
+        proc.send_signal(signal.SIGHUP)
+        assert wait_for(lambda: "prefixcache_config_last_reload_successful 0.0" in requests.get(url.replace("/api/v1/deploys", "/metrics"), timeout=2).text)
+        assert post("second") == 202 and post("") == 401
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert "is empty" in err
+
+
+def test_concurrent_reloads_apply_one_after_the_other(tmp_path):
+    """Each SIGHUP reloads on its own thread: ten at once must not race (duplicate job
+    ids, KeyErrors, wrong job counts) and every target keeps polling."""
+    import threading
+    from exporter.cli import build_sidecar
+    from exporter.config import load_file
+    replicas = [simulator.Replica(n, simulator.Scenario(), start=time.time() - 900, seed=i) for i, n in enumerate("abc")]
+    fleet = simulator.Fleet(replicas, clock=time.time).start()
+    cfg = tmp_path / "config.yml"
+    cfg.write_text(yaml.safe_dump({"global": {"poll_interval": "500ms", "connect_timeout": "500ms", "read_timeout": "1s"},
+                                   "targets": [{"name": n, "url": fleet.metrics_url(n)} for n in "abc"]}))
+    sidecar = build_sidecar(load_file(str(cfg)), "127.0.0.1:0").start()
+    try:
+        assert wait_for(lambda: all(v.up for v in sidecar.state.targets()))
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(sidecar.reload(str(cfg)))) for _ in range(10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert results == [True] * 10
+        jobs = sorted(j.id for j in sidecar.poller.scheduler.get_jobs())
+        assert jobs == ["a", "b", "c", "evaluate"]
+        before = {v.target.name: v.last_scrape_time for v in sidecar.state.targets()}
+        assert wait_for(lambda: all(v.last_scrape_time > before[v.target.name] and v.up for v in sidecar.state.targets()))
+    finally:
+        sidecar.stop()
+        fleet.stop()
