@@ -476,6 +476,8 @@ def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> floa
         start = ordered[b - 1][0]
         count -= ordered[b - 1][1]
         rank -= ordered[b - 1][1]
+    if count == 0:
+        return math.nan  # 0/0, as PromQL computes it (q=0 with an empty first bucket)
     return start + (end - start) * (rank / count)
 
 

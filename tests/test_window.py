@@ -196,3 +196,53 @@ def test_summarize_covers_every_model_and_window():
     assert set(out["m"]) == {"1m", "5m"}
     assert out["m"]["1m"].hit_ratio == 0.5
     assert out["n"]["1m"].hit_ratio is None
+
+
+def test_a_model_that_vanished_drops_out_once_no_window_holds_it():
+    h = History(60.0 + 5.0, windows=(10.0, 60.0))
+    for i in range(20):
+        t = i * 5.0
+        other = () if t > 20 else snap(100.0 * t, 50.0 * t, model="gone").series
+        h.append(t, Snapshot(True, 16, snap(100.0 * t, 80.0 * t).series + other, ()))
+        out = summarize(h.samples(), t, [("10s", 10.0), ("1m", 60.0)], 1)
+        assert ("gone" in out) == (t < 20 + 60)  # windows are left-open: (t - 60, t]
+    assert set(h.logs) == {"m"}
+
+
+def test_memory_of_a_target_whose_models_churn_stays_bounded():
+    """A target that brings a new model every poll must not grow the history's maps."""
+    h = History(60.0 + 5.0, windows=(10.0, 60.0))
+    for i in range(400):
+        h.append(i * 5.0, Snapshot(True, 16, snap(100.0 * i, 50.0 * i, model=f"m{i}").series, ()))
+    assert len(h.logs) <= 14 and len(h.running) == len(h.logs)
+    assert len(h._last_raw) <= 14 * 8 and len(h._offset) <= 14 * 8
+
+
+def test_running_sums_match_a_full_rescan():
+    """The O(1)-per-poll correlation and KV maximum equal a scan of the window."""
+    h = History(600.0, windows=(60.0, 300.0))
+    q = hits = count = total = 0.0
+    for i in range(200):
+        ratio = 0.5 + 0.4 * math.sin(i / 7.0)
+        q += 1000
+        hits += 1000 * ratio
+        count += 10
+        total += 10 * (0.3 - 0.25 * ratio + 0.01 * math.cos(i))
+        h.append(i * 5.0, snap(q, hits, [(1.0, count), (INF, count)], total, kv=0.5 + 0.4 * math.cos(i / 3.0)))
+    now = 199 * 5.0
+    view = h.samples()
+    for seconds in (60.0, 300.0):
+        fast = window_stats(view, "m", now, "w", seconds, 1)
+        view_without_running = type(view)(tuple(view), view.logs, {})
+        slow = window_stats(view_without_running, "m", now, "w", seconds, 1)
+        assert fast.correlation == pytest.approx(slow.correlation, abs=1e-9)
+        assert fast.ttft_per_10_points == pytest.approx(slow.ttft_per_10_points, abs=1e-9)
+        assert fast.kv_cache_usage_max == slow.kv_cache_usage_max
+
+
+@pytest.mark.parametrize("q, buckets", [
+    pytest.param(0.0, [(1.0, 0.0), (2.0, 5.0), (INF, 5.0)], id="q0-empty-first-bucket"),
+    pytest.param(0.0, [(1.0, 0.0), (INF, 0.0)], id="q0-no-observations"),
+])
+def test_histogram_quantile_nan_where_prometheus_gives_nan(q, buckets):
+    assert math.isnan(histogram_quantile(q, buckets))
