@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 from collections import deque
 import logging
@@ -97,6 +98,19 @@ class Sidecar:
         self.state.set_process(config_reload_success=True, config_reload_time=time.time())
         log.info("reloaded config from %s: %d targets", path, len(new.targets))
         return True
+
+
+# The sidecar keeps a large, slowly changing set of objects (histories, window stats of
+# every model) and allocates a new generation of them every poll. Python's default
+# thresholds run a full collection every few polls of a big target, whose cost grows
+# with everything alive; fewer young collections keep a poll's cost linear in what the
+# target sends (benchmarks/bench_ingest.py measures both settings side by side).
+GC_THRESHOLDS = (50_000, 20, 20)
+
+
+def tune_gc() -> None:
+    gc.set_threshold(*GC_THRESHOLDS)
+    gc.freeze()  # what start-up allocated is never garbage: keep it out of every collection
 
 
 def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.time, security: WebSecurity | None = None,
@@ -249,6 +263,7 @@ def cmd_run(args) -> int:
             return EXIT_USAGE
     for warning in config_warnings(cfg):
         log.warning("config: %s", warning)
+    tune_gc()
     try:
         sidecar = build_sidecar(cfg, listen, security=security)
     except OSError as exc:

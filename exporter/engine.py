@@ -31,7 +31,7 @@ from .rules import (
     step,
 )
 from .vllm_metrics import Snapshot
-from .window import History, Samples, WindowStats, recent_intervals, summarize
+from .window import History, Samples, WindowStats, interval_sums, recent_intervals, summarize
 
 _FINE_SECONDS = 900.0  # windows up to 15m see every sample; older ones are thinned
 _MAX_EVENTS = 10000
@@ -168,8 +168,15 @@ class Engine:
                      max((e.t for e in found), default=-1e18))
         if now - newest <= max(span, rc.cold_start_grace) and self._explained(name, now, span, found):
             return None
+        view = track.view.samples
         for model in sorted(track.view.stats):
-            began = detect_change_point(recent_intervals(track.view.samples, model, now - span), now, cp)
+            # the same sums detect_change_point starts with, without building intervals:
+            # almost every poll of almost every model stops here
+            rq, rh, rn = interval_sums(view, model, now - cp.recent, now)
+            bq, bh, bn = interval_sums(view, model, now - cp.recent - cp.reference, now - cp.recent)
+            if rn < 2 or bn < 3 or rq < cp.min_query_tokens or bq < cp.min_query_tokens or bh / bq - rh / rq < cp.drop_points:
+                continue
+            began = detect_change_point(recent_intervals(view, model, now - span), now, cp)
             if began is not None:
                 return DeployEvent(began, name, f"suspected@{int(began)}", CHANGE_POINT,
                                    f"hit ratio of {model} fell sharply with no deploy event")

@@ -77,7 +77,7 @@ REJECT_REASONS = ("non_finite_counter", "negative_counter")
 
 
 # --- the parsed result ---------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CounterPair:
     """None where the text carries only one half of the pair."""
 
@@ -86,7 +86,7 @@ class CounterPair:
     unit: str  # "tokens" or "blocks"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Histogram:
     """Cumulative buckets sorted by upper bound; `+Inf` is math.inf."""
 
@@ -99,7 +99,7 @@ class Histogram:
         return tuple(le for le, _ in self.buckets)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SeriesSnapshot:
     model_name: str
     engine: str | None
@@ -121,7 +121,7 @@ class SeriesSnapshot:
         return (self.model_name, self.engine)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     prefix_caching_enabled: bool | None
     block_size: int | None

@@ -12,7 +12,9 @@ from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
 from collections.abc import Sequence
-from typing import Iterable
+from operator import add as operator_add
+from operator import lt, sub
+from typing import Iterable, NamedTuple
 
 from .vllm_metrics import Snapshot
 
@@ -41,6 +43,9 @@ class Layout:
     size: int
     position: dict  # key -> index into keys
     by_model: dict  # model_name -> keys of that model, engines sorted
+    gauges: tuple  # positions of gauge values, which are never reset-adjusted
+    gauge_set: frozenset
+    unit_of_model: dict  # model_name -> the unit all its series count in, or None if they differ
 
     @staticmethod
     def build(keys, units, bounds) -> "Layout":
@@ -52,8 +57,16 @@ class Layout:
         by_model: dict[str, list] = {}
         for k in keys:
             by_model.setdefault(k[0], []).append(k)
-        return Layout(keys, tuple(units), tuple(bounds), tuple(offsets), pos, {k: i for i, k in enumerate(keys)},
-                      {m: tuple(sorted(ks, key=lambda k: k[1] or "")) for m, ks in by_model.items()})
+        gauges = tuple(o + len(COUNTERS) for o in offsets)
+        units = tuple(units)
+        unit_sets: dict[str, set] = {}
+        for k, u in zip(keys, units):
+            if u is not None:
+                unit_sets.setdefault(k[0], set()).add(u)
+        unit_of_model = {m: (next(iter(unit_sets[m])) if len(unit_sets.get(m, ())) == 1 else None) for m in by_model}
+        return Layout(keys, units, tuple(bounds), tuple(offsets), pos, {k: i for i, k in enumerate(keys)},
+                      {m: tuple(sorted(ks, key=lambda k: k[1] or "")) for m, ks in by_model.items()},
+                      gauges, frozenset(gauges), unit_of_model)
 
     def index(self, key: SeriesKey) -> int | None:
         return self.position.get(key)
@@ -104,9 +117,11 @@ def _raw_values(s) -> tuple[list[float], tuple[float, ...] | None, str | None]:
         s.prompt_tokens, s.preemptions, s.kv_cache_usage,
     ]
     values = [NAN if v is None else float(v) for v in fixed]
+    bounds = None
     if complete:
-        values.extend(float(c) for _, c in h.buckets)
-    return values, (h.bounds if complete else None), (pc.unit if pc else None)
+        bounds, counts = zip(*h.buckets)
+        values.extend(counts)
+    return values, bounds, (pc.unit if pc else None)
 
 
 class ModelLog:
@@ -294,6 +309,8 @@ class History:
         self._layout: Layout | None = None
         self._last_raw: dict[tuple, float] = {}
         self._offset: dict[tuple, float] = {}
+        self._prev = array("d")
+        self._add = array("d")
         self.logs: dict[str, ModelLog] = {}
         self.running: dict[str, dict[float, _Running]] = {}
         self._view: Samples | None = None
@@ -310,15 +327,13 @@ class History:
             rows.append(values)
         layout = self._layout
         if layout is None or layout.keys != tuple(keys) or layout.units != tuple(units) or layout.bounds != tuple(bounds):
+            self._save_adjustments()
             layout = self._layout = Layout.build(keys, units, bounds)
-        flat = array("d")
-        gauge = len(COUNTERS)
-        for key, values, b in zip(keys, rows, bounds):
-            for j, raw in enumerate(values):
-                if j == gauge:  # the gauge is taken as it is
-                    flat.append(raw)
-                    continue
-                flat.append(self._adjust((key, j) if j < len(_FIXED) else (key, j, b), raw))
+            self._load_adjustments(layout)
+        raw = array("d")
+        for values in rows:
+            raw.extend(values)
+        flat = self._adjusted(raw, layout)
         sample = TargetSample(t, layout, flat)
         previous = self._samples[-1] if self._samples else None
         self._samples.append(sample)
@@ -365,16 +380,53 @@ class History:
             for r in running.values():
                 r.update(log, len(log) - 1, cur.t)
 
-    def _adjust(self, slot, raw: float) -> float:
-        if raw != raw:
-            return NAN
-        prev = self._last_raw.get(slot)
-        offset = self._offset.get(slot, 0.0)
-        if prev is not None and raw < prev:
-            offset += prev
-            self._offset[slot] = offset
-        self._last_raw[slot] = raw
-        return raw + offset
+    # Reset adjustment, vectorised over the layout: `_prev` holds the last raw value of
+    # every slot (-inf for gauges, which are never adjusted), `_add` what resets added.
+    # Between layout changes they are arrays aligned with the sample; at a change they
+    # go through `_last_raw` / `_offset`, keyed by slot, so no series loses its offset.
+    def _adjusted(self, raw: array, layout: Layout) -> array:
+        prev, add = self._prev, self._add
+        if True in map(lt, raw, prev):  # a counter went down: a reset (rare)
+            for i in [i for i, down in enumerate(map(lt, raw, prev)) if down]:
+                add[i] += prev[i]
+        flat = array("d", map(operator_add, raw, add))
+        missing = [i for i, v in enumerate(raw) if v != v]
+        new_prev = raw
+        for i in missing:  # a value absent this time: remember the last one seen
+            new_prev[i] = prev[i]
+        for i in layout.gauges:
+            new_prev[i] = -math.inf
+        self._prev = new_prev
+        return flat
+
+    def _slots(self, layout: Layout):
+        for i, key in enumerate(layout.keys):
+            base, b = layout.offsets[i], layout.bounds[i]
+            for j in range(len(_FIXED) + (len(b) if b else 0)):
+                yield base + j, ((key, j) if j < len(_FIXED) else (key, j, b))
+
+    def _save_adjustments(self) -> None:
+        layout = self._layout
+        if layout is None:
+            return
+        for pos, slot in self._slots(layout):
+            if pos in layout.gauge_set:
+                continue
+            if self._prev[pos] == self._prev[pos]:
+                self._last_raw[slot] = self._prev[pos]
+            if self._add[pos]:
+                self._offset[slot] = self._add[pos]
+
+    def _load_adjustments(self, layout: Layout) -> None:
+        prev = array("d", [NAN]) * layout.size
+        add = array("d", [0.0]) * layout.size
+        for pos, slot in self._slots(layout):
+            prev[pos] = self._last_raw.get(slot, NAN)
+            add[pos] = self._offset.get(slot, 0.0)
+        for pos in layout.gauges:
+            prev[pos] = -math.inf
+            add[pos] = 0.0
+        self._prev, self._add = prev, add
 
     def _prune(self, now: float) -> None:
         samples = self._samples
@@ -449,17 +501,34 @@ class History:
 # --- PromQL building blocks ------------------------------------------------------------
 def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float:
     """PromQL's histogram_quantile over (upper bound, cumulative count) pairs."""
+    return histogram_quantiles((q,), buckets)[0]
+
+
+def histogram_quantiles(qs: Sequence[float], buckets: Sequence[tuple[float, float]]) -> list[float]:
+    """Several quantiles of one histogram: the buckets are sorted, merged and made
+    monotonic once."""
+    ordered = sorted(buckets, key=lambda b: b[0])
+    if len(ordered) < 2 or not math.isinf(ordered[-1][0]) or ordered[-1][0] < 0:
+        return [_outside(q) if _outside(q) is not None else math.nan for q in qs]
+    ordered = _monotonic(_coalesce(ordered))
+    out = []
+    for q in qs:
+        edge = _outside(q)
+        out.append(edge if edge is not None else _quantile(q, ordered))
+    return out
+
+
+def _outside(q: float) -> float | None:
     if math.isnan(q):
         return math.nan
     if q < 0:
         return -math.inf
     if q > 1:
         return math.inf
-    ordered = sorted(buckets, key=lambda b: b[0])
-    if len(ordered) < 2 or not math.isinf(ordered[-1][0]) or ordered[-1][0] < 0:
-        return math.nan
-    ordered = _coalesce(ordered)
-    ordered = _monotonic(ordered)
+    return None
+
+
+def _quantile(q: float, ordered: list[tuple[float, float]]) -> float:
     if len(ordered) < 2:
         return math.nan
     observations = ordered[-1][1]
@@ -519,10 +588,7 @@ def pearson(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float] | N
 
 
 # --- the summary of one window ---------------------------------------------------------
-@dataclass(frozen=True)
-class WindowStats:
-    """Derived values of one (model_name, window); None where there is too little data."""
-
+class _WindowValues(NamedTuple):
     window: str
     seconds: float
     query_increase: float | None
@@ -532,7 +598,6 @@ class WindowStats:
     query_rate: float | None
     hit_rate: float | None
     external_hit_ratio: float | None
-    ttft_quantiles: dict[float, float]
     ttft_mean: float | None
     ttft_count_increase: float | None
     correlation: float | None
@@ -541,6 +606,49 @@ class WindowStats:
     preemption_increase: float | None
     kv_cache_usage_max: float | None
     samples: int
+    lazy_ttft: "_LazyTTFT"
+
+
+class _LazyTTFT:
+    """Where a window's TTFT bucket increase comes from, and its quantiles once asked for."""
+
+    __slots__ = ("view", "runs", "edges", "keys", "lo", "hi", "quantiles")
+
+    def __init__(self, view=None, runs=None, edges=None, keys=None, lo=0, hi=0):
+        self.view, self.runs, self.edges, self.keys, self.lo, self.hi = view, runs, edges, keys, lo, hi
+        self.quantiles = None
+
+    def compute(self) -> dict[float, float]:
+        if self.quantiles is None:
+            quantiles = {}
+            if self.view is not None:
+                edges = self.edges if self.edges is not None else {k: (self.lo, self.hi - 1) for k in self.keys}
+                buckets = _ttft_bucket_increase(self.view, self.runs, edges)
+                if buckets is not None:
+                    for q, value in zip(QUANTILES, histogram_quantiles(QUANTILES, buckets)):
+                        if not math.isnan(value):
+                            quantiles[q] = value
+            self.quantiles = quantiles
+            self.view = self.runs = self.edges = self.keys = None  # let the samples go
+        return self.quantiles
+
+
+class WindowStats(_WindowValues):
+    """Derived values of one (model_name, window); None where there is too little data.
+
+    Read-only (a tuple). TTFT quantiles are computed when first asked for (by the
+    collector, or the TTFT rule once its cheap tests pass), not at every poll: most
+    polls never need them, and at thousands of models they were most of a poll's cost."""
+
+    __slots__ = ()
+
+    def __new__(cls, ttft: _LazyTTFT | None = None, **values):
+        return super().__new__(cls, lazy_ttft=ttft or _LazyTTFT(), **values)
+
+    @property
+    def ttft_quantiles(self) -> dict[float, float]:
+        """p50/p90/p99 of the window's TTFT bucket increase (histogram_quantile)."""
+        return self.lazy_ttft.compute()
 
 
 def _key_edges(view: Samples, runs: list[tuple[Layout, int, int]], key: SeriesKey) -> tuple[int, int] | None:
@@ -554,20 +662,25 @@ def _key_edges(view: Samples, runs: list[tuple[Layout, int, int]], key: SeriesKe
     return None if first is None else (first, last)
 
 
-def _increase(view: Samples, edges: dict, name: str) -> float | None:
-    """Increase summed over engines; the values are reset-adjusted already."""
-    total, seen = 0.0, False
-    slot = _SLOT[name]
+def _increases(view: Samples, edges: dict) -> list[float | None]:
+    """Increase of every counter slot, summed over engines, in one pass; None for a
+    counter no engine has twice. The values are reset-adjusted already."""
+    n = len(COUNTERS)
+    totals = [0.0] * n
+    seen = [False] * n
     for key, (a, b) in edges.items():
         if a == b:
             continue
         sa, sb = view[a], view[b]
-        va = sa.values[sa.layout.offsets[sa.layout.position[key]] + slot]
-        vb = sb.values[sb.layout.offsets[sb.layout.position[key]] + slot]
-        if va == va and vb == vb:
-            total += vb - va
-            seen = True
-    return total if seen else None
+        va, vb = sa.values, sb.values
+        oa = sa.layout.offsets[sa.layout.position[key]]
+        ob = sb.layout.offsets[sb.layout.position[key]]
+        for j in range(n):
+            x, y = va[oa + j], vb[ob + j]
+            if x == x and y == y:
+                totals[j] += y - x
+                seen[j] = True
+    return [t if s else None for t, s in zip(totals, seen)]
 
 
 def _ttft_bucket_increase(view: Samples, runs, edges: dict) -> list[tuple[float, float]] | None:
@@ -627,6 +740,18 @@ def recent_intervals(view: Samples, model_name: str, since: float) -> list[Inter
         usage = kv[i]
         out.append(Interval(t_start[i], t[i], q[i], h[i], 0.0, 0.0, usage if usage == usage else None))
     return out
+
+
+def interval_sums(view: Samples, model_name: str, since: float, until: float) -> tuple[float, float, int]:
+    """(query tokens, hit tokens, intervals) of the model's poll intervals that ended in
+    (since, until], from its log without building objects: a cheap first test."""
+    log = view.logs.get(model_name)
+    if log is None:
+        return 0.0, 0.0, 0
+    t, t_start, q, h, _, _, _, start, end = log
+    lo, hi = bisect_right(t, since, start, end), bisect_right(t, until, start, end)
+    n = sum(1 for i in range(lo, hi) if t_start[i] != t[i])
+    return sum(q[lo:hi]), sum(h[lo:hi]), n
 
 
 def _log_fit_and_kv(view: Samples, model: str, now: float, seconds: float, with_kv: bool) -> tuple[tuple[float, float] | None, float | None]:
@@ -689,27 +814,24 @@ def window_stats(
             if u is not None:
                 units.add(u)
     unit = units.pop() if len(units) == 1 else None
-    queries = _increase(view, edges, "queries")
-    hits = _increase(view, edges, "hits")
+    return _stats(view, model_name, now, window, seconds, lo, hi, _increases(view, edges), unit,
+                  _LazyTTFT(view, runs, edges), min_query_tokens, block_size, detailed)
+
+
+def _stats(view: Samples, model_name: str, now: float, window: str, seconds: float, lo: int, hi: int,
+           increase: list[float | None], unit: str | None, ttft: "_LazyTTFT", min_query_tokens: float,
+           block_size: int | None, detailed: bool) -> WindowStats:
+    queries, hits = increase[0], increase[1]
     span = view.times[hi - 1] - view.times[lo] if hi - lo >= 2 else 0.0
     # the floor is in tokens; a 0.8.x target counts blocks
     query_tokens = None if queries is None else queries * ((block_size or 16) if unit == "blocks" else 1)
     hit_ratio = None
     if queries is not None and hits is not None and query_tokens is not None and query_tokens >= max(min_query_tokens, 1e-12) and unit is not None:
         hit_ratio = hits / queries
-    ext_q = _increase(view, edges, "external_queries")
-    ext_h = _increase(view, edges, "external_hits")
-    buckets = _ttft_bucket_increase(view, runs, edges)
-    quantiles = {}
-    if buckets is not None:
-        for q in QUANTILES:
-            value = histogram_quantile(q, buckets)
-            if not math.isnan(value):
-                quantiles[q] = value
-    ttft_sum = _increase(view, edges, "ttft_sum")
-    ttft_count = _increase(view, edges, "ttft_count")
+    ext_q, ext_h, ttft_sum, ttft_count = increase[2], increase[3], increase[4], increase[5]
     fit, kv_max = _log_fit_and_kv(view, model_name, now, seconds, detailed) if detailed else (None, None)
     return WindowStats(
+        ttft=ttft,
         window=window,
         seconds=seconds,
         query_increase=queries,
@@ -719,16 +841,68 @@ def window_stats(
         query_rate=queries / span if queries is not None and span > 0 else None,
         hit_rate=hits / span if hits is not None and span > 0 else None,
         external_hit_ratio=ext_h / ext_q if ext_q and ext_h is not None else None,
-        ttft_quantiles=quantiles,
         ttft_mean=ttft_sum / ttft_count if ttft_sum is not None and ttft_count else None,
         ttft_count_increase=ttft_count,
         correlation=fit[0] if fit else None,
         ttft_per_10_points=fit[1] * 0.1 if fit else None,
-        prompt_token_increase=_increase(view, edges, "prompt_tokens"),
-        preemption_increase=_increase(view, edges, "preemptions"),
+        prompt_token_increase=increase[6],
+        preemption_increase=increase[7],
         kv_cache_usage_max=kv_max,
         samples=hi - lo,
     )
+
+
+def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float, lo: int, hi: int, layout: Layout,
+                          models, min_query_tokens: float, block_size: int | None) -> dict[str, WindowStats]:
+    """Every model of a window whose samples share one layout (the usual case): the
+    increases of all series come from one vector of last - first, and the correlation
+    and KV maximum from the running sums when `now` is the latest sample."""
+    first, last = view[lo], view[hi - 1]
+    delta = array("d", map(sub, last.values, first.values))
+    n = len(COUNTERS)
+    span = view.times[hi - 1] - view.times[lo]
+    floor = max(min_query_tokens, 1e-12)
+    latest = bool(view.times) and view.times[-1] == now
+    runs = [(layout, lo, hi - 1)]
+    out = {}
+    for model in models:
+        keys = layout.by_model.get(model)
+        if not keys:
+            continue
+        if len(keys) == 1:
+            base = layout.offsets[layout.position[keys[0]]]
+            queries, hits, ext_q, ext_h, ttft_sum, ttft_count, prompt, preempt = [d if d == d else None for d in delta[base:base + n]]
+        else:
+            totals = [0.0] * n
+            seen = [False] * n
+            for key in keys:
+                base = layout.offsets[layout.position[key]]
+                for j in range(n):
+                    d = delta[base + j]
+                    if d == d:
+                        totals[j] += d
+                        seen[j] = True
+            queries, hits, ext_q, ext_h, ttft_sum, ttft_count, prompt, preempt = [t if s else None for t, s in zip(totals, seen)]
+        unit = layout.unit_of_model[model]
+        hit_ratio = None
+        if queries is not None and hits is not None and unit is not None and \
+                queries * ((block_size or 16) if unit == "blocks" else 1) >= floor:
+            hit_ratio = hits / queries
+        running = view.running.get(model, {}).get(seconds) if latest else None
+        if running is not None:
+            fit, kv_max = running.fit(), running.kv_max()
+        else:
+            fit, kv_max = _log_fit_and_kv(view, model, now, seconds, True)
+        # positional, in _WindowValues' field order: the hot path of a poll
+        out[model] = tuple.__new__(WindowStats, (
+            window, seconds, queries, hits, unit, hit_ratio,
+            queries / span if queries is not None and span > 0 else None,
+            hits / span if hits is not None and span > 0 else None,
+            ext_h / ext_q if ext_q and ext_h is not None else None,
+            ttft_sum / ttft_count if ttft_sum is not None and ttft_count else None,
+            ttft_count, fit[0] if fit else None, fit[1] * 0.1 if fit else None, prompt, preempt, kv_max, hi - lo,
+            _LazyTTFT(view, runs, None, keys, lo, hi)))
+    return out
 
 
 def stats_between(samples, model_name: str, start: float, end: float,
@@ -751,7 +925,13 @@ def summarize(
         return {}
     longest = max(s for _, s in windows)
     models = sorted(view.models(*view.span(now - longest, now)))
-    return {
-        m: {name: window_stats(view, m, now, name, secs, min_query_tokens, block_size) for name, secs in windows}
-        for m in models
-    }
+    out: dict[str, dict[str, WindowStats]] = {m: {} for m in models}
+    for name, secs in windows:
+        lo, hi = view.span(now - secs, now)
+        runs = view.clipped_runs(lo, hi)
+        fast = {}
+        if len(runs) == 1 and hi - lo >= 2:
+            fast = _window_of_one_layout(view, now, name, secs, lo, hi, runs[0][0], models, min_query_tokens, block_size)
+        for m in models:
+            out[m][name] = fast.get(m) or window_stats(view, m, now, name, secs, min_query_tokens, block_size)
+    return out
