@@ -26,6 +26,7 @@ class Evidence:
     events: tuple[DeployEvent, ...] = ()  # this target's, newest last
     peer_ratios: tuple[float, ...] = ()  # the same model on the other targets
     peers_had_events: bool = False
+    requests: float | None = None  # requests that got a first token in the short window
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Settings:
     event_lookback: float = 900.0  # a drop this long after an event is still "after" it
     cold_start_grace: float = 600.0
     kv_usage_high: float = 0.9
+    preempted_share: float = 0.05  # of requests preempted, for preemptions alone to be pressure
     scatter_low: float = 0.1
     scatter_high: float = 0.65
     scatter_spread: float = 0.15
@@ -48,8 +50,17 @@ def classify(e: Evidence, s: Settings = Settings()) -> tuple[str, str]:
         climbing = e.ratio is not None and e.ratio_earlier is not None and e.ratio >= e.ratio_earlier
         return COLD_START, (f"restart {e.now - restarts[-1].t:.0f}s ago ({restarts[-1].description}); "
                             f"the cache is {'refilling' if climbing else 'still cold'}")
-    pressure = (e.kv_usage_max is not None and e.kv_usage_max >= s.kv_usage_high) or (e.preemptions or 0) > 0
+    kv_full = e.kv_usage_max is not None and e.kv_usage_max >= s.kv_usage_high
+    preempted = _preempted_share(e)
+    pressure = kv_full or preempted >= s.preempted_share
     deploys = [ev for ev in recent if not ev.is_restart]
+    drop = (e.baseline - e.ratio) if e.baseline is not None and e.ratio is not None else None
+    # Weigh the explanations by how much of the drop each can account for: evicted
+    # blocks cost at most the preempted requests' share of the hits, so a preemption
+    # or two never outranks a deploy that the ratio fell right after; a full KV cache
+    # evicts everywhere and can explain any drop.
+    if deploys and pressure and not kv_full and drop is not None and preempted < drop / 2:
+        pressure = False
     if deploys and not pressure:
         ev = deploys[-1]
         what = "a suspected unannounced change" if ev.source == "change_point" else f"deploy {ev.version} ({ev.source})"
@@ -66,6 +77,17 @@ def classify(e: Evidence, s: Settings = Settings()) -> tuple[str, str]:
         return LOAD_BALANCER_SCATTER, (f"all {n} replicas of the model sit at a similar, moderate hit ratio with no deploy or restart: "
                                        "requests sharing a prefix are spread over replicas")
     return UNKNOWN, "no deploy, restart, eviction pressure or fleet-wide pattern explains it"
+
+
+def _preempted_share(e: Evidence) -> float:
+    """Preempted requests as a share of the requests served; all of it when the request
+    count is unknown and there were preemptions."""
+    n = e.preemptions or 0.0
+    if n <= 0:
+        return 0.0
+    if not e.requests:
+        return 1.0
+    return min(1.0, n / e.requests)
 
 
 def severity_for(cause: str, default: str) -> str:

@@ -272,6 +272,7 @@ def evidence(f: Facts, rc: RulesConfig) -> causes.Evidence:
         kv_usage_max=now_ws.kv_cache_usage_max if deploys else long_ws.kv_cache_usage_max,
         preemptions=now_ws.preemption_increase,
         events=f.events, peer_ratios=f.peer_ratios, peers_had_events=f.peers_had_events,
+        requests=now_ws.ttft_count_increase,
     )
 
 

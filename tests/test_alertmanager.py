@@ -136,3 +136,73 @@ def test_stop_delivers_what_is_pending_within_its_bound(am):
     n.transitions([Transition(1000.0, alert(), FIRING)])
     n.stop(3.0)
     assert am.bodies
+
+
+def test_a_4xx_answer_drops_the_batch_instead_of_retrying_it_forever(am, caplog):
+    clock = Clock()
+    am.status = 400
+    n = notifier(am.base, clock)
+    n.transitions([Transition(1000.0, alert(), FIRING)])
+    n.deliver_once()
+    stats = n.stats()[0]
+    assert stats.pending == 0 and stats.rejected == 1 and stats.notifications_failed == 0
+    assert "rejected 1 alert(s), dropped them: HTTP 400" in caplog.text
+    clock.t += 100
+    n.deliver_once()
+    assert len(am.headers) == 1  # not sent again
+
+
+@pytest.mark.parametrize("status", [408, 429, 500, 503])
+def test_transient_answers_are_retried(am, status):
+    am.status = status
+    n = notifier(am.base, Clock())
+    n.transitions([Transition(1000.0, alert(), FIRING)])
+    n.deliver_once()
+    assert n.stats()[0].pending == 1 and n.stats()[0].notifications_failed == 1
+
+
+def test_resolved_alerts_are_resent_for_15_minutes(am):
+    """As Prometheus does: an Alertmanager that missed the resolution (restart, network)
+    still learns of it."""
+    clock = Clock(2000.0)
+    n = notifier(am.base, clock)
+    gone = alert(state="inactive", resolved_at=2000.0)
+    n.transitions([Transition(2000.0, gone, RESOLVED)])
+    n.deliver_once()
+    for t in range(2060, 3100, 60):
+        clock.t = float(t)
+        n.resend([])
+        n.deliver_once()
+    sent_at = [b[0]["endsAt"] for b in am.bodies]
+    assert all(e == rfc3339(2000.0) for e in sent_at)  # every copy says when it ended
+    assert 15 <= len(am.bodies) <= 17  # the first and one per resend interval for 15 minutes, then none
+
+
+def test_the_queue_is_keyed_by_the_label_set(am):
+    """Two alerts whose label sets are equal are one alert to Alertmanager: the later
+    state replaces the earlier in the queue."""
+    n = notifier(am.base, Clock())
+    a = alert()
+    b = Alert("PrefixCacheHitRateLow", "vllm-0", "other-model-key", state=FIRING, fired_at=1000.0, labels=a.labels)
+    n.transitions([Transition(1000.0, a, FIRING), Transition(1000.0, b, FIRING)])
+    assert n.stats()[0].pending == 1
+
+
+def test_stop_and_the_delivery_thread_never_post_one_batch_twice():
+    import threading
+    import time
+    seen = []
+
+    def slow(h):
+        seen.append(json.loads(h.body)[0]["labels"]["alertname"])
+        time.sleep(0.5)
+        reply(h, 200, b"{}")
+
+    with FakeServer({"/api/v2/alerts": slow}) as server:
+        n = notifier(server.base, Clock()).start()
+        n.transitions([Transition(1000.0, alert(), FIRING)])
+        time.sleep(0.1)  # the delivery thread is mid-POST
+        stopper = threading.Thread(target=n.stop, kwargs={"timeout": 3.0})
+        stopper.start()
+        stopper.join(5.0)
+    assert seen == ["PrefixCacheHitRateLow"]

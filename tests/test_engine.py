@@ -3,6 +3,7 @@
 
 from exporter import simulator
 from exporter.config import load
+from exporter.deploys import DeployEvent
 from exporter.engine import Engine
 from exporter.simulator import Event, Replica, Scenario
 from exporter.vllm_metrics import parse
@@ -86,3 +87,61 @@ def test_old_events_are_forgotten_but_the_last_deploy_time_stays():
     e.evaluate(START + 3 * 3600)
     assert len(e.events) == 0
     assert e.last_deploy() == {"": START} and e.event_counts == {("", "api"): 1}
+
+
+def firing_engine():
+    """Two replicas after the timestamp incident: the drop alerts fire on both."""
+    e = engine_for(2, change_point={"enabled": False})
+    replicas = [replica(i, simulator.incident(900 + 120)) for i in range(2)]
+    e.add_event(DeployEvent(START + 120, None, "v42", "api"))
+    tr = drive(e, replicas, 240)
+    assert len(firing(tr, "PrefixCacheHitRateDropAfterDeploy")) == 2
+    return e, replicas
+
+
+def resolved(transitions, name):
+    return [t for t in transitions if t.alert.alertname == name and t.state == "resolved"]
+
+
+def test_an_alert_of_a_rule_disabled_by_a_reload_resolves():
+    e, _ = firing_engine()
+    e.reconfigure(load({"targets": [{"name": f"vllm-{i}", "url": f"http://127.0.0.1:1/{i}"} for i in range(2)],
+                        "rules": {"hit_rate_drop_after_deploy": {"enabled": False}, "change_point": {"enabled": False}}}))
+    tr = e.evaluate(START + 245)
+    assert {t.alert.target for t in resolved(tr, "PrefixCacheHitRateDropAfterDeploy")} == {"vllm-0", "vllm-1"}
+    assert all(t.alert.resolved_at == START + 245 for t in tr if t.state == "resolved")
+    assert not [a for a in e.alerts.values() if a.alertname == "PrefixCacheHitRateDropAfterDeploy"]
+
+
+def test_an_alert_of_a_target_removed_by_a_reload_resolves():
+    e, _ = firing_engine()
+    e.reconfigure(load({"targets": [{"name": "vllm-0", "url": "http://127.0.0.1:1/0"}], "rules": {"change_point": {"enabled": False}}}))
+    tr = e.evaluate(START + 245)
+    assert [t.alert.target for t in resolved(tr, "PrefixCacheHitRateDropAfterDeploy")] == ["vllm-1"]
+    assert {a.target for a in e.alerts.values()} == {"vllm-0"}
+
+
+def test_a_reload_that_changes_the_windows_keeps_history_and_firing_alerts():
+    e, replicas = firing_engine()
+    before = len(e.tracks["vllm-0"].history)
+    cfg = load({"targets": [{"name": f"vllm-{i}", "url": f"http://127.0.0.1:1/{i}"} for i in range(2)],
+                "global": {"windows": ["1m", "5m", "15m", "1h", "2h"]}, "rules": {"change_point": {"enabled": False}}})
+    e.reconfigure(cfg)
+    assert len(e.tracks["vllm-0"].history) == before
+    tr = []
+    for t in (START + 245, START + 250, START + 255):
+        for r in replicas:
+            r.advance(t)
+            e.ingest(r.name, t, parse(r.render()))
+        tr += e.evaluate(t)
+    assert not resolved(tr, "PrefixCacheHitRateDropAfterDeploy")
+    assert len([a for a in e.firing() if a.alertname == "PrefixCacheHitRateDropAfterDeploy"]) == 2
+
+
+def test_target_down_is_one_alert_per_target_whatever_its_models():
+    e = engine_for(1, target_down={"for": "0s", "startup_grace": "0s"})
+    r = Replica("vllm-0", Scenario(), start=START - 900, seed=1, model_names=("a", "b", "c"))
+    drive(e, [r], 30)
+    tr = drive(e, [r], 30, down=("vllm-0",))
+    down = [t for t in tr if t.alert.alertname == "PrefixCacheTargetDown"]
+    assert [(t.alert.model, t.state) for t in down] == [("", "firing")]

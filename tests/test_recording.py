@@ -123,3 +123,92 @@ def test_bad_lines_do_not_stop_the_replay():
     transitions, engine, warnings = run(rec)
     assert len(warnings) == 2 and "goes back in time" in warnings[1]
     assert engine.tracks["vllm-0"].up is False and len(engine.tracks["vllm-0"].history) == 13
+
+
+# --- a pod's whole life -----------------------------------------------------------------
+def transitions_of(transitions):
+    return [(t["alertname"], t["labels"]["target"], t["state"]) for t in transitions]
+
+
+def test_a_brand_new_pod_filling_a_cold_cache_is_quiet():
+    """A pod whose vLLM starts with the recording: the first scrape sees a process started
+    seconds ago, so the cold-start grace covers the 7 minutes its cache takes to fill."""
+    rec = [json.dumps(line) for line in simulator.scenario_recording(Scenario(request_rate=5.0), 900, START, warm=0.0, replicas=2)]
+    transitions, engine, warnings = run(rec)
+    assert warnings == [] and transitions == []
+    assert {e.source for e in engine.events} == {"restart"}
+
+
+def loading_then_serving(loading: float, duration: float, replicas: int = 2, interval: float = 5.0):
+    """vLLM unreachable while it loads its model, then a fresh process with a cold cache."""
+    out = []
+    reps = [simulator.Replica(f"vllm-{i}", Scenario(request_rate=5.0), start=START + loading, seed=200 + i) for i in range(replicas)]
+    for step in range(int(duration // interval) + 1):
+        t = START + step * interval
+        for r in reps:
+            if t < START + loading:
+                out.append(json.dumps({"t": t, "target": r.name, "error": "connection refused"}))
+            else:
+                r.advance(t)
+                out.append(json.dumps({"t": t, "target": r.name, "body": r.render()}))
+    return out
+
+
+def test_vllm_loading_its_model_for_4_minutes_pages_nobody():
+    transitions, engine, _ = run(loading_then_serving(240, 1200))
+    assert transitions == []  # the startup grace (10m) covers loading, the cold-start grace the cold cache
+
+
+def test_target_down_during_loading_resolves_once_vllm_answers():
+    """With a short startup grace TargetDown fires while vLLM loads (one alert per
+    target, not per model) and resolves at the first answer."""
+    from exporter.config import load
+    cfg = load({"rules": {"target_down": {"startup_grace": "1m", "for": "1m"}}})
+    transitions, engine, _ = run(loading_then_serving(240, 1200), cfg)
+    assert transitions_of(transitions) == [
+        ("PrefixCacheTargetDown", "vllm-0", "pending"), ("PrefixCacheTargetDown", "vllm-1", "pending"),
+        ("PrefixCacheTargetDown", "vllm-0", "firing"), ("PrefixCacheTargetDown", "vllm-1", "firing"),
+        ("PrefixCacheTargetDown", "vllm-0", "resolved"), ("PrefixCacheTargetDown", "vllm-1", "resolved")]
+    assert all(t["labels"]["model_name"] == "" for t in transitions)
+    fired = [t["t"] - START for t in transitions if t["state"] == "firing"]
+    resolved = [t["t"] - START for t in transitions if t["state"] == "resolved"]
+    assert all(60 <= f <= 130 for f in fired) and all(r == 240 for r in resolved)
+    assert engine.alerts == {}
+
+
+def test_a_vllm_upgrade_from_0_10_to_current_names_with_a_restart_is_quiet():
+    old = simulator.Replica("vllm-0", Scenario(request_rate=5.0), start=START - 900, seed=300, generation="v0.10")
+    old.advance(START)
+    upgrade = 300.0
+    new = simulator.Replica("vllm-0", Scenario(request_rate=5.0), start=START + upgrade, seed=301, generation="current")
+    rec = []
+    for step in range(int(1200 // 5) + 1):
+        t = START + step * 5.0
+        r = old if t < START + upgrade else new
+        r.advance(t)
+        rec.append(json.dumps({"t": t, "target": "vllm-0", "body": r.render()}))
+    transitions, engine, warnings = run(rec)
+    assert transitions == []
+    assert [e.source for e in engine.events] == ["restart"]
+
+
+def test_a_restart_that_also_breaks_the_prompt_layout_fires_once_the_grace_is_over():
+    restart = 300.0
+    broken = Scenario(request_rate=5.0, events=(Event(at(restart), "restart"), Event(at(restart), "prompt", "timestamp")))
+    rec = lines(broken, duration=1500, replicas=1)
+    transitions, _, _ = run(rec)
+    low = [t for t in transitions if t["alertname"] == "PrefixCacheHitRateLow"]
+    assert [t["state"] for t in low] == ["pending", "firing"]
+    grace = 600.0
+    assert low[0]["t"] - START >= restart + grace  # the grace delays...
+    assert low[1]["t"] - START <= restart + grace + 180  # ...and never hides
+    assert low[1]["labels"]["cause"] != "cold_start" and low[1]["labels"]["severity"] == "warning"
+
+
+def test_hits_stuck_at_zero_pages_within_3_minutes():
+    stuck = 300.0
+    rec = lines(Scenario(request_rate=5.0, events=(Event(at(stuck), "hits_broken", True),)), duration=900, replicas=1)
+    transitions, _, _ = run(rec)
+    stuck_alerts = [t for t in transitions if t["alertname"] == "PrefixCacheHitsStuckAtZero"]
+    assert [t["state"] for t in stuck_alerts] == ["pending", "firing"]
+    assert stuck_alerts[1]["t"] - START <= stuck + 180

@@ -122,3 +122,50 @@ def test_sidecar_warms_its_vllm_at_start_and_after_a_restart_and_the_cache_is_wa
     finally:
         sidecar.stop()
         fleet.stop()
+
+
+def test_a_paused_vllm_keeps_a_ready_sidecar_ready_and_runs_no_warm_up():
+    """vLLM frozen for 12 s (SIGSTOP: a GC pause, a stuck GPU call) makes scrapes time out,
+    but its cache is still there: /-/ready stays 200 and no warm-up re-runs. Only a real
+    restart re-opens the gate."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    sim = subprocess.Popen([sys.executable, "-m", "exporter", "simulate", "--replicas=1", "--rate=2"],
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        info = json.loads(sim.stdout.readline())
+        metrics_url = info["targets"][0]
+        base_url = metrics_url.rsplit("/metrics", 1)[0]
+        prompts = [{"model": "demo/llama-3-8b", "messages": [{"role": "user", "content": f"warm-up {k}"}]} for k in range(3)]
+        cfg = load({
+            "global": {"poll_interval": "500ms", "connect_timeout": "500ms", "read_timeout": "1s", "scrape_timeout": "1s", "jitter": "0s"},
+            "targets": [{"name": "vllm", "url": metrics_url}],
+            "warmup": {"enabled": True, "url": base_url + "/v1/chat/completions", "requests": prompts, "timeout": "2s"},
+        })
+        sidecar = build_sidecar(cfg, f"127.0.0.1:{free_port()}").start()
+        base = f"http://127.0.0.1:{sidecar.server.port}"
+        try:
+            assert wait_for(lambda: requests.get(base + "/-/ready", timeout=2).status_code == 200, timeout=30)
+            runs = sidecar.warmer.snapshot().runs
+            sim.send_signal(signal.SIGSTOP)
+            answers, deadline = [], time.monotonic() + 12.0
+            try:
+                while time.monotonic() < deadline:
+                    answers.append(requests.get(base + "/-/ready", timeout=2).status_code)
+                    time.sleep(0.5)
+                assert sidecar.state.target("vllm").last_result == "timeout"  # the pause was seen
+            finally:
+                sim.send_signal(signal.SIGCONT)
+            assert wait_for(lambda: sidecar.state.target("vllm").up, timeout=20)
+            time.sleep(2.0)
+            assert set(answers) == {200} and len(answers) >= 15
+            assert requests.get(base + "/-/ready", timeout=2).status_code == 200
+            assert sidecar.warmer.snapshot().runs == runs
+        finally:
+            sidecar.stop()
+    finally:
+        sim.send_signal(signal.SIGCONT)
+        sim.terminate()
+        sim.wait(timeout=30)
