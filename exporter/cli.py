@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 from prometheus_client import CollectorRegistry
 
-from . import __version__, config as config_mod, console, divergence, lint as lint_mod, simulator
+from . import __version__, config as config_mod, console, divergence, lint as lint_mod, simulator, whatif as whatif_mod
 from .collector import PrefixCacheCollector
 from .config import Config, ConfigError
 from .alertmanager import Notifier
@@ -320,6 +320,8 @@ def cmd_demo(args) -> int:
                                        simulator.Event(warm + rollback_at, "prompt", "static")))
     replicas = [simulator.Replica(n, story, start=now - warm, seed=i) for i, n in enumerate(names)]
     for r in replicas:
+        r.advance(now - 120.0)
+        r.sample, r.sample_bodies = [], True  # the traffic from here on, for the what-if analysis at the end
         r.advance(now)
     fleet = simulator.Fleet(replicas, clock=time.time).start()
     transitions: deque = deque()
@@ -383,7 +385,25 @@ def cmd_demo(args) -> int:
         if phases["rollback"]:
             summary += f", at the end (after the rollback) {phases['rollback'][-1] * 100:.1f}%"
         print(summary, file=out)
+    for line in _demo_whatif(replicas, now + deploy_at, now + rollback_at):
+        print(line, file=out)
     return EXIT_OK
+
+
+def _demo_whatif(replicas: Sequence[simulator.Replica], start: float, end: float) -> list[str]:
+    """Where the incident's points went: its traffic through the what-if analysis."""
+    lines = [json.dumps(line) for r in replicas for line in (r.sample or []) if line["t"] < end]
+    lines.sort(key=lambda l: json.loads(l)["t"])
+    requests_ = [x for x in whatif_mod.read_requests(lines) if isinstance(x, whatif_mod.Request)]
+    if not requests_:
+        return []
+    tok = replicas[0]
+    tokenizer = whatif_mod.Tokenizer(tok.tokenizer.encode, tok.render_chat, True, "the simulator's own tokenizer and chat template")
+    analysis = whatif_mod.analyze(requests_, len(replicas), ("round_robin", "session", "prefix_hash"), None, 16, tokenizer,
+                                  measure_from=start)
+    return ["demo: the incident's traffic through `whatif`, the traffic before it warming the caches "
+            "(vllm-prefix-cache-exporter whatif SAMPLE --replicas 2 --measure-from T):"] + \
+        [f"demo:   {line}" for line in whatif_mod.report(analysis).splitlines()]
 
 
 def _demo_diagnose(replica: simulator.Replica, fleet: simulator.Fleet) -> list[str]:
@@ -507,6 +527,66 @@ def cmd_diagnose(args) -> int:
     return EXIT_OK
 
 
+def _whatif_tokenizer(args) -> whatif_mod.Tokenizer:
+    if args.target:
+        client = VLLMClient(args.target)
+        return whatif_mod.Tokenizer(lambda text: client.tokenize_text(text), client.tokenize_chat, True, f"exact via {redact_url(args.target)}/tokenize")
+    if args.tokenizer:
+        try:
+            from tokenizers import Tokenizer as HFTokenizer  # the optional `whatif` extra
+        except ImportError:
+            raise ValueError("--tokenizer needs the `tokenizers` package: pip install 'vllm-prefix-cache-exporter[whatif]'") from None
+        try:
+            hf = HFTokenizer.from_file(args.tokenizer)
+        except Exception as exc:  # noqa: BLE001 - the library raises its own types
+            raise ValueError(f"cannot load {args.tokenizer}: {exc}") from None
+        text = lambda s: hf.encode(s, add_special_tokens=False).ids
+        # without the model's chat template, messages are joined by the neutral rendering
+        return whatif_mod.Tokenizer(text, lambda body: text(divergence.render(body)), True, f"{args.tokenizer} (chat rendered neutrally)")
+    return whatif_mod.approximate_tokenizer()
+
+
+def cmd_whatif(args) -> int:
+    try:
+        source = sys.stdin if args.requests == "-" else open(args.requests, encoding="utf-8", errors="replace")
+    except OSError as exc:
+        print(f"error: cannot read {args.requests}: {exc.strerror}", file=sys.stderr)
+        return EXIT_ERROR
+    requests_, bad = [], 0
+    with source:
+        for item in whatif_mod.read_requests(source):
+            if isinstance(item, whatif_mod.SampleError):
+                bad += 1
+                print(f"warning: {item}; skipped", file=sys.stderr)
+            else:
+                requests_.append(item)
+    if not requests_:
+        print(f"error: {args.requests} holds no request to analyse ({bad} bad line(s))", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        tokenizer = _whatif_tokenizer(args) if any(r.is_text for r in requests_) else None
+        policies = tuple(dict.fromkeys(args.routing)) if args.routing else simulator_policies(requests_)
+        replicas = args.replicas or len({r.replica for r in requests_ if r.replica}) or 1
+        analysis = whatif_mod.analyze(requests_, replicas, policies, args.cache_blocks, args.block_size, tokenizer, args.measure_from)
+    except (whatif_mod.SampleError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except VLLMError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    print(json.dumps(analysis.to_json()) if args.json else whatif_mod.report(analysis))
+    if bad:
+        print(f"whatif: {bad} bad line(s) skipped", file=sys.stderr)
+    return EXIT_OK
+
+
+def simulator_policies(requests_) -> tuple[str, ...]:
+    """Every policy; `observed` first when the sample says which replica served each request."""
+    from .cachemodel import OBSERVED, POLICIES
+    rest = tuple(p for p in POLICIES if p != OBSERVED)
+    return ((OBSERVED,) + rest) if all(r.replica for r in requests_) else rest
+
+
 def cmd_lint(args) -> int:
     allow: tuple[str, ...] = ()
     if args.config_file:
@@ -572,6 +652,11 @@ class _HelpWithDefaults(argparse.HelpFormatter):
 LOG_LEVELS = ["debug", "info", "warn", "warning", "error"]
 
 
+def cachemodel_policies() -> tuple[str, ...]:
+    from .cachemodel import POLICIES
+    return POLICIES
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vllm-prefix-cache-exporter", description="Prometheus exporter and alerting sidecar for vLLM prefix caching.",
                                 formatter_class=_HelpWithDefaults)
@@ -634,6 +719,22 @@ def build_parser() -> argparse.ArgumentParser:
     lint_cmd.add_argument("files", nargs="+", help="templates or request JSON files")
     lint_cmd.add_argument("--config.file", dest="config_file", default=None, help="for lint.allow")
     lint_cmd.set_defaults(func=cmd_lint)
+
+    wi = command("whatif", "replay a request sample through vLLM's prefix-cache model: hit ratio by routing policy and where the missing points went")
+    wi.add_argument("requests", metavar="REQUESTS", help="JSON lines (prompt_token_ids, body or prompt; t, session, replica optional) "
+                    "or vLLM's request log; - for stdin")
+    wi.add_argument("--replicas", type=int, default=None, help="replicas to spread the sample over (default: those it names, else 1)")
+    wi.add_argument("--routing", action="append", choices=cachemodel_policies(), default=None,
+                    help="routing policy, repeatable (default: all; observed first when every request names its replica)")
+    wi.add_argument("--cache-blocks", dest="cache_blocks", type=int, default=None, help="KV-cache blocks per replica (default: unlimited)")
+    wi.add_argument("--block-size", dest="block_size", type=int, default=16, help="tokens per block")
+    group = wi.add_mutually_exclusive_group()
+    group.add_argument("--target", help="a vLLM server whose /tokenize gives exact token ids for text")
+    group.add_argument("--tokenizer", help="a tokenizer.json (needs the `whatif` extra: tokenizers)")
+    wi.add_argument("--measure-from", dest="measure_from", type=float, default=None,
+                    help="requests before this t (Unix seconds) only warm the caches")
+    wi.add_argument("--json", action="store_true", help="print one JSON object")
+    wi.set_defaults(func=cmd_whatif)
 
     sim = command("simulate", "serve simulated vLLM replicas on 127.0.0.1")
     sim.add_argument("--replicas", type=int, default=2, help="how many replicas")

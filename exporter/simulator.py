@@ -180,6 +180,8 @@ class Replica:
             "hits_broken": scenario.hits_broken, "prefix_caching": scenario.prefix_caching,
         }
         self._system = [self._system_prompt(k) for k in range(scenario.tenants)]
+        self.sample: list[dict] | None = None  # set to a list to record the traffic as a whatif sample
+        self.sample_bodies = False  # record chat bodies (text) instead of token ids
         self._restart(start)
 
     # what /tokenize serves and the diagnose tests use
@@ -276,8 +278,19 @@ class Replica:
     def _serve(self, t: float, tokens: list[int] | None = None, output: int | None = None) -> int:
         sc = self.scenario
         engine = self.engines[self._rng.randrange(len(self.engines))]
+        tenant = None
         if tokens is None:
-            tokens = self._prompt_tokens(self._rng.randrange(sc.tenants), t)
+            tenant = self._rng.randrange(sc.tenants)
+            tokens = self._prompt_tokens(tenant, t)
+        if self.sample is not None:
+            line = {"t": t, "replica": self.name}
+            if tenant is not None:
+                line["session"] = f"tenant-{tenant}"
+            if self.sample_bodies and tenant is not None:
+                line["body"] = self.request_at(tenant, t, user=f"Where is my order {len(self.sample)}?")
+            else:
+                line["prompt_token_ids"] = list(tokens)
+            self.sample.append(line)
         n = len(tokens)
         bs = sc.block_size
         if output is None:

@@ -43,6 +43,15 @@ class VLLMClient:
             raise VLLMError(f"{self.base}/tokenize: no token list in the answer")
         return tokens
 
+    def tokenize_text(self, prompt: str, model: str | None = None) -> list[int]:
+        body: dict = {"prompt": prompt}
+        if model:
+            body["model"] = model
+        tokens = self._post("/tokenize", body).get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise VLLMError(f"{self.base}/tokenize: no token list in the answer")
+        return tokens
+
     def detokenize(self, tokens: list[int], model: str | None) -> str:
         body: dict = {"tokens": tokens}
         if model:

@@ -1,0 +1,101 @@
+"""vLLM's block-hash prefix cache, against hand-computed cases."""
+import pytest
+
+from exporter import cachemodel
+from exporter.cachemodel import BlockPool, block_hashes, replay
+
+BS = 16
+
+
+def serve(pool, tokens, lora=None, salt=None):
+    return pool.serve(block_hashes(tokens, BS, lora, salt), len(tokens), BS)
+
+
+@pytest.mark.parametrize("n, second_hit", [
+    pytest.param(32, 16, id="two-full-blocks-last-token-always-computed"),
+    pytest.param(33, 32, id="two-full-blocks-and-one-token"),
+    pytest.param(15, 0, id="shorter-than-a-block"),
+    pytest.param(48, 32, id="three-blocks"),
+])
+def test_a_repeated_prompt_hits_its_full_blocks_but_never_the_last_token(n, second_hit):
+    pool = BlockPool()
+    tokens = list(range(n))
+    assert serve(pool, tokens) == 0
+    assert serve(pool, tokens) == second_hit
+
+
+def test_a_divergence_inside_a_block_loses_that_block_and_every_one_after():
+    pool = BlockPool()
+    a = list(range(64))
+    b = a[:20] + [999] + a[21:]  # differs in block 1 (tokens 16-31)
+    serve(pool, a)
+    assert serve(pool, b) == 16
+    c = a[:40] + [999] + a[41:]  # differs in block 2
+    assert serve(pool, c) == 32
+
+
+def test_cache_salt_and_lora_isolate_tenants():
+    pool = BlockPool()
+    tokens = list(range(64))
+    serve(pool, tokens, salt="tenant-a")
+    assert serve(pool, tokens, salt="tenant-b") == 0
+    assert serve(pool, tokens, salt="tenant-a") == 48
+    assert serve(pool, tokens, lora="sql") == 0
+    assert serve(pool, tokens) == 0  # no salt, no adapter: a third namespace
+    assert serve(pool, tokens) == 48
+
+
+def test_lru_evicts_the_least_recently_used_blocks_first():
+    pool = BlockPool(capacity=4)
+    a, b, c = list(range(0, 33)), list(range(100, 133)), list(range(200, 233))  # 2 full blocks each
+    serve(pool, a)
+    serve(pool, b)  # pool: a0 a1 b0 b1
+    assert serve(pool, a) == 32  # a is touched: b is now the oldest
+    serve(pool, c)  # evicts b0 b1
+    assert len(pool) == 4
+    assert serve(pool, a) == 32
+    assert serve(pool, b) == 0
+
+
+def multi_turn(sessions=13, turns=5, system=64, turn_tokens=32):
+    """Each session: a shared system prompt, then turns that extend the conversation,
+    interleaved: every session's turn 0, then every session's turn 1, ..."""
+    requests = []
+    for turn in range(turns):
+        for s in range(sessions):
+            tokens = list(range(system))
+            for k in range(turn + 1):
+                tokens += [10_000 + s * 1000 + k * 50 + i for i in range(turn_tokens)]
+            requests.append((block_hashes(tokens, BS), len(tokens), f"s{s}", None))
+    return requests
+
+
+def test_six_replicas_round_robin_vs_session_affinity():
+    """13 sessions x 5 turns; turn t has 64 + 32 (t + 1) tokens."""
+    import zlib
+    requests = multi_turn()
+    one_hits, total = replay(requests, BS, cachemodel.ROUND_ROBIN, 1, None)
+    rr_hits, _ = replay(requests, BS, cachemodel.ROUND_ROBIN, 6, None)
+    sticky_hits, _ = replay(requests, BS, cachemodel.SESSION, 6, None)
+    assert total == 13 * sum(64 + 32 * (t + 1) for t in range(5))
+    # one replica: the very first request computes all; the other 12 first turns hit the
+    # system prompt; every later turn hits the whole turn before (64 + 32 t tokens)
+    assert one_hits == 12 * 64 + 13 * sum(64 + 32 * t for t in range(1, 5))
+    # round robin: request i = 13 t + s goes to replica (t + s) mod 6, never the one that
+    # served the session's previous turn, so a request hits the system prompt only, and
+    # not even that as the first request on each of the 6 replicas
+    assert rr_hits == (65 - 6) * 64
+    # affinity: a session stays on crc32(name) mod 6; its first turn hits the system
+    # prompt unless it is the first session on its replica, later turns hit the turn before
+    homes = [zlib.crc32(f"s{s}".encode()) % 6 for s in range(13)]
+    firsts = len(set(homes))
+    assert sticky_hits == (13 - firsts) * 64 + 13 * sum(64 + 32 * t for t in range(1, 5))
+    assert rr_hits < sticky_hits < one_hits
+
+
+def test_routing_is_deterministic_and_observed_needs_replicas():
+    requests = multi_turn()
+    assert replay(requests, BS, cachemodel.RANDOM, 6, None) == replay(requests, BS, cachemodel.RANDOM, 6, None)
+    assert replay(requests, BS, cachemodel.PREFIX_HASH, 6, None)[0] > 0
+    with pytest.raises(ValueError):
+        replay(requests, BS, cachemodel.OBSERVED, 2, None)
