@@ -10,8 +10,9 @@ COLD_START = "cold_start"
 EVICTION_PRESSURE = "eviction_pressure"
 CACHING_DISABLED = "caching_disabled"
 LOAD_BALANCER_SCATTER = "load_balancer_scatter"
+INSTRUMENTATION = "instrumentation"  # the engine's own counters disagree: its bookkeeping, not its cache
 UNKNOWN = "unknown"
-CAUSES = (PROMPT_PREFIX_CHANGE, COLD_START, EVICTION_PRESSURE, CACHING_DISABLED, LOAD_BALANCER_SCATTER, UNKNOWN)
+CAUSES = (PROMPT_PREFIX_CHANGE, COLD_START, EVICTION_PRESSURE, CACHING_DISABLED, LOAD_BALANCER_SCATTER, INSTRUMENTATION, UNKNOWN)
 
 
 @dataclass(frozen=True)

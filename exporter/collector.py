@@ -72,12 +72,18 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("vllm_preemptions", "counter", "vLLM preemptions, as read from the target.", "target", "model_name", "engine"),
     _m("vllm_time_to_first_token_seconds", "histogram", "vLLM time-to-first-token histogram as read from the target (buckets as vLLM sets them).", "target", "model_name", "engine"),
     _m("vllm_kv_cache_usage_ratio", "gauge", "vLLM KV-cache usage, 0-1 (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc).", "target", "model_name", "engine"),
+    _m("vllm_prompt_tokens_by_source", "counter", "vLLM 0.16+ admitted prefill: prompt tokens by `source` (local_compute, local_cache_hit, external_kv_transfer), counted once per request when its first token is out.", "target", "model_name", "engine", "source"),
+    _m("vllm_prompt_tokens_cached", "counter", "vLLM 0.16+ admitted prefill: cached prompt tokens (local + external).", "target", "model_name", "engine"),
+    _m("engine_cache_hit_rate", "gauge", "SGLang's sglang:cache_hit_rate: the LAST prefill batch (or since start in old versions), never a windowed rate; exported as read, never alerted on.", "target", "model_name"),
+    _m("target_engine_info", "gauge", "Which engine's metric names the target serves (`engine`: vllm or sglang); value 1.", "target", "engine"),
     _m("vllm_hit_ratio_since_start", "gauge", "V0 engines only: vLLM's block hit rate averaged since start (vllm:gpu_prefix_cache_hit_rate); no window can be derived from it.", "target", "model_name"),
     # derived per window
     _m("hit_ratio", "gauge", "Token-weighted prefix-cache hit ratio increase(hits)/increase(queries), summed over engines, " + _W + "; absent below global.min_query_tokens.", "target", "model_name", "window"),
     _m("query_tokens_per_second", "gauge", "Prefix-cache query tokens per second " + _W + " (blocks for 0.8.x targets).", "target", "model_name", "window"),
     _m("hit_tokens_per_second", "gauge", "Prefix-cache hit tokens per second " + _W + " (blocks for 0.8.x targets).", "target", "model_name", "window"),
     _m("recomputed_tokens_per_second", "gauge", "Prompt tokens per second that missed the prefix cache and were prefilled again " + _W + ".", "target", "model_name", "window"),
+    _m("admitted_hit_ratio", "gauge", "Token-weighted hit ratio from the admitted-prefill counters (vLLM 0.16+: local cache hits / prompt tokens, each request counted once when scheduled) " + _W + "; the rules judge this one where it exists.", "target", "model_name", "window"),
+    _m("hit_ratio_disagreement", "gauge", "prefixcache_hit_ratio (lookups) minus prefixcache_admitted_hit_ratio " + _W + ": far from 0, the engine's counters disagree (retry over-count, hits not recorded).", "target", "model_name", "window"),
     _m("external_hit_ratio", "gauge", "External (KV connector) prefix-cache hit ratio " + _W + ".", "target", "model_name", "window"),
     _m("ttft_seconds", "summary", "Time to first token: `quantile` is histogram_quantile over vLLM's bucket increase " + _W + "; _sum and _count are vLLM's cumulative totals, summed over engines.", "target", "model_name", "window"),
     _m("ttft_mean_seconds", "gauge", "Mean time to first token " + _W + ".", "target", "model_name", "window"),
@@ -195,6 +201,8 @@ class PrefixCacheCollector(Collector):
         snap = v.snapshot
         if snap is not None:
             f.add("prefixcache_parse_warnings", (), len(snap.warnings), target=t)
+            if snap.engine_kind is not None:
+                f.add("prefixcache_target_engine_info", (snap.engine_kind,), 1.0, target=t)
             if snap.prefix_caching_enabled is not None:
                 f.add("prefixcache_prefix_caching_enabled", (), 1.0 if snap.prefix_caching_enabled else 0.0, target=t)
             if snap.block_size is not None:
@@ -219,6 +227,12 @@ class PrefixCacheCollector(Collector):
                         f.add(name, (s.model_name, engine), value, target=t)
                 if s.hit_rate_since_start is not None:
                     f.add("prefixcache_vllm_hit_ratio_since_start", (s.model_name,), s.hit_rate_since_start, target=t)
+                for source, value in s.prompt_tokens_by_source or ():
+                    f.add("prefixcache_vllm_prompt_tokens_by_source", (s.model_name, engine, source), value, target=t)
+                if s.prompt_tokens_cached is not None:
+                    f.add("prefixcache_vllm_prompt_tokens_cached", (s.model_name, engine), s.prompt_tokens_cached, target=t)
+                if s.engine_hit_rate is not None:
+                    f.add("prefixcache_engine_cache_hit_rate", (s.model_name,), s.engine_hit_rate, target=t)
                 h = s.ttft
                 if h is not None and h.buckets and math.isinf(h.buckets[-1][0]) and h.sum is not None:
                     f.histogram("prefixcache_vllm_time_to_first_token_seconds", (s.model_name, engine), h.buckets, h.sum, target=t)
@@ -242,6 +256,9 @@ _WINDOW_GAUGES_BEFORE_TTFT = (
     ("prefixcache_hit_tokens_per_second", lambda ws: ws.hit_rate),
     ("prefixcache_recomputed_tokens_per_second",
      lambda ws: ws.query_rate - ws.hit_rate if ws.query_rate is not None and ws.hit_rate is not None else None),
+    ("prefixcache_admitted_hit_ratio", lambda ws: ws.admitted_hit_ratio),
+    ("prefixcache_hit_ratio_disagreement",
+     lambda ws: ws.hit_ratio - ws.admitted_hit_ratio if ws.hit_ratio is not None and ws.admitted_hit_ratio is not None else None),
     ("prefixcache_external_hit_ratio", lambda ws: ws.external_hit_ratio),
 )
 _WINDOW_GAUGES_AFTER_TTFT = (

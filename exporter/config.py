@@ -508,6 +508,7 @@ def _lookback_errors(cfg: Config) -> list[str]:
             continue
         key = by_key[alertname]
         needs = {"hit_rate_low": (s.window, "window"), "hits_stuck_at_zero": (s.window, "window"),
+                 "counters_disagree": (s.window, "window"),
                  "ttft_regression": (s.window + s.reference, "window + reference"),
                  "hit_rate_drop_after_deploy": (s.baseline + s.after, "baseline + after")}.get(key)
         if needs is not None and needs[0] > kept:

@@ -27,7 +27,8 @@ CACHING_DISABLED = "PrefixCachingDisabled"
 HITS_STUCK_AT_ZERO = "PrefixCacheHitsStuckAtZero"
 TTFT_REGRESSION = "PrefixCacheTTFTRegression"
 TARGET_DOWN = "PrefixCacheTargetDown"
-ALERT_NAMES = (DROP_AFTER_DEPLOY, HIT_RATE_LOW, CACHING_DISABLED, HITS_STUCK_AT_ZERO, TTFT_REGRESSION, TARGET_DOWN)
+COUNTERS_DISAGREE = "PrefixCacheCountersDisagree"
+ALERT_NAMES = (DROP_AFTER_DEPLOY, HIT_RATE_LOW, CACHING_DISABLED, HITS_STUCK_AT_ZERO, TTFT_REGRESSION, TARGET_DOWN, COUNTERS_DISAGREE)
 RUNBOOK_ANCHORS = {name: name.lower() for name in ALERT_NAMES}
 
 
@@ -71,6 +72,7 @@ RULE_KEYS = {
     "hits_stuck_at_zero": HITS_STUCK_AT_ZERO,
     "ttft_regression": TTFT_REGRESSION,
     "target_down": TARGET_DOWN,
+    "counters_disagree": COUNTERS_DISAGREE,
 }
 
 
@@ -108,6 +110,10 @@ class Facts:
         return stats_between(self.samples, self.model, self.now - seconds, self.now, 0.0, self.block_size)
 
     def query_tokens(self, ws: WindowStats) -> float:
+        """The tokens the rules' ratio is over: admitted prompt tokens where the target
+        counts admitted prefill, else the lookup queries (in tokens)."""
+        if ws.admitted_prompt_increase is not None and ws.admitted_hit_increase is not None:
+            return ws.admitted_prompt_increase
         if ws.query_increase is None:
             return 0.0
         return ws.query_increase * ((self.block_size or 16) if ws.unit == "blocks" else 1)
@@ -131,6 +137,15 @@ FALSE = Condition("false")
 
 
 def _ratio(ws: WindowStats) -> float | None:
+    """The hit ratio the rules judge: the admitted-prefill one where the target has it
+    (vLLM 0.16 on: each request counted once, when it is scheduled, immune to the
+    lookup counters' retry over-count), else the lookup one."""
+    if ws.admitted_hit_increase is not None and ws.admitted_prompt_increase:
+        return ws.admitted_hit_increase / ws.admitted_prompt_increase
+    return _lookup_ratio(ws)
+
+
+def _lookup_ratio(ws: WindowStats) -> float | None:
     if ws.hit_increase is None or not ws.query_increase:
         return None
     return ws.hit_increase / ws.query_increase
@@ -198,11 +213,56 @@ def rule_hits_stuck_at_zero(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condi
     if f.snapshot is not None and f.snapshot.prefix_caching_enabled is False:
         return FALSE
     ws = f.window(s.window)
-    if ws.hit_increase != 0 or f.query_tokens(ws) < s.min_query_tokens:
+    if ws.hit_increase != 0 or (ws.query_increase or 0) < s.min_query_tokens:
         return FALSE
+    if _cache_works_by_other_evidence(f, ws, s):
+        return FALSE  # the hit counter is not wired: PrefixCacheCountersDisagree says so
     return Condition("true", 0.0, f"Prefix-cache hits of {f.model} on {f.target} are stuck at zero",
                      f"{f.query_tokens(ws):.0f} query tokens and not one hit in {s.window:.0f}s. Known on some hardware backends; "
                      "also seen when every prompt is shorter than one block.")
+
+
+def _cache_works_by_other_evidence(f: Facts, ws: WindowStats, s: RuleSettings) -> str:
+    """Why the cache works although its hit counter says zero, or "": the admitted-prefill
+    counters count hits, or (without them) TTFT stays at its level of the time before."""
+    if ws.admitted_hit_increase is not None:
+        return f"admitted prefill counted {ws.admitted_hit_increase:.0f} cached tokens" if ws.admitted_hit_increase > 0 else ""
+    p_now = ws.ttft_quantiles.get(0.5)
+    before = stats_between(f.samples, f.model, f.now - 2 * s.window, f.now - s.window, 0.0, f.block_size)
+    p_before = before.ttft_quantiles.get(0.5)
+    if p_now is None or p_before is None or (before.hit_increase or 0) <= 0:
+        return ""
+    if p_now <= 1.2 * p_before:
+        return f"TTFT p50 stayed at {p_now * 1000:.0f} ms ({p_before * 1000:.0f} ms while hits were counted)"
+    return ""
+
+
+def rule_counters_disagree(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
+    """The engine's counters contradict each other: the lookup ratio and the admitted
+    ratio differ by `drop_points`, or hits sit at zero while the cache demonstrably works,
+    or the lookup counters stand still while prompt tokens flow."""
+    if f.snapshot is not None and f.snapshot.prefix_caching_enabled is False:
+        return FALSE
+    ws = f.window(s.window)
+    lookup, admitted = _lookup_ratio(ws), ws.admitted_hit_ratio
+    why = ""
+    if admitted is not None and (ws.admitted_prompt_increase or 0) >= s.min_query_tokens:
+        if lookup is None and (ws.query_increase or 0) == 0:
+            why = f"the lookup counters stood still while {ws.admitted_prompt_increase:.0f} prompt tokens were admitted"
+        elif lookup is not None and (ws.query_increase or 0) >= s.min_query_tokens and abs(lookup - admitted) >= s.drop_points:
+            why = (f"lookups say {lookup:.0%} while admitted prefill says {admitted:.0%} "
+                   f"({'lookups recorded again on scheduler retries under KV pressure' if lookup > admitted else 'hits not recorded by the lookup path'})")
+    elif ws.hit_increase == 0 and (ws.query_increase or 0) >= s.min_query_tokens:
+        works = _cache_works_by_other_evidence(f, ws, s)
+        if works:
+            why = f"prefix-cache hits stayed at zero while {works}"
+    if not why:
+        return FALSE
+    return Condition("true", admitted if admitted is not None else lookup,
+                     f"The prefix-cache counters of {f.model} on {f.target} disagree",
+                     f"Over {s.window:.0f}s {why}. The engine's bookkeeping is wrong, not necessarily its cache: "
+                     "alerts judge the admitted-prefill ratio where it exists.",
+                     (causes.INSTRUMENTATION, why))
 
 
 def rule_ttft_regression(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
@@ -251,6 +311,7 @@ RULES: dict[str, Callable[[Facts, RuleSettings, RulesConfig], Condition]] = {
     HITS_STUCK_AT_ZERO: rule_hits_stuck_at_zero,
     TTFT_REGRESSION: rule_ttft_regression,
     TARGET_DOWN: rule_target_down,
+    COUNTERS_DISAGREE: rule_counters_disagree,
 }
 
 

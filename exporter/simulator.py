@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator, Sequence
 
-GENERATIONS = ("v0", "v0.8", "v0.10", "current")
+GENERATIONS = ("v0", "v0.8", "v0.10", "current", "sglang")
 
 TTFT_BUCKETS_OLD = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 TTFT_BUCKETS = TTFT_BUCKETS_OLD + (20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -66,7 +66,8 @@ class Event:
     """At `at` seconds after the replica starts, set `what` to `value`.
 
     what: "prompt" ("static" | "timestamp" | "tail_edit"), "restart" (value ignored),
-    "output_tokens", "request_rate", "kv_blocks", "hits_broken", "prefix_caching"."""
+    "output_tokens", "request_rate", "kv_blocks", "hits_broken", "prefix_caching",
+    "counter_bug" (None, or one of COUNTER_BUGS: vLLM's known bookkeeping bugs)."""
 
     at: float
     what: str
@@ -86,6 +87,7 @@ class Scenario:
     prefix_caching: bool = True
     hits_broken: bool = False
     external_cache_fraction: float = 0.0  # a KV connector finds this share of local misses
+    counter_bug: str | None = None  # see COUNTER_BUGS
     prompt: str = "static"
     events: tuple[Event, ...] = ()
     # TTFT model: seconds = base + per_uncached * uncached + per_cached * cached, x noise
@@ -93,6 +95,15 @@ class Scenario:
     ttft_per_uncached: float = 0.00018
     ttft_per_cached: float = 0.000004
     decode_seconds_per_token: float = 0.01
+
+
+# Known ways vLLM's lookup counters lie (shared/engine-metrics.md §2), for the
+# instrumentation cross-check: the admitted-prefill counters stay right in each.
+RETRY_OVERCOUNT = "retry_overcount"  # <= 0.26: a waiting request's lookup is recorded again on every retry
+HITS_NOT_WIRED = "hits_not_wired"  # hits stay 0 while caching works (some hardware backends)
+COUNTERS_ZERO = "counters_zero"  # queries and hits both stay 0 (a scheduler that never records)
+COUNTER_BUGS = (RETRY_OVERCOUNT, HITS_NOT_WIRED, COUNTERS_ZERO)
+RETRIES_UNDER_PRESSURE = 3
 
 
 def incident(deploy_at: float, **overrides) -> Scenario:
@@ -105,6 +116,21 @@ def kv_pressure(start: float, ramp: float, **overrides) -> Scenario:
     steps = 10
     events = tuple(Event(start + ramp * i / steps, "output_tokens", int(200 + 1600 * i / steps)) for i in range(1, steps + 1))
     return replace(Scenario(**overrides), events=events)
+
+
+def _lookup(pool: OrderedDict, hashes: Sequence[int], capacity: int) -> int:
+    """Leading blocks found in an LRU pool of `capacity`, which then caches them all."""
+    matched = 0
+    for h in hashes:
+        if h not in pool:
+            break
+        pool.move_to_end(h)
+        matched += 1
+    for h in hashes[matched:]:
+        pool[h] = None
+    while len(pool) > capacity:
+        pool.popitem(last=False)
+    return matched
 
 
 # --- a replica -------------------------------------------------------------------------
@@ -136,6 +162,12 @@ class _Engine:
         self.hit_blocks = 0
         self.external_queries = 0
         self.external_hits = 0
+        self.local_compute = 0  # admitted prefill by source (0.20+ semantics)
+        self.local_cache_hit = 0
+        self.external_kv_transfer = 0
+        self.cached_tokens = 0
+        self.last_hit_rate = 0.0  # what SGLang's cache_hit_rate gauge shows: the last request only
+        self.lookup_pool: OrderedDict[int, None] = OrderedDict()  # what a lookup saw before pressure evicted
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.preemptions = 0
@@ -166,7 +198,7 @@ class Replica:
         self.scenario = scenario
         self.generation = generation
         self.model_names = tuple(model_names)
-        self.n_engines = 1 if generation == "v0" else engines  # V0 has no engine label
+        self.n_engines = 1 if generation in ("v0", "sglang") else engines  # V0 has no engine label; SGLang none we read
         self.tokenizer = tokenizer or Tokenizer()
         self.lock = threading.Lock()
         self._rng = random.Random(seed)
@@ -178,6 +210,7 @@ class Replica:
             "prompt": scenario.prompt, "output_tokens": scenario.output_tokens,
             "request_rate": scenario.request_rate, "kv_blocks": scenario.kv_blocks,
             "hits_broken": scenario.hits_broken, "prefix_caching": scenario.prefix_caching,
+            "counter_bug": scenario.counter_bug,
         }
         self._system = [self._system_prompt(k) for k in range(scenario.tenants)]
         self.sample: list[dict] | None = None  # set to a list to record the traffic as a whatif sample
@@ -306,12 +339,15 @@ class Replica:
             engine.preemptions += 1
         free_for_cache = max(0, int(capacity - demand))
 
+        bug = self._state["counter_bug"]
         matched = 0
+        hashes = []
         if self._state["prefix_caching"]:
             parent = 0
             still_matching = True
             for start in range(0, n - n % bs, bs):
                 parent = hash((parent, tuple(tokens[start:start + bs])))
+                hashes.append(parent)
                 if still_matching and parent in engine.pool:
                     engine.pool.move_to_end(parent)
                     matched += 1
@@ -323,15 +359,29 @@ class Replica:
         hit_tokens = min(matched * bs, ((n - 1) // bs) * bs)
         if self._state["hits_broken"]:
             hit_tokens = 0
-        if self._state["prefix_caching"]:
-            engine.queries += n
-            engine.hits += hit_tokens
+        lookup_hit, lookups = hit_tokens, 1
+        if bug == RETRY_OVERCOUNT and self._state["prefix_caching"]:
+            # the lookup saw the blocks as they were before pressure evicted them, and a
+            # request kept waiting under pressure is looked up (and recorded) again
+            lookup_hit = min(_lookup(engine.lookup_pool, hashes, capacity), ((n - 1) // bs)) * bs
+            lookups = 1 + (RETRIES_UNDER_PRESSURE if demand > 0.9 * capacity else 0)
+        if self._state["prefix_caching"] and bug != COUNTERS_ZERO:
+            engine.queries += n * lookups
+            engine.hits += 0 if bug == HITS_NOT_WIRED else lookup_hit * lookups
             engine.query_blocks += n // bs
             engine.hit_blocks += hit_tokens // bs
+        external = 0
         if sc.external_cache_fraction > 0:
             missed = n - hit_tokens
             engine.external_queries += missed
-            engine.external_hits += int(missed * sc.external_cache_fraction) // bs * bs
+            external = int(missed * sc.external_cache_fraction) // bs * bs
+            engine.external_hits += external
+        # admitted prefill, once per request: local_compute + local_cache_hit + external = prompt
+        engine.local_cache_hit += hit_tokens
+        engine.external_kv_transfer += external
+        engine.local_compute += n - hit_tokens - external
+        engine.cached_tokens += hit_tokens + external
+        engine.last_hit_rate = hit_tokens / n if n else 0.0
         engine.prompt_tokens += n
         engine.generation_tokens += output
         engine.requests += 1
@@ -374,8 +424,46 @@ def _fmt(v: float) -> str:
     return repr(float(v))
 
 
+def _render_sglang(r: Replica) -> str:
+    """SGLang 0.5.x names: tokenizer counters split by is_streaming (and cached tokens by
+    cache_source), scheduler gauges with tp_rank; the parser must sum the splits."""
+    out: list[str] = []
+    add = out.append
+    add("# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.")
+    add("# TYPE process_start_time_seconds gauge")
+    add(f"process_start_time_seconds {_fmt(r.created)}")
+    for mi, model in enumerate(r.model_names):
+        x = r.engines[mi]
+        base = dict(engine_type="unified", model_name=model)
+        add("# TYPE sglang:prompt_tokens_total counter")
+        add(f"sglang:prompt_tokens_total{_labels(**base, is_streaming='false')} {_fmt(x.prompt_tokens // 3)}")
+        add(f"sglang:prompt_tokens_total{_labels(**base, is_streaming='true')} {_fmt(x.prompt_tokens - x.prompt_tokens // 3)}")
+        add("# TYPE sglang:cached_tokens_total counter")
+        add(f"sglang:cached_tokens_total{_labels(cache_source='device', **base)} {_fmt(x.hits - x.hits // 4)}")
+        add(f"sglang:cached_tokens_total{_labels(cache_source='host', **base)} {_fmt(x.hits // 4)}")
+        sched = dict(engine_type="unified", model_name=model, pp_rank="0", tp_rank="0")
+        add("# TYPE sglang:token_usage gauge")
+        add(f"sglang:token_usage{_labels(**sched)} {_fmt(round(x.kv_usage, 2))}")
+        add("# TYPE sglang:cache_hit_rate gauge")
+        add(f"sglang:cache_hit_rate{_labels(**sched)} {_fmt(x.last_hit_rate)}")
+        add("# TYPE sglang:num_queue_reqs gauge")
+        add(f"sglang:num_queue_reqs{_labels(**sched)} 0.0")
+        add("# TYPE sglang:time_to_first_token_seconds histogram")
+        h = x.hist["ttft"]
+        cum = 0
+        for le, c in zip(h.bounds, h.counts):
+            cum += c
+            add(f"sglang:time_to_first_token_seconds_bucket{_labels(**base, is_streaming='true', le=_fmt(le))} {_fmt(cum)}")
+        add(f"sglang:time_to_first_token_seconds_bucket{_labels(**base, is_streaming='true', le='+Inf')} {_fmt(h.count)}")
+        add(f"sglang:time_to_first_token_seconds_count{_labels(**base, is_streaming='true')} {_fmt(h.count)}")
+        add(f"sglang:time_to_first_token_seconds_sum{_labels(**base, is_streaming='true')} {_fmt(h.sum)}")
+    return "\n".join(out) + "\n"
+
+
 def _render(r: Replica) -> str:
     g = r.generation
+    if g == "sglang":
+        return _render_sglang(r)
     out: list[str] = []
     add = out.append
     v1 = g != "v0"
@@ -447,7 +535,12 @@ def _render(r: Replica) -> str:
     if g == "current":
         family("vllm:external_prefix_cache_queries_total", "counter", "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.", [(m, e, x.external_queries) for m, e, x in rows])
         family("vllm:external_prefix_cache_hits_total", "counter", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.", [(m, e, x.external_hits) for m, e, x in rows])
-        counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).", "hits")
+        counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).", "cached_tokens")
+        add("# HELP vllm:prompt_tokens_by_source_total Number of prompt tokens by source.")
+        add("# TYPE vllm:prompt_tokens_by_source_total counter")
+        for model, engine, x in rows:
+            for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
+                add(f"vllm:prompt_tokens_by_source_total{_labels(engine=engine, model_name=model, source=source)} {_fmt(getattr(x, source))}")
     counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", "preemptions")
     counter("vllm:prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens")
     counter("vllm:generation_tokens", "Number of generation tokens processed.", "generation_tokens")

@@ -34,6 +34,26 @@ REQUESTS_WAITING = "vllm:num_requests_waiting"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 LORA_REQUESTS_INFO = "vllm:lora_requests_info"
 PROCESS_START_TIME = "process_start_time_seconds"
+# admitted prefill (0.16 on): each request counted once, when its first token is out
+PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"  # source=local_compute|local_cache_hit|external_kv_transfer
+PROMPT_TOKENS_RECOMPUTED = "vllm:prompt_tokens_recomputed_total"  # 0.16-0.19 only
+PREFILL_KV_COMPUTED = "vllm:request_prefill_kv_computed_tokens"  # histogram, 0.13 on
+# SGLang (--enable-metrics): tokenizer counters count at request finish; label model_name
+# (old builds: name); sums over cache_source / is_streaming / engine_type
+SGLANG_PROMPT_TOKENS = "sglang:prompt_tokens_total"
+SGLANG_CACHED_TOKENS = "sglang:cached_tokens_total"  # 0.4.4 on
+SGLANG_TTFT = "sglang:time_to_first_token_seconds"
+SGLANG_TOKEN_USAGE = "sglang:token_usage"
+SGLANG_QUEUE = "sglang:num_queue_reqs"
+SGLANG_RUNNING = "sglang:num_running_reqs"
+SGLANG_CACHE_HIT_RATE = "sglang:cache_hit_rate"  # the last prefill batch: exported, never a windowed rate
+# LMCache inside vLLM's /metrics (multiprocess mode): one series per TP worker, each
+# counting the same tokens, so workers are combined with max, never summed
+LMCACHE_REQUESTED = "lmcache:num_requested_tokens_total"
+LMCACHE_HIT = "lmcache:num_hit_tokens_total"
+LMCACHE_LOOKUP_REQUESTS = "lmcache:num_lookup_requests_total"
+LMCACHE_LOOKUP_TOKENS = "lmcache:num_lookup_tokens_total"
+LMCACHE_LOOKUP_HITS = "lmcache:num_lookup_hits_total"
 
 # Counters whose `<name>_created` sample marks when the series began: a changed value
 # is a restart. The queries counters move on every request, so they are the ones read.
@@ -66,7 +86,27 @@ _ROLE_BY_NAME: dict[str, tuple[str, str]] = {
     LORA_REQUESTS_INFO: ("info", "lora"),
     PROCESS_START_TIME: ("process", "process_start_time"),
     **{name: ("created", kind) for name, kind in CREATED_OF.items()},
+    PROMPT_TOKENS_BY_SOURCE: ("by_source", "source_"),
+    PROMPT_TOKENS_RECOMPUTED: ("counter", "prompt_tokens_recomputed"),
+    PREFILL_KV_COMPUTED + "_sum": ("counter", "prefill_kv_computed_sum"),
+    PREFILL_KV_COMPUTED + "_count": ("counter", "prefill_kv_computed_count"),
+    SGLANG_PROMPT_TOKENS: ("sum", "sglang_prompt_tokens"),
+    SGLANG_CACHED_TOKENS: ("sum", "sglang_cached_tokens"),
+    SGLANG_TTFT + "_bucket": ("bucket_sum", "ttft"),
+    SGLANG_TTFT + "_sum": ("sum", "ttft_sum"),
+    SGLANG_TTFT + "_count": ("sum", "ttft_count"),
+    SGLANG_TOKEN_USAGE: ("gauge_max", "kv_usage"),
+    SGLANG_QUEUE: ("sum", "requests_waiting"),
+    SGLANG_RUNNING: ("sum", "requests_running"),
+    SGLANG_CACHE_HIT_RATE: ("gauge_max", "engine_hit_rate"),
+    LMCACHE_REQUESTED: ("max", "lmcache_requested"),
+    LMCACHE_HIT: ("max", "lmcache_hit"),
+    LMCACHE_LOOKUP_REQUESTS: ("max", "lmcache_lookup_requests"),
+    LMCACHE_LOOKUP_TOKENS: ("max", "lmcache_lookup_tokens"),
+    LMCACHE_LOOKUP_HITS: ("max", "lmcache_lookup_hits"),
 }
+ENGINE_PREFIXES = {"vllm:": "vllm", "sglang:": "sglang"}
+BY_SOURCE = ("local_compute", "local_cache_hit", "external_kv_transfer")
 # HELP lines are read for these only: the 0.7.3-0.8.x `gpu_` pair counts blocks, the
 # 0.9.x pair counts tokens, and HELP is the only place the text says which.
 _UNIT_FROM_HELP = {GPU_PREFIX_QUERIES, GPU_PREFIX_HITS}
@@ -115,6 +155,14 @@ class SeriesSnapshot:
     requests_waiting: float | None = None
     hit_rate_since_start: float | None = None  # V0 gauge, block ratio since start
     created: float | None = None  # `_created` of the queries counter
+    prompt_tokens_by_source: tuple[tuple[str, float], ...] | None = None  # 0.16 on, admitted prefill
+    prompt_tokens_recomputed: float | None = None  # 0.16-0.19
+    prefill_kv_computed: tuple[float, float] | None = None  # (sum, count) of the 0.13+ histogram
+    engine_hit_rate: float | None = None  # SGLang's cache_hit_rate gauge: the last prefill batch
+    lmcache_lookups: tuple[float | None, float | None, float | None] | None = None  # (requests, tokens, hit tokens), max over workers
+
+    def by_source(self, source: str) -> float | None:
+        return dict(self.prompt_tokens_by_source).get(source) if self.prompt_tokens_by_source else None
 
     @property
     def key(self) -> tuple[str, str | None]:
@@ -128,6 +176,7 @@ class Snapshot:
     series: tuple[SeriesSnapshot, ...]
     warnings: tuple[str, ...]
     process_start_time: float | None = None
+    engine_kind: str | None = None  # "vllm" or "sglang": whose names the text uses
     cache_config: tuple[tuple[str, str], ...] | None = None
     lora_config: tuple[tuple[str, str], ...] | None = None
     rejected: tuple[tuple[str, int], ...] = ()  # reason -> samples refused (non-finite or negative counters)
@@ -139,6 +188,7 @@ class Snapshot:
     def to_json(self) -> dict:
         """The `parse` output contract of DESIGN.md."""
         return {
+            "engine_kind": self.engine_kind,
             "prefix_caching_enabled": self.prefix_caching_enabled,
             "block_size": self.block_size,
             "process_start_time": self.process_start_time,
@@ -173,6 +223,11 @@ def _series_json(s: SeriesSnapshot) -> dict:
         "prompt_tokens_cached": s.prompt_tokens_cached,
         "hit_rate_since_start": s.hit_rate_since_start,
         "created": s.created,
+        "prompt_tokens_by_source": dict(s.prompt_tokens_by_source) if s.prompt_tokens_by_source is not None else None,
+        "prompt_tokens_recomputed": s.prompt_tokens_recomputed,
+        "prefill_kv_computed": {"sum": s.prefill_kv_computed[0], "count": s.prefill_kv_computed[1]} if s.prefill_kv_computed else None,
+        "engine_hit_rate": s.engine_hit_rate,
+        "lmcache_lookups": dict(zip(("requests", "tokens", "hits"), s.lmcache_lookups)) if s.lmcache_lookups else None,
     }
 
 
@@ -290,6 +345,7 @@ def parse(text: str) -> Snapshot:
     helps: dict[str, str] = {}
     process_start: float | None = None
     rejected: dict[str, int] = {}
+    kinds: set[str] = set()
     roles = _ROLE_BY_NAME
 
     for lineno, line in _lines(text):
@@ -322,7 +378,7 @@ def parse(text: str) -> Snapshot:
             warnings.append(f"line {lineno}: bad value {value_text[:40]!r} for {name}")
             continue
         kind, field_name = role
-        if kind in ("counter", "bucket") and not (0.0 <= value < math.inf):
+        if kind in ("counter", "bucket", "sum", "max", "by_source", "bucket_sum") and not (0.0 <= value < math.inf):
             # one +Inf or NaN would poison every window of the series for good
             reason = "negative_counter" if value < 0 else "non_finite_counter"
             rejected[reason] = rejected.get(reason, 0) + 1
@@ -335,19 +391,34 @@ def parse(text: str) -> Snapshot:
             process_start = value
             continue
         model = labels.get("model_name")
+        if model is None and name.startswith("sglang:"):
+            model = labels.get("name")  # pre-release SGLang builds
         if model is None:
             warnings.append(f"line {lineno}: {name} has no model_name label")
             continue
-        key = (model, labels.get("engine"))
+        for prefix, engine_kind in ENGINE_PREFIXES.items():
+            if name.startswith(prefix):
+                kinds.add(engine_kind)
+        key = (model, labels.get("engine") if name.startswith("vllm:") else None)
         builder = series.get(key)
         if builder is None:
             builder = series[key] = _SeriesBuilder()
-        if kind == "bucket":
+        if kind in ("bucket", "bucket_sum"):
             le = _le(labels.get("le", ""))
             if le is None:
                 warnings.append(f"line {lineno}: {name} has a bad le label")
                 continue
-            builder.buckets[le] = value
+            builder.buckets[le] = value + (builder.buckets.get(le, 0.0) if kind == "bucket_sum" else 0.0)
+        elif kind == "sum":
+            builder.values[field_name] = builder.values.get(field_name, 0.0) + value
+        elif kind in ("max", "gauge_max"):
+            builder.values[field_name] = max(builder.values.get(field_name, value), value)
+        elif kind == "by_source":
+            source = labels.get("source")
+            if source not in BY_SOURCE:
+                warnings.append(f"line {lineno}: {name} has an unknown source {source!r}")
+                continue
+            builder.values[field_name + source] = value
         elif kind == "created":
             builder.created[field_name] = value
         elif field_name in builder.values:
@@ -361,9 +432,11 @@ def parse(text: str) -> Snapshot:
             builder.values[field_name] = value
 
     gpu_unit = _gpu_pair_unit(helps)
+    # LMCache's tokens stand in for vLLM's external counters only where those are missing
+    vllm_external = {m for (m, _), b in series.items() if "external_queries" in b.values}
     built = []
     for (model, engine), b in sorted(series.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
-        built.append(_series(model, engine, b, gpu_unit, warnings))
+        built.append(_series(model, engine, b, gpu_unit, warnings, use_lmcache=model not in vllm_external))
 
     cache_config = _single_info(infos.get("cache_config"), "cache_config_info", warnings)
     lora = _single_info(infos.get("lora"), "lora_requests_info", warnings)
@@ -380,6 +453,7 @@ def parse(text: str) -> Snapshot:
         cache_config=tuple(sorted(cache_config.items())) if cache_config is not None else None,
         lora_config=tuple(sorted((k, v) for k, v in lora.items() if k not in ("running_lora_adapters", "waiting_lora_adapters"))) if lora is not None else None,
         rejected=tuple(sorted(rejected.items())),
+        engine_kind="sglang" if "sglang" in kinds and "vllm" not in kinds else ("vllm" if kinds else None),
     )
 
 
@@ -423,11 +497,19 @@ def _prefix_pair(values: dict[str, float], gpu_unit: str | None, what: str, warn
     return new
 
 
-def _series(model: str, engine: str | None, b: _SeriesBuilder, gpu_unit: str | None, warnings: list[str]) -> SeriesSnapshot:
+def _series(model: str, engine: str | None, b: _SeriesBuilder, gpu_unit: str | None, warnings: list[str],
+            use_lmcache: bool = True) -> SeriesSnapshot:
     v = b.values
     what = f"model_name={model!r} engine={engine!r}"
     # 0.9.2-0.11.x expose both pairs: the new one wins, they are never added.
     prefix = _prefix_pair(v, gpu_unit, what, warnings)
+    if prefix is None and "sglang_prompt_tokens" in v:
+        # SGLang: cached tokens of all tiers over prompt tokens, both counted at request finish
+        prefix = CounterPair(queries=v["sglang_prompt_tokens"], hits=v.get("sglang_cached_tokens"), unit="tokens")
+    external = _pair(v, "external_queries", "external_hits", "tokens", what + " external", warnings)
+    if external is None and use_lmcache and ("lmcache_requested" in v or "lmcache_hit" in v):
+        external = _pair(v, "lmcache_requested", "lmcache_hit", "tokens", what + " lmcache", warnings)
+    by_source = tuple((s, v["source_" + s]) for s in BY_SOURCE if "source_" + s in v) or None
     # either `_created` dates the same process start; a change of it is a restart
     created = b.created.get("new", b.created.get("deprecated"))
     ttft = None
@@ -442,18 +524,32 @@ def _series(model: str, engine: str | None, b: _SeriesBuilder, gpu_unit: str | N
         model_name=model,
         engine=engine,
         prefix_cache=prefix,
-        external_prefix_cache=_pair(v, "external_queries", "external_hits", "tokens", what + " external", warnings),
+        external_prefix_cache=external,
         ttft=ttft,
         kv_cache_usage=v.get("kv_usage", v.get("gpu_cache_usage")),
         preemptions=v.get("preemptions"),
-        prompt_tokens=v.get("prompt_tokens"),
+        prompt_tokens=v.get("prompt_tokens", v.get("sglang_prompt_tokens")),
         prompt_tokens_cached=v.get("prompt_tokens_cached"),
         generation_tokens=v.get("generation_tokens"),
         requests_running=v.get("requests_running"),
         requests_waiting=v.get("requests_waiting"),
         hit_rate_since_start=v0 if v0 is not None and v0 >= 0 else None,
         created=created,
+        prompt_tokens_by_source=by_source,
+        prompt_tokens_recomputed=v.get("prompt_tokens_recomputed"),
+        prefill_kv_computed=(v["prefill_kv_computed_sum"], v.get("prefill_kv_computed_count", 0.0)) if "prefill_kv_computed_sum" in v else None,
+        engine_hit_rate=_ratio_or_none(v.get("engine_hit_rate"), what, warnings),
+        lmcache_lookups=tuple(v.get(k) for k in ("lmcache_lookup_requests", "lmcache_lookup_tokens", "lmcache_lookup_hits"))
+        if any(k in v for k in ("lmcache_lookup_requests", "lmcache_lookup_tokens", "lmcache_lookup_hits")) else None,
     )
+
+
+def _ratio_or_none(value: float | None, what: str, warnings: list[str]) -> float | None:
+    """Released SGLang reports cache_hit_rate as 0-1; a percent came only from an unreleased branch."""
+    if value is None or 0.0 <= value <= 1.0:
+        return value
+    warnings.append(f"{what}: sglang:cache_hit_rate {value!r} is not a 0-1 ratio (an unreleased build?); ignored")
+    return None
 
 
 def _single_info(rows: list[dict[str, str]] | None, what: str, warnings: list[str]) -> dict[str, str] | None:

@@ -22,7 +22,9 @@ QUANTILES = (0.5, 0.9, 0.99)
 
 
 # Counters kept per series, in this order in every sample's value array.
-COUNTERS = ("queries", "hits", "external_queries", "external_hits", "ttft_sum", "ttft_count", "prompt_tokens", "preemptions")
+COUNTERS = ("queries", "hits", "external_queries", "external_hits", "ttft_sum", "ttft_count", "prompt_tokens", "preemptions",
+            # admitted prefill (vLLM 0.16 on): prompt_tokens_by_source, cached, recomputed
+            "local_cache_hit", "recomputed", "prompt_cached", "external_transfer")
 _GAUGES = ("kv_cache_usage",)
 _FIXED = COUNTERS + _GAUGES
 NAN = math.nan
@@ -114,7 +116,9 @@ def _raw_values(s) -> tuple[list[float], tuple[float, ...] | None, str | None]:
         pc.queries if pc else None, pc.hits if pc else None,
         ext.queries if ext else None, ext.hits if ext else None,
         h.sum if h else None, h.count if h else None,
-        s.prompt_tokens, s.preemptions, s.kv_cache_usage,
+        s.prompt_tokens, s.preemptions,
+        s.by_source("local_cache_hit"), s.prompt_tokens_recomputed, s.prompt_tokens_cached, s.by_source("external_kv_transfer"),
+        s.kv_cache_usage,
     ]
     values = [NAN if v is None else float(v) for v in fixed]
     bounds = None
@@ -606,6 +610,9 @@ class _WindowValues(NamedTuple):
     preemption_increase: float | None
     kv_cache_usage_max: float | None
     samples: int
+    admitted_hit_increase: float | None  # tokens served from cache, counted once per request as it is scheduled
+    admitted_prompt_increase: float | None  # prompt tokens over the same time
+    admitted_hit_ratio: float | None
     lazy_ttft: "_LazyTTFT"
 
 
@@ -822,6 +829,7 @@ def _stats(view: Samples, model_name: str, now: float, window: str, seconds: flo
            increase: list[float | None], unit: str | None, ttft: "_LazyTTFT", min_query_tokens: float,
            block_size: int | None, detailed: bool) -> WindowStats:
     queries, hits = increase[0], increase[1]
+    admitted_hits, admitted_prompt, admitted_ratio = _admitted(increase, min_query_tokens)
     span = view.times[hi - 1] - view.times[lo] if hi - lo >= 2 else 0.0
     # the floor is in tokens; a 0.8.x target counts blocks
     query_tokens = None if queries is None else queries * ((block_size or 16) if unit == "blocks" else 1)
@@ -849,7 +857,27 @@ def _stats(view: Samples, model_name: str, now: float, window: str, seconds: flo
         preemption_increase=increase[7],
         kv_cache_usage_max=kv_max,
         samples=hi - lo,
+        admitted_hit_increase=admitted_hits,
+        admitted_prompt_increase=admitted_prompt,
+        admitted_hit_ratio=admitted_ratio,
     )
+
+
+def _admitted(increase: list[float | None], min_tokens: float) -> tuple[float | None, float | None, float | None]:
+    """(hit tokens, prompt tokens, ratio) from the admitted-prefill counters: local cache
+    hits by source (less the recomputed last token of 0.16-0.19), else all cached tokens
+    less those an external connector brought; None where the target has neither."""
+    prompt, local, recomputed, cached, external = increase[6], increase[8], increase[9], increase[10], increase[11]
+    if local is not None:
+        hits = local - (recomputed or 0.0)
+    elif cached is not None:
+        hits = cached - (external or 0.0)
+    else:
+        return None, None, None
+    if prompt is None:
+        return hits, None, None
+    ratio = hits / prompt if prompt >= max(min_tokens, 1e-12) else None
+    return hits, prompt, ratio
 
 
 def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float, lo: int, hi: int, layout: Layout,
@@ -871,7 +899,7 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
             continue
         if len(keys) == 1:
             base = layout.offsets[layout.position[keys[0]]]
-            queries, hits, ext_q, ext_h, ttft_sum, ttft_count, prompt, preempt = [d if d == d else None for d in delta[base:base + n]]
+            increase = [d if d == d else None for d in delta[base:base + n]]
         else:
             totals = [0.0] * n
             seen = [False] * n
@@ -882,7 +910,9 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
                     if d == d:
                         totals[j] += d
                         seen[j] = True
-            queries, hits, ext_q, ext_h, ttft_sum, ttft_count, prompt, preempt = [t if s else None for t, s in zip(totals, seen)]
+            increase = [t if s else None for t, s in zip(totals, seen)]
+        queries, hits, ext_q, ext_h, ttft_sum, ttft_count, prompt, preempt = increase[:8]
+        admitted = _admitted(increase, min_query_tokens)
         unit = layout.unit_of_model[model]
         hit_ratio = None
         if queries is not None and hits is not None and unit is not None and \
@@ -901,7 +931,7 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
             ext_h / ext_q if ext_q and ext_h is not None else None,
             ttft_sum / ttft_count if ttft_sum is not None and ttft_count else None,
             ttft_count, fit[0] if fit else None, fit[1] * 0.1 if fit else None, prompt, preempt, kv_max, hi - lo,
-            _LazyTTFT(view, runs, None, keys, lo, hi)))
+            *admitted, _LazyTTFT(view, runs, None, keys, lo, hi)))
     return out
 
 

@@ -212,3 +212,42 @@ def test_hits_stuck_at_zero_pages_within_3_minutes():
     stuck_alerts = [t for t in transitions if t["alertname"] == "PrefixCacheHitsStuckAtZero"]
     assert [t["state"] for t in stuck_alerts] == ["pending", "firing"]
     assert stuck_alerts[1]["t"] - START <= stuck + 180
+
+
+# --- when the engine's counters lie (shared/engine-metrics.md) ----------------------------
+def test_retry_overcount_under_kv_pressure_pages_eviction_and_says_the_counters_lie():
+    """vLLM <= 0.26 records a waiting request's lookup again on every retry: under KV
+    pressure the lookup ratio holds up while the admitted ratio falls. The rules judge
+    the admitted ratio (eviction pressure pages) and the disagreement alert names the
+    counters."""
+    from dataclasses import replace as dc_replace
+    scenario = dc_replace(simulator.kv_pressure(at(120), 600, request_rate=5.0), counter_bug=simulator.RETRY_OVERCOUNT)
+    transitions, engine, _ = run(lines(scenario, duration=1500, replicas=1))
+    firing_ = {t["alertname"]: t["labels"]["cause"] for t in transitions if t["state"] == "firing"}
+    assert firing_["PrefixCacheCountersDisagree"] == "instrumentation"
+    assert firing_["PrefixCacheHitRateLow"] == "eviction_pressure"
+    stats = engine.tracks["vllm-0"].view.stats["demo/llama-3-8b"]["5m"]
+    assert stats.hit_ratio - stats.admitted_hit_ratio > 0.15  # the lookups say more than was served
+
+
+@pytest.mark.parametrize("bug, pending_by", [
+    pytest.param(simulator.HITS_NOT_WIRED, 300 + 60, id="hits-not-wired"),
+    pytest.param(simulator.COUNTERS_ZERO, 300 + 300, id="lookup-counters-stand-still"),
+])
+def test_counters_that_are_not_wired_raise_the_instrumentation_alert_not_a_cache_page(bug, pending_by):
+    scenario = Scenario(request_rate=5.0, events=(Event(at(300), "counter_bug", bug),))
+    transitions, _, _ = run(lines(scenario, duration=900, replicas=1))
+    assert transitions_of(transitions) == [("PrefixCacheCountersDisagree", "vllm-0", "pending"),
+                                           ("PrefixCacheCountersDisagree", "vllm-0", "firing")]
+    assert transitions[0]["t"] - START <= pending_by
+    assert transitions[1]["labels"]["cause"] == "instrumentation" and transitions[1]["labels"]["severity"] == "warning"
+
+
+def test_an_sglang_fleet_with_the_timestamp_incident_fires_as_vllm_does():
+    deploy = 300.0
+    rec = lines(simulator.incident(at(deploy), request_rate=5.0), duration=600, deploys=[(deploy, None, "v42")], generation="sglang")
+    transitions, _, warnings = run(rec)
+    assert warnings == []
+    firing_ = [t for t in transitions if t["alertname"] == "PrefixCacheHitRateDropAfterDeploy" and t["state"] == "firing"]
+    assert {t["labels"]["target"] for t in firing_} == {"vllm-0", "vllm-1"}
+    assert all(t["labels"]["cause"] == "prompt_prefix_change" and t["t"] - (START + deploy) <= 30 for t in firing_)

@@ -66,7 +66,14 @@ def test_every_simulated_generation_parses_to_what_the_simulator_counted(generat
     replica.advance(120.0)
     snap = parse(replica.render())
     assert snap.warnings == ()
-    assert [s.engine for s in snap.series] == ([None] if generation == "v0" else ["0", "1"])
+    assert [s.engine for s in snap.series] == ([None] if generation in ("v0", "sglang") else ["0", "1"])
+    assert snap.engine_kind == ("sglang" if generation == "sglang" else "vllm")
+    if generation == "sglang":
+        (s,) = snap.series
+        engine = replica.engines[0]
+        assert (s.prefix_cache.queries, s.prefix_cache.hits) == (engine.queries, engine.hits)  # splits summed
+        assert s.ttft.count == engine.hist["ttft"].count and s.engine_hit_rate == engine.last_hit_rate
+        return
     if generation == "v0":
         (s,) = snap.series
         # V0 has one series for the model; our simulator renders engine 0's view
@@ -178,3 +185,93 @@ def test_a_wanted_sample_misplaced_inside_a_skipped_family_is_still_read():
     text = (EDGE / "misplaced_sample.txt").read_text()
     (s,) = parse(text).series
     assert (s.prefix_cache.queries, s.prefix_cache.hits) == (100.0, 60.0)
+
+
+def engine_fixture(name):
+    import pathlib
+    for base in (pathlib.Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "engine-metrics",):
+        if (base / name).exists():
+            return (base / name).read_text()
+    pytest.fail(f"shared/fixtures/engine-metrics/{name} not found")
+
+
+@pytest.mark.parametrize("name, expect", [
+    pytest.param("sglang_docs-production-metrics_pre-0.4.4.txt",
+                 {"kind": "sglang", "model": "meta-llama/Llama-3.1-8B-Instruct", "queries": 8128902.0, "hits": None,
+                  "kv": 0.28, "engine_hit_rate": 0.007507552643049313, "ttft_count": 11008.0}, id="sglang-pre-0.4.4-no-cached-counter"),
+    pytest.param("sglang_0.5.1_issue-13485_scheduler-labels.txt",
+                 {"kind": "sglang", "model": "Qwen-32B", "queries": None, "kv": 0.0}, id="sglang-0.5.1-scheduler-labels"),
+    pytest.param("sglang_pr-1853_prerelease_name-label.txt",
+                 {"kind": "sglang", "model": "/shared/public/elr-models/meta-llama/Llama-3.2-3B/5cc0ffe09ee49f7be6ca7c794ee6bd7245e84e60/",
+                  "queries": 230794.0}, id="sglang-prerelease-name-label"),
+    pytest.param("sglang_pr-1461_wip-never-released_percent-hit-rate.txt",
+                 {"kind": "sglang", "engine_hit_rate": None, "warning": "not a 0-1 ratio"}, id="sglang-percent-hit-rate-refused"),
+    pytest.param("lmcache-in-vllm_lmcache-pr-1300_tp4-worker-ids.txt",
+                 {"model": "meta-llama/Llama-3.1-70B-Instruct", "lookups": 2.0}, id="lmcache-tp4-workers-not-summed"),
+    pytest.param("lmcache-in-vllm_lmcache-pr-687.txt", {"series": 0}, id="lmcache-retrieve-and-store-only"),
+])
+def test_every_engine_fixture_parses_right(name, expect):
+    snap = parse(engine_fixture(name))
+    if "series" in expect:
+        assert len(snap.series) == expect["series"]
+        return
+    (s,) = snap.series
+    if "kind" in expect:
+        assert snap.engine_kind == expect["kind"]
+    if "model" in expect:
+        assert s.model_name == expect["model"]
+    if "queries" in expect:
+        assert (s.prefix_cache.queries if s.prefix_cache else None) == expect["queries"]
+    if "hits" in expect:
+        assert s.prefix_cache.hits == expect["hits"]
+    if "kv" in expect:
+        assert s.kv_cache_usage == expect["kv"]
+    if "engine_hit_rate" in expect:
+        assert s.engine_hit_rate == expect["engine_hit_rate"]
+    if "ttft_count" in expect:
+        assert s.ttft.count == expect["ttft_count"]
+    if "lookups" in expect:
+        assert s.lmcache_lookups[0] == expect["lookups"]  # max over 4 workers, not 8
+    if "warning" in expect:
+        assert any(expect["warning"] in w for w in snap.warnings)
+
+
+def test_sglang_splits_are_summed_and_lmcache_workers_are_not():
+    text = "\n".join([
+        'sglang:prompt_tokens_total{model_name="m",is_streaming="true"} 600',
+        'sglang:prompt_tokens_total{model_name="m",is_streaming="false"} 400',
+        'sglang:cached_tokens_total{model_name="m",cache_source="device"} 500',
+        'sglang:cached_tokens_total{model_name="m",cache_source="host"} 100',
+        'sglang:time_to_first_token_seconds_bucket{model_name="m",is_streaming="true",le="1.0"} 3',
+        'sglang:time_to_first_token_seconds_bucket{model_name="m",is_streaming="false",le="1.0"} 2',
+        'sglang:time_to_first_token_seconds_bucket{model_name="m",is_streaming="true",le="+Inf"} 4',
+        'sglang:time_to_first_token_seconds_bucket{model_name="m",is_streaming="false",le="+Inf"} 2',
+    ]) + "\n"
+    s = parse(text).series[0]
+    assert (s.prefix_cache.queries, s.prefix_cache.hits) == (1000.0, 600.0)
+    assert s.ttft.buckets == ((1.0, 5.0), (math.inf, 6.0))
+    lm = "\n".join(f'lmcache:num_requested_tokens_total{{model_name="m",worker_id="{w}"}} 800\n'
+                   f'lmcache:num_hit_tokens_total{{model_name="m",worker_id="{w}"}} 200' for w in range(4))
+    vllm = 'vllm:prefix_cache_queries_total{model_name="m",engine="0"} 1000\nvllm:prefix_cache_hits_total{model_name="m",engine="0"} 300\n'
+    snap = parse(vllm + lm + "\n")
+    ext = [s.external_prefix_cache for s in snap.series if s.external_prefix_cache]
+    assert [(e.queries, e.hits) for e in ext] == [(800.0, 200.0)]  # LMCache stands in for vLLM's missing external pair
+    with_vllm_external = vllm + 'vllm:external_prefix_cache_queries_total{model_name="m",engine="0"} 700\n' \
+        'vllm:external_prefix_cache_hits_total{model_name="m",engine="0"} 100\n' + lm + "\n"
+    ext = [s.external_prefix_cache for s in parse(with_vllm_external).series if s.external_prefix_cache]
+    assert [(e.queries, e.hits) for e in ext] == [(700.0, 100.0)]  # vLLM's own wins; never both
+
+
+def test_admitted_prefill_counters_are_parsed():
+    text = ('vllm:prompt_tokens_by_source_total{model_name="m",engine="0",source="local_compute"} 3423\n'
+            'vllm:prompt_tokens_by_source_total{model_name="m",engine="0",source="local_cache_hit"} 7840\n'
+            'vllm:prompt_tokens_by_source_total{model_name="m",engine="0",source="external_kv_transfer"} 0\n'
+            'vllm:prompt_tokens_by_source_total{model_name="m",engine="0",source="bogus"} 1\n'
+            'vllm:prompt_tokens_total{model_name="m",engine="0"} 11263\n'
+            'vllm:prompt_tokens_cached_total{model_name="m",engine="0"} 7840\n')
+    snap = parse(text)
+    s = snap.series[0]
+    assert s.prompt_tokens_by_source == (("local_compute", 3423.0), ("local_cache_hit", 7840.0), ("external_kv_transfer", 0.0))
+    assert s.prompt_tokens == 11263.0 and s.prompt_tokens_cached == 7840.0
+    assert any("unknown source 'bogus'" in w for w in snap.warnings)
+    assert snap.to_json()["series"][0]["prompt_tokens_by_source"]["local_cache_hit"] == 7840.0
