@@ -16,7 +16,7 @@ import yaml
 from . import causes
 from .deploys import ChangePointSettings, DeployEvent
 from .vllm_metrics import Snapshot
-from .window import TargetSample, WindowStats, stats_between
+from .window import TargetSample, WindowStats, last_hit_time, stats_between
 
 INACTIVE, PENDING, FIRING, INCONCLUSIVE = "inactive", "pending", "firing", "inconclusive"
 RESOLVED = "resolved"  # a transition, after which the alert is inactive
@@ -177,6 +177,8 @@ def rule_drop_after_deploy(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condit
                          f"Baseline {f.query_tokens(baseline):.0f} and post-deploy {f.query_tokens(after):.0f} query tokens; "
                          f"{s.min_query_tokens:.0f} needed in each.")
     dropped = before_ratio - after_ratio >= s.drop_points or (after_ratio < s.below <= before_ratio)
+    if dropped and _hits_not_counted(f, after, replace(s, window=max(60.0, min(s.after, f.now - ev.t)))):
+        dropped = False
     if anchored and not dropped and not _recovered(before_ratio, after_ratio, s):
         dropped = True  # still short of where it was: the incident is not over
     return Condition("true" if dropped else "false", after_ratio,
@@ -195,7 +197,7 @@ def rule_hit_rate_low(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
         return FALSE
     ws = f.window(s.window)
     ratio = _ratio(ws)
-    if ratio is None or f.query_tokens(ws) < s.min_query_tokens or ratio >= s.below:
+    if ratio is None or f.query_tokens(ws) < s.min_query_tokens or ratio >= s.below or _hits_not_counted(f, ws, s):
         return FALSE
     return Condition("true", ratio, f"Prefix-cache hit rate of {f.model} on {f.target} is {ratio:.0%}",
                      f"Token-weighted hit ratio {ratio:.1%} over {s.window:.0f}s, under the {s.below:.0%} threshold.")
@@ -224,17 +226,29 @@ def rule_hits_stuck_at_zero(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condi
 
 def _cache_works_by_other_evidence(f: Facts, ws: WindowStats, s: RuleSettings) -> str:
     """Why the cache works although its hit counter says zero, or "": the admitted-prefill
-    counters count hits, or (without them) TTFT stays at its level of the time before."""
+    counters count hits, or (without them) TTFT since the hits stopped stays at its level
+    of the time before they stopped."""
     if ws.admitted_hit_increase is not None:
         return f"admitted prefill counted {ws.admitted_hit_increase:.0f} cached tokens" if ws.admitted_hit_increase > 0 else ""
-    p_now = ws.ttft_quantiles.get(0.5)
-    before = stats_between(f.samples, f.model, f.now - 2 * s.window, f.now - s.window, 0.0, f.block_size)
-    p_before = before.ttft_quantiles.get(0.5)
-    if p_now is None or p_before is None or (before.hit_increase or 0) <= 0:
+    last = last_hit_time(f.samples, f.model)
+    if last is None or last >= f.now:
+        return ""
+    since = stats_between(f.samples, f.model, last, f.now, 0.0, f.block_size)
+    before = stats_between(f.samples, f.model, last - s.window, last, 0.0, f.block_size)
+    p_now, p_before = since.ttft_quantiles.get(0.5), before.ttft_quantiles.get(0.5)
+    enough = (since.ttft_count_increase or 0) >= 10 and (before.ttft_count_increase or 0) >= 10
+    if not enough or since.hit_increase != 0 or not since.query_increase or p_now is None or p_before is None \
+            or (before.hit_increase or 0) <= 0:
         return ""
     if p_now <= 1.2 * p_before:
         return f"TTFT p50 stayed at {p_now * 1000:.0f} ms ({p_before * 1000:.0f} ms while hits were counted)"
     return ""
+
+
+def _hits_not_counted(f: Facts, ws: WindowStats, s: RuleSettings) -> bool:
+    """Lookup hits stopped while the cache demonstrably works: a ratio from such counters
+    is their bookkeeping, not the cache (PrefixCacheCountersDisagree says so)."""
+    return ws.admitted_hit_increase is None and bool(_cache_works_by_other_evidence(f, ws, s))
 
 
 def rule_counters_disagree(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
@@ -252,7 +266,7 @@ def rule_counters_disagree(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condit
         elif lookup is not None and (ws.query_increase or 0) >= s.min_query_tokens and abs(lookup - admitted) >= s.drop_points:
             why = (f"lookups say {lookup:.0%} while admitted prefill says {admitted:.0%} "
                    f"({'lookups recorded again on scheduler retries under KV pressure' if lookup > admitted else 'hits not recorded by the lookup path'})")
-    elif ws.hit_increase == 0 and (ws.query_increase or 0) >= s.min_query_tokens:
+    elif admitted is None and (ws.query_increase or 0) >= s.min_query_tokens:
         works = _cache_works_by_other_evidence(f, ws, s)
         if works:
             why = f"prefix-cache hits stayed at zero while {works}"

@@ -749,6 +749,18 @@ def recent_intervals(view: Samples, model_name: str, since: float) -> list[Inter
     return out
 
 
+def last_hit_time(view: Samples, model_name: str) -> float | None:
+    """When the model's lookup hits last grew, from its log (the rare path of a rule)."""
+    log = view.logs.get(model_name)
+    if log is None:
+        return None
+    t, _, _, h, _, _, _, start, end = log
+    for i in range(end - 1, start - 1, -1):
+        if h[i] > 0:
+            return t[i]
+    return None
+
+
 def interval_sums(view: Samples, model_name: str, since: float, until: float) -> tuple[float, float, int]:
     """(query tokens, hit tokens, intervals) of the model's poll intervals that ended in
     (since, until], from its log without building objects: a cheap first test."""

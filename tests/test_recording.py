@@ -251,3 +251,16 @@ def test_an_sglang_fleet_with_the_timestamp_incident_fires_as_vllm_does():
     firing_ = [t for t in transitions if t["alertname"] == "PrefixCacheHitRateDropAfterDeploy" and t["state"] == "firing"]
     assert {t["labels"]["target"] for t in firing_} == {"vllm-0", "vllm-1"}
     assert all(t["labels"]["cause"] == "prompt_prefix_change" and t["t"] - (START + deploy) <= 30 for t in firing_)
+
+
+def test_without_admitted_counters_a_ttft_that_stays_low_shows_hits_are_just_not_counted():
+    """vLLM 0.10 has no admitted-prefill counters: when its hit counter stops while TTFT
+    stays where it was, the cache works and the counter lies; a real cache failure
+    (hits_broken: TTFT rises) still pages as HitsStuckAtZero."""
+    quiet = Scenario(request_rate=5.0, events=(Event(at(300), "counter_bug", simulator.HITS_NOT_WIRED),))
+    transitions, _, _ = run(lines(quiet, duration=900, replicas=1, generation="v0.10"))
+    assert {t["alertname"] for t in transitions} == {"PrefixCacheCountersDisagree"}
+    broken = Scenario(request_rate=5.0, events=(Event(at(300), "hits_broken", True),))
+    transitions, _, _ = run(lines(broken, duration=900, replicas=1, generation="v0.10"))
+    assert "PrefixCacheHitsStuckAtZero" in {t["alertname"] for t in transitions if t["state"] == "firing"}
+    assert "PrefixCacheCountersDisagree" not in {t["alertname"] for t in transitions}
