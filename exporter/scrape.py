@@ -54,8 +54,9 @@ def _remaining(deadline: float, cap: float | None = None) -> float:
     return left if cap is None else min(left, cap)
 
 
-class _DeadlineSocket(socket.socket):
-    """A socket whose every read and write gets at most the time left of the scrape."""
+class _Deadline:
+    """Every read and write of the socket gets at most the time left of the scrape
+    (and at most `idle`): mixed into a plain and a TLS socket class."""
 
     deadline: float = 0.0
     idle: float | None = None
@@ -76,28 +77,14 @@ class _DeadlineSocket(socket.socket):
         return super().sendall(*args, **kwargs)
 
 
-class _DeadlineSSLSocket(ssl.SSLSocket):
-    deadline: float = 0.0
-    idle: float | None = None
+class _DeadlineSocket(_Deadline, socket.socket):
+    pass
 
-    def _arm(self) -> None:
-        self.settimeout(_remaining(self.deadline, self.idle))
 
-    def recv_into(self, *args, **kwargs):
-        self._arm()
-        return super().recv_into(*args, **kwargs)
-
-    def recv(self, *args, **kwargs):
-        self._arm()
-        return super().recv(*args, **kwargs)
-
+class _DeadlineSSLSocket(_Deadline, ssl.SSLSocket):
     def read(self, *args, **kwargs):
         self._arm()
         return super().read(*args, **kwargs)
-
-    def sendall(self, *args, **kwargs):
-        self._arm()
-        return super().sendall(*args, **kwargs)
 
 
 def _connect(host: str, port: int, deadline: float, connect_timeout: float, idle: float | None) -> _DeadlineSocket:

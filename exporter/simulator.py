@@ -25,6 +25,8 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator, Sequence
 
+from .cachemodel import BlockPool
+
 GENERATIONS = ("v0", "v0.8", "v0.10", "current", "sglang")
 
 TTFT_BUCKETS_OLD = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -118,21 +120,6 @@ def kv_pressure(start: float, ramp: float, **overrides) -> Scenario:
     return replace(Scenario(**overrides), events=events)
 
 
-def _lookup(pool: OrderedDict, hashes: Sequence[int], capacity: int) -> int:
-    """Leading blocks found in an LRU pool of `capacity`, which then caches them all."""
-    matched = 0
-    for h in hashes:
-        if h not in pool:
-            break
-        pool.move_to_end(h)
-        matched += 1
-    for h in hashes[matched:]:
-        pool[h] = None
-    while len(pool) > capacity:
-        pool.popitem(last=False)
-    return matched
-
-
 # --- a replica -------------------------------------------------------------------------
 class _Hist:
     __slots__ = ("bounds", "counts", "sum", "count")
@@ -167,7 +154,7 @@ class _Engine:
         self.external_kv_transfer = 0
         self.cached_tokens = 0
         self.last_hit_rate = 0.0  # what SGLang's cache_hit_rate gauge shows: the last request only
-        self.lookup_pool: OrderedDict[int, None] = OrderedDict()  # what a lookup saw before pressure evicted
+        self.lookup_pool = BlockPool(0)  # what a lookup saw before pressure evicted (retry_overcount)
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.preemptions = 0
@@ -363,7 +350,8 @@ class Replica:
         if bug == RETRY_OVERCOUNT and self._state["prefix_caching"]:
             # the lookup saw the blocks as they were before pressure evicted them, and a
             # request kept waiting under pressure is looked up (and recorded) again
-            lookup_hit = min(_lookup(engine.lookup_pool, hashes, capacity), ((n - 1) // bs)) * bs
+            engine.lookup_pool.capacity = capacity
+            lookup_hit = engine.lookup_pool.serve(hashes, n, bs)
             lookups = 1 + (RETRIES_UNDER_PRESSURE if demand > 0.9 * capacity else 0)
         if self._state["prefix_caching"] and bug != COUNTERS_ZERO:
             engine.queries += n * lookups

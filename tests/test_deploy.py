@@ -103,3 +103,46 @@ def test_central_config_is_valid(tmp_path):
     data["deploys"]["api_token_file"] = str(token)
     config = load(data)
     assert len(config.targets) == 3 and config.deploys.api_token == "s3cret" and config.alertmanager.urls
+
+
+SCHEMAS = ROOT.parent / "shared" / "schemas"
+CRDS = {("PodMonitor", "monitoring.coreos.com"): "monitoring.coreos.com_podmonitors.yaml",
+        ("ServiceMonitor", "monitoring.coreos.com"): "monitoring.coreos.com_servicemonitors.yaml",
+        ("PrometheusRule", "monitoring.coreos.com"): "monitoring.coreos.com_prometheusrules.yaml"}
+
+
+def crd_schema(kind: str, api_version: str) -> dict:
+    group, _, version = api_version.rpartition("/")
+    path = SCHEMAS / CRDS[(kind, group)]
+    if not path.exists():
+        pytest.fail(f"{path} missing: the upstream CRDs live in shared/schemas")
+    crd = yaml.safe_load(path.read_text())
+    (v,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
+    return v["schema"]["openAPIV3Schema"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS + ["examples/kube-prometheus-stack"])
+def test_every_custom_resource_validates_against_its_upstream_crd(variant):
+    import jsonschema
+    custom = [d for d in build(variant) if "monitoring.coreos.com" in d["apiVersion"]]
+    assert custom
+    for doc in custom:
+        validator = jsonschema.Draft7Validator(crd_schema(doc["kind"], doc["apiVersion"]))
+        errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.path))
+        assert not errors, (doc["kind"], [f"{list(e.path)}: {e.message}" for e in errors])
+
+
+def test_the_kube_prometheus_stack_component_labels_what_the_chart_selects():
+    docs = build("examples/kube-prometheus-stack")
+    monitoring = [d for d in docs if "monitoring.coreos.com" in d["apiVersion"]]
+    assert {d["kind"] for d in monitoring} == {"PodMonitor", "PrometheusRule"}
+    assert all(d["metadata"]["labels"]["release"] == "kube-prometheus-stack" for d in monitoring)
+    assert all("release" not in d["metadata"].get("labels", {}) for d in docs if d not in monitoring)
+
+
+def test_a_schema_violation_is_caught():
+    """The validation is real: a PodMonitor with a wrong field type fails it."""
+    import jsonschema
+    (pm,) = [d for d in build("sidecar") if d["kind"] == "PodMonitor"]
+    pm["spec"]["podMetricsEndpoints"][0]["interval"] = 15
+    assert list(jsonschema.Draft7Validator(crd_schema("PodMonitor", pm["apiVersion"])).iter_errors(pm))
