@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import threading
+import time
 import unicodedata
 from typing import Callable, Iterable
 
@@ -48,18 +49,26 @@ class Exposition:
     (with its gzip), instead of once per request. A failed render is an HTTP 500, a log
     line and a count in prefixcache_collect_errors_total: never an empty 200."""
 
-    def __init__(self, state: State, registry: CollectorRegistry):
+    def __init__(self, state: State, registry: CollectorRegistry, min_interval: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic):
         self.state = state
         self.registry = registry
+        # Each poll of each target is a state change: with many targets, renders are
+        # coalesced to at most one per `min_interval` (data at most that old), so a busy
+        # fleet does not turn every scrape into a render.
+        self.min_interval = min_interval
+        self.clock = clock
         self._lock = threading.Lock()
         self._generation = -1
+        self._rendered_at = -1e18
         self._body = b""
         self._gzip: bytes | None = None
 
     def get(self, gzipped: bool) -> bytes:
         with self._lock:  # concurrent scrapers wait for one render instead of each rendering
             generation = self.state.generation
-            if generation != self._generation:
+            now = self.clock()
+            if generation != self._generation and (self._generation == -1 or now - self._rendered_at >= self.min_interval):
                 try:
                     body = generate_latest(self.registry)
                 except Exception:
@@ -67,7 +76,7 @@ class Exposition:
                     self.state.count("collect_errors")
                     self._generation = -1
                     raise
-                self._body, self._gzip, self._generation = body, None, generation
+                self._body, self._gzip, self._generation, self._rendered_at = body, None, generation, now
             if not gzipped:
                 return self._body
             if self._gzip is None:
@@ -79,10 +88,11 @@ class App:
     """Routes: (method, path) -> handler. Later stages add their routes with `route()`."""
 
     def __init__(self, state: State, registry: CollectorRegistry, ready: Callable[[], tuple[bool, str]] | None = None,
-                 security: WebSecurity | None = None, deploy_api_open: Callable[[], bool] | None = None):
+                 security: WebSecurity | None = None, deploy_api_open: Callable[[], bool] | None = None,
+                 render_interval: float = 1.0):
         self.state = state
         self.registry = registry
-        self.exposition = Exposition(state, registry)
+        self.exposition = Exposition(state, registry, render_interval)
         self.ready_check = ready or (lambda: (state.ready(), "every target polled at least once"))
         self.basic_auth = BasicAuth(security.users) if security is not None and security.basic_auth else None
         self.deploy_api_open = deploy_api_open

@@ -117,9 +117,14 @@ def _raw_values(s) -> tuple[list[float], tuple[float, ...] | None, str | None]:
         ext.queries if ext else None, ext.hits if ext else None,
         h.sum if h else None, h.count if h else None,
         s.prompt_tokens, s.preemptions,
-        s.by_source("local_cache_hit"), s.prompt_tokens_recomputed, s.prompt_tokens_cached, s.by_source("external_kv_transfer"),
+        None, s.prompt_tokens_recomputed, s.prompt_tokens_cached, None,
         s.kv_cache_usage,
     ]
+    for source, value in s.prompt_tokens_by_source or ():
+        if source == "local_cache_hit":
+            fixed[8] = value
+        elif source == "external_kv_transfer":
+            fixed[11] = value
     values = [NAN if v is None else float(v) for v in fixed]
     bounds = None
     if complete:
@@ -616,27 +621,37 @@ class _WindowValues(NamedTuple):
     lazy_ttft: "_LazyTTFT"
 
 
+class _TTFTSource:
+    """What the windows of one summary share: the samples, the window's layout runs."""
+
+    __slots__ = ("view", "runs", "lo", "hi")
+
+    def __init__(self, view, runs, lo: int, hi: int):
+        self.view, self.runs, self.lo, self.hi = view, runs, lo, hi
+
+
 class _LazyTTFT:
-    """Where a window's TTFT bucket increase comes from, and its quantiles once asked for."""
+    """Where a window's TTFT bucket increase comes from (a shared source and the model's
+    series, or explicit edges), and its quantiles once asked for."""
 
-    __slots__ = ("view", "runs", "edges", "keys", "lo", "hi", "quantiles")
+    __slots__ = ("source", "keys", "quantiles")
 
-    def __init__(self, view=None, runs=None, edges=None, keys=None, lo=0, hi=0):
-        self.view, self.runs, self.edges, self.keys, self.lo, self.hi = view, runs, edges, keys, lo, hi
-        self.quantiles = None
+    def __init__(self, source: _TTFTSource | None = None, keys=None):
+        self.source, self.keys, self.quantiles = source, keys, None
 
     def compute(self) -> dict[float, float]:
         if self.quantiles is None:
             quantiles = {}
-            if self.view is not None:
-                edges = self.edges if self.edges is not None else {k: (self.lo, self.hi - 1) for k in self.keys}
-                buckets = _ttft_bucket_increase(self.view, self.runs, edges)
+            src = self.source
+            if src is not None:
+                edges = self.keys if isinstance(self.keys, dict) else {k: (src.lo, src.hi - 1) for k in self.keys}
+                buckets = _ttft_bucket_increase(src.view, src.runs, edges)
                 if buckets is not None:
                     for q, value in zip(QUANTILES, histogram_quantiles(QUANTILES, buckets)):
                         if not math.isnan(value):
                             quantiles[q] = value
             self.quantiles = quantiles
-            self.view = self.runs = self.edges = self.keys = None  # let the samples go
+            self.source = self.keys = None  # let the samples go
         return self.quantiles
 
 
@@ -834,7 +849,7 @@ def window_stats(
                 units.add(u)
     unit = units.pop() if len(units) == 1 else None
     return _stats(view, model_name, now, window, seconds, lo, hi, _increases(view, edges), unit,
-                  _LazyTTFT(view, runs, edges), min_query_tokens, block_size, detailed)
+                  _LazyTTFT(_TTFTSource(view, runs, lo, hi), edges), min_query_tokens, block_size, detailed)
 
 
 def _stats(view: Samples, model_name: str, now: float, window: str, seconds: float, lo: int, hi: int,
@@ -903,7 +918,8 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
     span = view.times[hi - 1] - view.times[lo]
     floor = max(min_query_tokens, 1e-12)
     latest = bool(view.times) and view.times[-1] == now
-    runs = [(layout, lo, hi - 1)]
+    source = _TTFTSource(view, [(layout, lo, hi - 1)], lo, hi)
+    running_of = view.running if latest else {}
     out = {}
     for model in models:
         keys = layout.by_model.get(model)
@@ -930,7 +946,8 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
         if queries is not None and hits is not None and unit is not None and \
                 queries * ((block_size or 16) if unit == "blocks" else 1) >= floor:
             hit_ratio = hits / queries
-        running = view.running.get(model, {}).get(seconds) if latest else None
+        running = running_of.get(model)
+        running = running.get(seconds) if running is not None else None
         if running is not None:
             fit, kv_max = running.fit(), running.kv_max()
         else:
@@ -943,7 +960,7 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
             ext_h / ext_q if ext_q and ext_h is not None else None,
             ttft_sum / ttft_count if ttft_sum is not None and ttft_count else None,
             ttft_count, fit[0] if fit else None, fit[1] * 0.1 if fit else None, prompt, preempt, kv_max, hi - lo,
-            *admitted, _LazyTTFT(view, runs, None, keys, lo, hi)))
+            *admitted, _LazyTTFT(source, keys)))
     return out
 
 

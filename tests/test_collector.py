@@ -74,7 +74,7 @@ def test_a_failing_collect_is_a_500_a_log_line_and_a_count(caplog):
     state = Flaky()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PrefixCacheCollector(state, ["1m"]))
-    app = App(state, registry)
+    app = App(state, registry, render_interval=0.0)
     out = {}
     environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", "wsgi.input": io.BytesIO(b"")}
     body = b"".join(app(environ, lambda status, headers: out.update(status=status)))

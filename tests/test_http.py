@@ -202,7 +202,7 @@ def test_every_endpoint_answers_after_every_kind_of_event():
     poller = Poller(cfg, state, clock=lambda: 1000.0)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PrefixCacheCollector(state, ["1m"]))
-    app = App(state, registry)
+    app = App(state, registry, render_interval=0.0)
     post_handler, get_handler = deploy_handlers(state, poller.add_event, lambda: "", lambda: {"vllm-0"}, lambda: 1000.0)
     app.route("POST", "/api/v1/deploys", post_handler)
     app.route("GET", "/api/v1/deploys", get_handler)
@@ -235,10 +235,15 @@ def test_the_exposition_is_rendered_once_per_state_change():
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Counting(state, ["1m", "5m"]))
     app = App(state, registry)
+    clock = [100.0]
+    app.exposition.clock = lambda: clock[0]
     first = [call(app, "GET", "/metrics")[2] for _ in range(5)]
     zipped = [call(app, "GET", "/metrics", {"HTTP_ACCEPT_ENCODING": "gzip"})[2] for _ in range(3)]
     assert len(calls) == 1 and len(set(first)) == 1 and gzip.decompress(zipped[0]) == first[0]
     state.set_process(config_reload_success=False)
+    clock[0] += 0.5  # changes within the render interval share one render...
+    assert b"prefixcache_config_last_reload_successful 1.0" in call(app, "GET", "/metrics")[2]
+    clock[0] += 0.5  # ...and the next scrape after it sees them
     assert b"prefixcache_config_last_reload_successful 0.0" in call(app, "GET", "/metrics")[2]
     assert len(calls) == 2
 
