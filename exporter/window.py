@@ -48,6 +48,7 @@ class Layout:
     gauges: tuple  # positions of gauge values, which are never reset-adjusted
     gauge_set: frozenset
     unit_of_model: dict  # model_name -> the unit all its series count in, or None if they differ
+    single_base: dict  # model_name -> offset of its values, for models with one series (the usual case)
 
     @staticmethod
     def build(keys, units, bounds) -> "Layout":
@@ -66,9 +67,11 @@ class Layout:
             if u is not None:
                 unit_sets.setdefault(k[0], set()).add(u)
         unit_of_model = {m: (next(iter(unit_sets[m])) if len(unit_sets.get(m, ())) == 1 else None) for m in by_model}
-        return Layout(keys, units, tuple(bounds), tuple(offsets), pos, {k: i for i, k in enumerate(keys)},
+        position = {k: i for i, k in enumerate(keys)}
+        single_base = {m: offsets[position[ks[0]]] for m, ks in by_model.items() if len(ks) == 1}
+        return Layout(keys, units, tuple(bounds), tuple(offsets), pos, position,
                       {m: tuple(sorted(ks, key=lambda k: k[1] or "")) for m, ks in by_model.items()},
-                      gauges, frozenset(gauges), unit_of_model)
+                      gauges, frozenset(gauges), unit_of_model, single_base)
 
     def index(self, key: SeriesKey) -> int | None:
         return self.position.get(key)
@@ -354,9 +357,23 @@ class History:
     def _log(self, prev: TargetSample | None, cur: TargetSample) -> None:
         q_i, h_i, s_i, c_i, kv_i = _SLOT["queries"], _SLOT["hits"], _SLOT["ttft_sum"], _SLOT["ttft_count"], _SLOT["kv_cache_usage"]
         cur_layout, cv = cur.layout, cur.values
+        # the usual poll: the same series as the one before, so one vector of differences
+        same = prev is not None and prev.layout is cur_layout
+        delta = array("d", map(sub, cv, prev.values)) if same else None
+        single_base = cur_layout.single_base
         for model, keys in cur_layout.by_model.items():
             dq = dh = ds = dc = 0.0
             kv = NAN
+            base = single_base.get(model) if same else None
+            if base is not None:
+                a, b = delta[base + q_i], delta[base + h_i]
+                if a == a and b == b:
+                    dq, dh = a, b
+                a, b = delta[base + s_i], delta[base + c_i]
+                if a == a and b == b:
+                    ds, dc = a, b
+                kv = cv[base + kv_i]
+                keys = ()
             for key in keys:
                 base = cur_layout.offsets[cur_layout.position[key]]
                 usage = cv[base + kv_i]
@@ -784,7 +801,8 @@ def interval_sums(view: Samples, model_name: str, since: float, until: float) ->
         return 0.0, 0.0, 0
     t, t_start, q, h, _, _, _, start, end = log
     lo, hi = bisect_right(t, since, start, end), bisect_right(t, until, start, end)
-    n = sum(1 for i in range(lo, hi) if t_start[i] != t[i])
+    # only a model's very first entry has no interval (its start is its own time)
+    n = hi - lo - (1 if lo < hi and t_start[lo] == t[lo] else 0)
     return sum(q[lo:hi]), sum(h[lo:hi]), n
 
 
@@ -920,13 +938,15 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
     latest = bool(view.times) and view.times[-1] == now
     source = _TTFTSource(view, [(layout, lo, hi - 1)], lo, hi)
     running_of = view.running if latest else {}
+    by_model, single_base, unit_of_model = layout.by_model, layout.single_base, layout.unit_of_model
+    blocks = block_size or 16
     out = {}
     for model in models:
-        keys = layout.by_model.get(model)
+        keys = by_model.get(model)
         if not keys:
             continue
-        if len(keys) == 1:
-            base = layout.offsets[layout.position[keys[0]]]
+        base = single_base.get(model)
+        if base is not None:
             increase = [d if d == d else None for d in delta[base:base + n]]
         else:
             totals = [0.0] * n
@@ -939,12 +959,20 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
                         totals[j] += d
                         seen[j] = True
             increase = [t if s else None for t, s in zip(totals, seen)]
-        queries, hits, ext_q, ext_h, ttft_sum, ttft_count, prompt, preempt = increase[:8]
-        admitted = _admitted(increase, min_query_tokens)
-        unit = layout.unit_of_model[model]
+        queries, hits, ext_q, ext_h, ttft_sum, ttft_count, prompt, preempt, local, recomputed, cached, external = increase
+        # the admitted ratio, as _admitted computes it, inline: this loop is a poll's cost
+        if local is not None:
+            a_hits = local - (recomputed or 0.0)
+        elif cached is not None:
+            a_hits = cached - (external or 0.0)
+        else:
+            a_hits = None
+        a_prompt = prompt if a_hits is not None else None
+        a_ratio = a_hits / prompt if a_hits is not None and prompt is not None and prompt >= floor else None
+        unit = unit_of_model[model]
         hit_ratio = None
         if queries is not None and hits is not None and unit is not None and \
-                queries * ((block_size or 16) if unit == "blocks" else 1) >= floor:
+                queries * (blocks if unit == "blocks" else 1) >= floor:
             hit_ratio = hits / queries
         running = running_of.get(model)
         running = running.get(seconds) if running is not None else None
@@ -960,7 +988,7 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
             ext_h / ext_q if ext_q and ext_h is not None else None,
             ttft_sum / ttft_count if ttft_sum is not None and ttft_count else None,
             ttft_count, fit[0] if fit else None, fit[1] * 0.1 if fit else None, prompt, preempt, kv_max, hi - lo,
-            *admitted, _LazyTTFT(source, keys)))
+            a_hits, a_prompt, a_ratio, _LazyTTFT(source, keys)))
     return out
 
 
