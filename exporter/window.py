@@ -13,7 +13,8 @@ from collections import deque
 from dataclasses import dataclass
 from collections.abc import Sequence
 from operator import add as operator_add
-from operator import lt, sub
+from itertools import compress
+from operator import lt, ne, sub
 from typing import Iterable, NamedTuple
 
 from .vllm_metrics import Snapshot
@@ -203,13 +204,30 @@ class _Running:
             self.syy += sign * y * y
 
     def update(self, log: ModelLog, i: int, now: float) -> None:
-        """Entry i was just appended at `now`."""
-        self.add(log.x[i], log.y[i])
+        """Entry i was just appended at `now`. (`add` inlined: this runs per model,
+        window and poll.)"""
+        x, y = log.x[i], log.y[i]
+        if x == x and y == y:
+            self.n += 1.0
+            self.sx += x
+            self.sy += y
+            self.sxy += x * y
+            self.sxx += x * x
+            self.syy += y * y
         edge = now - self.seconds
-        while self.lo_start <= i and log.t_start[self.lo_start] <= edge:
-            self.add(log.x[self.lo_start], log.y[self.lo_start], -1.0)
-            self.lo_start += 1
+        t_start, lo = log.t_start, self.lo_start
+        while lo <= i and t_start[lo] <= edge:
+            x, y = log.x[lo], log.y[lo]
+            if x == x and y == y:
+                self.n -= 1.0
+                self.sx -= x
+                self.sy -= y
+                self.sxy -= x * y
+                self.sxx -= x * x
+                self.syy -= y * y
+            lo += 1
             self.removed += 1
+        self.lo_start = lo
         kv = log.kv[i]
         if kv == kv:
             while self.kv and self.kv[-1][1] <= kv:
@@ -416,10 +434,12 @@ class History:
             for i in [i for i, down in enumerate(map(lt, raw, prev)) if down]:
                 add[i] += prev[i]
         flat = array("d", map(operator_add, raw, add))
-        missing = [i for i, v in enumerate(raw) if v != v]
         new_prev = raw
-        for i in missing:  # a value absent this time: remember the last one seen
-            new_prev[i] = prev[i]
+        # a value absent this time (NaN) keeps the last one seen; compress walks only the NaNs
+        for i in compress(range(len(raw)), map(ne, raw, raw)):
+            p = prev[i]
+            if p == p:
+                new_prev[i] = p
         for i in layout.gauges:
             new_prev[i] = -math.inf
         self._prev = new_prev
