@@ -172,8 +172,7 @@ class Engine:
         for model in sorted(track.view.stats):
             # the same sums detect_change_point starts with, without building intervals:
             # almost every poll of almost every model stops here
-            rq, rh, rn = interval_sums(view, model, now - cp.recent, now)
-            bq, bh, bn = interval_sums(view, model, now - cp.recent - cp.reference, now - cp.recent)
+            (bq, bh, bn), (rq, rh, rn) = interval_sums(view, model, now - cp.recent - cp.reference, now - cp.recent, now)
             if rn < 2 or bn < 3 or rq < cp.min_query_tokens or bq < cp.min_query_tokens or bh / bq - rh / rq < cp.drop_points:
                 continue
             began = detect_change_point(recent_intervals(view, model, now - span), now, cp)

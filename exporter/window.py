@@ -813,17 +813,21 @@ def last_hit_time(view: Samples, model_name: str) -> float | None:
     return None
 
 
-def interval_sums(view: Samples, model_name: str, since: float, until: float) -> tuple[float, float, int]:
-    """(query tokens, hit tokens, intervals) of the model's poll intervals that ended in
-    (since, until], from its log without building objects: a cheap first test."""
+def interval_sums(view: Samples, model_name: str, *edges: float) -> list[tuple[float, float, int]]:
+    """For consecutive spans (e0, e1], (e1, e2], ...: (query tokens, hit tokens, intervals)
+    of the model's poll intervals that ended in each, from its log without building
+    objects: a cheap first test."""
     log = view.logs.get(model_name)
     if log is None:
-        return 0.0, 0.0, 0
+        return [(0.0, 0.0, 0)] * (len(edges) - 1)
     t, t_start, q, h, _, _, _, start, end = log
-    lo, hi = bisect_right(t, since, start, end), bisect_right(t, until, start, end)
-    # only a model's very first entry has no interval (its start is its own time)
-    n = hi - lo - (1 if lo < hi and t_start[lo] == t[lo] else 0)
-    return sum(q[lo:hi]), sum(h[lo:hi]), n
+    cuts = [bisect_right(t, e, start, end) for e in edges]
+    out = []
+    for lo, hi in zip(cuts, cuts[1:]):
+        # only a model's very first entry has no interval (its start is its own time)
+        n = hi - lo - (1 if lo < hi and t_start[lo] == t[lo] else 0)
+        out.append((sum(q[lo:hi]), sum(h[lo:hi]), n))
+    return out
 
 
 def _log_fit_and_kv(view: Samples, model: str, now: float, seconds: float, with_kv: bool) -> tuple[tuple[float, float] | None, float | None]:
@@ -997,7 +1001,8 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
         running = running_of.get(model)
         running = running.get(seconds) if running is not None else None
         if running is not None:
-            fit, kv_max = running.fit(), running.kv_max()
+            fit = _fit(running.n, running.sx, running.sy, running.sxy, running.sxx, running.syy) if running.n >= 3 else None
+            kv_max = running.kv[0][1] if running.kv else None
         else:
             fit, kv_max = _log_fit_and_kv(view, model, now, seconds, True)
         # positional, in _WindowValues' field order: the hot path of a poll
