@@ -98,6 +98,9 @@ def test_demo_runs_the_story_and_exits_by_itself():
     resolved = {t.removeprefix("RESOLVED ") for t in transitions if t.startswith("RESOLVED ")}
     assert fired and fired == resolved
     assert any("window still holds the incident's traffic" in l for l in lines)
+    # and it ends with where the incident's points went
+    waterfall = [l for l in lines if "volatile content before static content" in l]
+    assert waterfall and float(waterfall[0].split("static content")[1].split()[0]) < -40
 
 
 def test_log_lines_escape_control_characters(tmp_path):

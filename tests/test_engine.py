@@ -145,3 +145,20 @@ def test_target_down_is_one_alert_per_target_whatever_its_models():
     tr = drive(e, [r], 30, down=("vllm-0",))
     down = [t for t in tr if t.alert.alertname == "PrefixCacheTargetDown"]
     assert [(t.alert.model, t.state) for t in down] == [("", "firing")]
+
+
+def test_a_rollback_announced_during_an_incident_does_not_become_its_baseline():
+    """The drop alert measures against the deploy that raised it: announcing the rollback
+    (v43) while the hit ratio is still low keeps it firing until the ratio is back."""
+    e = engine_for(1, change_point={"enabled": False}, hit_rate_low={"enabled": False}, ttft_regression={"enabled": False})
+    deploy, rollback = 300.0, 600.0
+    r = replica(0, Scenario(events=(Event(900 + deploy, "prompt", "timestamp"), Event(900 + rollback, "prompt", "static"))))
+    e.add_event(DeployEvent(START + deploy, None, "v42", "api"))
+    e.add_event(DeployEvent(START + rollback + 1, None, "v43", "api"))
+    tr = drive(e, [r], 1500)
+    drop = [(t.state, t.t - START) for t in tr if t.alert.alertname == "PrefixCacheHitRateDropAfterDeploy"]
+    assert [s for s, _ in drop] == ["pending", "firing", "resolved"]
+    resolved_at = drop[-1][1]
+    assert resolved_at - rollback > 60  # not seconds after v43 was announced...
+    ws = e.tracks["vllm-0"].view.stats["demo/llama-3-8b"]["5m"]
+    assert ws.admitted_hit_ratio > 0.6  # ...but once the ratio is back

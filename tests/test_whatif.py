@@ -136,3 +136,23 @@ def test_without_a_tokenizer_text_is_approximated_and_says_so(tmp_path):
     sample.write_text("\n".join(json.dumps({"prompt": STATIC + f" q{i}"}) for i in range(3)))
     proc = run(str(sample))
     assert proc.returncode == 0 and "APPROXIMATION" in proc.stdout
+
+
+def test_a_local_tokenizer_json_gives_exact_ids(tmp_path):
+    """`--tokenizer FILE` through the `tokenizers` library (the `whatif` extra): a small
+    word-level tokenizer.json made here, so the ids are known."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    words = sorted(set(STATIC.replace(",", " ").replace(".", " ").split()) | {"q0", "q1", "q2", "[UNK]"})
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    sample = tmp_path / "text.jsonl"
+    sample.write_text("\n".join(json.dumps({"prompt": STATIC + f" q{i}"}) for i in range(3)))
+    proc = run(str(sample), f"--tokenizer={path}", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    expected = sum(len(tok.encode(STATIC + f" q{i}", add_special_tokens=False).ids) for i in range(3))
+    assert data["exact"] is True and data["prompt_tokens"] == expected
+    missing = run(str(sample), f"--tokenizer={tmp_path / 'nope.json'}")
+    assert missing.returncode == 2 and "cannot load" in missing.stderr
