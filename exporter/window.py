@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from collections.abc import Sequence
 from operator import add as operator_add
 from itertools import compress
-from operator import lt, ne, sub
-from typing import Iterable, NamedTuple
+from operator import itemgetter, lt, ne, sub
+from typing import Callable, Iterable, NamedTuple
 
 from .vllm_metrics import Snapshot
 
@@ -50,6 +50,7 @@ class Layout:
     gauge_set: frozenset
     unit_of_model: dict  # model_name -> the unit all its series count in, or None if they differ
     single_base: dict  # model_name -> offset of its values, for models with one series (the usual case)
+    counters_of: Callable  # values -> the counter slots of every series, series after series (len(COUNTERS) each)
 
     @staticmethod
     def build(keys, units, bounds) -> "Layout":
@@ -70,9 +71,13 @@ class Layout:
         unit_of_model = {m: (next(iter(unit_sets[m])) if len(unit_sets.get(m, ())) == 1 else None) for m in by_model}
         position = {k: i for i, k in enumerate(keys)}
         single_base = {m: offsets[position[ks[0]]] for m, ks in by_model.items() if len(ks) == 1}
+        n = len(COUNTERS)
+        slots = [o + j for o in offsets for j in range(n)]
+        # windows only need the counters' differences, not every histogram bucket's
+        getter = itemgetter(*slots) if len(slots) > 1 else (lambda values: tuple(values[s] for s in slots))
         return Layout(keys, units, tuple(bounds), tuple(offsets), pos, position,
                       {m: tuple(sorted(ks, key=lambda k: k[1] or "")) for m, ks in by_model.items()},
-                      gauges, frozenset(gauges), unit_of_model, single_base)
+                      gauges, frozenset(gauges), unit_of_model, single_base, getter)
 
     def index(self, key: SeriesKey) -> int | None:
         return self.position.get(key)
@@ -377,17 +382,19 @@ class History:
         cur_layout, cv = cur.layout, cur.values
         # the usual poll: the same series as the one before, so one vector of differences
         same = prev is not None and prev.layout is cur_layout
-        delta = array("d", map(sub, cv, prev.values)) if same else None
-        single_base = cur_layout.single_base
+        getter = cur_layout.counters_of
+        delta = array("d", map(sub, getter(cv), getter(prev.values))) if same else None
+        single_base, position, n = cur_layout.single_base, cur_layout.position, len(COUNTERS)
         for model, keys in cur_layout.by_model.items():
             dq = dh = ds = dc = 0.0
             kv = NAN
             base = single_base.get(model) if same else None
             if base is not None:
-                a, b = delta[base + q_i], delta[base + h_i]
+                at = position[keys[0]] * n  # where the series' counters sit in the compact delta
+                a, b = delta[at + q_i], delta[at + h_i]
                 if a == a and b == b:
                     dq, dh = a, b
-                a, b = delta[base + s_i], delta[base + c_i]
+                a, b = delta[at + s_i], delta[at + c_i]
                 if a == a and b == b:
                     ds, dc = a, b
                 kv = cv[base + kv_i]
@@ -955,8 +962,10 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
     increases of all series come from one vector of last - first, and the correlation
     and KV maximum from the running sums when `now` is the latest sample."""
     first, last = view[lo], view[hi - 1]
-    delta = array("d", map(sub, last.values, first.values))
+    getter = layout.counters_of
+    delta = array("d", map(sub, getter(last.values), getter(first.values)))
     n = len(COUNTERS)
+    position = layout.position
     span = view.times[hi - 1] - view.times[lo]
     floor = max(min_query_tokens, 1e-12)
     latest = bool(view.times) and view.times[-1] == now
@@ -969,14 +978,14 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
         keys = by_model.get(model)
         if not keys:
             continue
-        base = single_base.get(model)
-        if base is not None:
+        if len(keys) == 1:
+            base = position[keys[0]] * n
             increase = [d if d == d else None for d in delta[base:base + n]]
         else:
             totals = [0.0] * n
             seen = [False] * n
             for key in keys:
-                base = layout.offsets[layout.position[key]]
+                base = position[key] * n
                 for j in range(n):
                     d = delta[base + j]
                     if d == d:
