@@ -437,15 +437,21 @@ def _render_sglang(r: Replica) -> str:
         add("# TYPE sglang:num_queue_reqs gauge")
         add(f"sglang:num_queue_reqs{_labels(**sched)} 0.0")
         add("# TYPE sglang:time_to_first_token_seconds histogram")
-        h = x.hist["ttft"]
-        cum = 0
-        for le, c in zip(h.bounds, h.counts):
-            cum += c
-            add(f"sglang:time_to_first_token_seconds_bucket{_labels(**base, is_streaming='true', le=_fmt(le))} {_fmt(cum)}")
-        add(f"sglang:time_to_first_token_seconds_bucket{_labels(**base, is_streaming='true', le='+Inf')} {_fmt(h.count)}")
-        add(f"sglang:time_to_first_token_seconds_count{_labels(**base, is_streaming='true')} {_fmt(h.count)}")
-        add(f"sglang:time_to_first_token_seconds_sum{_labels(**base, is_streaming='true')} {_fmt(h.sum)}")
+        _histogram_lines(add, "sglang:time_to_first_token_seconds", x.hist["ttft"],
+                         lambda le, base=base: _labels(**base, is_streaming="true", le=le))
     return "\n".join(out) + "\n"
+
+
+def _histogram_lines(add, name: str, h: "_Hist", labels_with_le) -> None:
+    """The _bucket, _count and _sum lines of one histogram; `labels_with_le(le)` renders
+    the label set, `le` None for _count and _sum."""
+    cum = 0
+    for le, c in zip(h.bounds, h.counts):
+        cum += c
+        add(f"{name}_bucket{labels_with_le(_fmt(le))} {_fmt(cum)}")
+    add(f"{name}_bucket{labels_with_le('+Inf')} {_fmt(h.count)}")
+    add(f"{name}_count{labels_with_le(None)} {_fmt(h.count)}")
+    add(f"{name}_sum{labels_with_le(None)} {_fmt(h.sum)}")
 
 
 def _render(r: Replica) -> str:
@@ -477,14 +483,7 @@ def _render(r: Replica) -> str:
         add(f"# HELP {name} {help_text}")
         add(f"# TYPE {name} histogram")
         for model, engine, x in rows:
-            h = x.hist[key]
-            cum = 0
-            for le, c in zip(h.bounds, h.counts):
-                cum += c
-                add(f"{name}_bucket{_labels(engine=engine, le=_fmt(le), model_name=model)} {_fmt(cum)}")
-            add(f"{name}_bucket{_labels(engine=engine, le='+Inf', model_name=model)} {_fmt(h.count)}")
-            add(f"{name}_count{_labels(engine=engine, model_name=model)} {_fmt(h.count)}")
-            add(f"{name}_sum{_labels(engine=engine, model_name=model)} {_fmt(h.sum)}")
+            _histogram_lines(add, name, x.hist[key], lambda le, engine=engine, model=model: _labels(engine=engine, le=le, model_name=model))
         if created:
             family(name + "_created", "gauge", help_text, [(m, e, r.created) for m, e, x in rows])
 
