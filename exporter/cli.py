@@ -24,7 +24,7 @@ from .collector import PrefixCacheCollector
 from .config import Config, ConfigError
 from .alertmanager import Notifier
 from .deploys import AnnotationsWatcher
-from .http import App, Server, deploy_handlers
+from .http import App, Server, analysis_handlers, deploy_handlers
 from .poller import Poller
 from .recording import backtest, write_line
 from .scrape import SUCCESS, Scraper, redact_url
@@ -152,6 +152,10 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
                                 lambda: {t.name for t in holder["sidecar"].config.targets}, clock)
     app.route("POST", "/api/v1/deploys", post)
     app.route("GET", "/api/v1/deploys", get)
+    analysis_get, flagger_post = analysis_handlers(state, lambda: holder["sidecar"].config.analysis,
+                                                   lambda: holder["sidecar"].config.rules.cold_start_grace, clock)
+    app.route("GET", "/api/v1/analysis", analysis_get)
+    app.route("POST", "/api/v1/analysis/flagger", flagger_post)
     if cfg.deploys.api_token:
         app.own_auth.add(("POST", "/api/v1/deploys"))  # its bearer token stands in for basic auth
     server = Server(app, host, port, security)

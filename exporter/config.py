@@ -67,6 +67,16 @@ class AlertmanagerConfig:
 
 
 @dataclass(frozen=True)
+class AnalysisConfig:
+    """GET /api/v1/analysis and the Flagger webhook: versions of a model compared."""
+
+    version_label: str = "version"  # the target label that holds a replica's version
+    window: str = "5m"  # one of global.windows
+    min_query_tokens: float = 20000.0  # on each side, else inconclusive
+    drop_points: float = 0.25  # the new version this far under the baseline fails
+
+
+@dataclass(frozen=True)
 class DeploysConfig:
     api_token: str = ""  # bearer token required by POST /api/v1/deploys when set
     annotations_file: str = ""  # the downward-API annotations file; "" turns it off
@@ -131,6 +141,7 @@ class Config:
     rules: RulesConfig = field(default_factory=_default_rules)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     lint_allow: tuple[str, ...] = ()  # finding kinds or regexes `lint` lets pass
+    analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
 
     @property
     def warmup_target(self) -> str | None:
@@ -481,7 +492,7 @@ def load(data: Any) -> Config:
     """Parsed YAML -> Config, or ConfigError listing every problem."""
     errors: list[str] = []
     r = _Reader(errors)
-    top = r.mapping(data, "", {"global", "web", "targets", "alertmanager", "deploys", "rules", "warmup", "lint"})
+    top = r.mapping(data, "", {"global", "web", "targets", "alertmanager", "deploys", "rules", "warmup", "lint", "analysis"})
     g = _global(r, top.get("global"))
     web_data = r.mapping(top.get("web"), "web", {"listen_address", "external_url"})
     listen = r.value(web_data, "web", "listen_address", lambda v: (parse_listen_address(v), str(v))[1], WebConfig.listen_address)
@@ -490,10 +501,25 @@ def load(data: Any) -> Config:
     cfg = Config(targets=targets, global_=g, web=WebConfig(listen_address=listen, external_url=external),
                  alertmanager=_alertmanager(r, top.get("alertmanager")), deploys=_deploys(r, top.get("deploys")),
                  rules=load_rules(top.get("rules"), errors), warmup=_warmup(r, top.get("warmup"), targets),
-                 lint_allow=_lint_allow(r, top.get("lint")))
+                 lint_allow=_lint_allow(r, top.get("lint")), analysis=_analysis(r, top.get("analysis"), g))
     errors += _lookback_errors(cfg)
     if errors:
         raise ConfigError(errors)
+    return cfg
+
+
+def _analysis(r: _Reader, raw: Any, g: GlobalConfig) -> AnalysisConfig:
+    d = AnalysisConfig()
+    data = r.mapping(raw, "analysis", {"version_label", "window", "min_query_tokens", "drop_points"})
+    cfg = AnalysisConfig(
+        version_label=r.value(data, "analysis", "version_label", _string, d.version_label),
+        window=r.value(data, "analysis", "window", _string, d.window),
+        min_query_tokens=r.value(data, "analysis", "min_query_tokens", _positive_number, d.min_query_tokens),
+        drop_points=r.value(data, "analysis", "drop_points", _ratio, d.drop_points),
+    )
+    names = [w for w, _ in g.windows]
+    if "window" in data and cfg.window not in names:
+        r.errors.append(f"analysis.window: {cfg.window!r} is not one of global.windows ({', '.join(names)})")
     return cfg
 
 

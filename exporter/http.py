@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 Handler = Callable[[dict], tuple[int, str, bytes]]  # environ -> (status, content type, body)
 
 _STATUS = {200: "200 OK", 202: "202 Accepted", 204: "204 No Content", 400: "400 Bad Request", 401: "401 Unauthorized",
-           404: "404 Not Found", 405: "405 Method Not Allowed", 411: "411 Length Required", 413: "413 Payload Too Large",
+           404: "404 Not Found", 405: "405 Method Not Allowed", 409: "409 Conflict", 411: "411 Length Required", 413: "413 Payload Too Large",
            415: "415 Unsupported Media Type", 500: "500 Internal Server Error", 503: "503 Service Unavailable"}
 
 
@@ -327,3 +327,55 @@ class Server:
     def stop(self) -> None:
         self.httpd.stop()
         self._thread.join(5.0)
+
+
+def analysis_handlers(state: State, settings: Callable[[], "AnalysisConfig"], cold_start_grace: Callable[[], float],
+                      clock: Callable[[], float]) -> tuple[Handler, Handler]:
+    """GET /api/v1/analysis (Argo Rollouts' web metric provider) and POST
+    /api/v1/analysis/flagger (a Flagger webhook). Both always answer JSON: Argo counts a
+    body that is not JSON as a success."""
+    from urllib.parse import parse_qs
+
+    from . import fleet
+
+    def verdict(model: str, version: str, baseline: str | None) -> fleet.Verdict:
+        cfg = settings()
+        now = clock()
+        members = []
+        for v in state.targets():
+            labels = dict(v.target.labels)
+            ws = v.stats.get(model, {}).get(cfg.window)
+            if ws is None:
+                continue
+            started = v.snapshot.process_start_time if v.snapshot is not None else None
+            cold = started is not None and 0 <= now - started < cold_start_grace()
+            members.append(fleet.Member(v.target.name, labels.get(cfg.version_label), ws, cold))
+        return fleet.analyze(members, model, version, baseline, cfg.min_query_tokens, cfg.drop_points)
+
+    def get(environ) -> tuple[int, str, bytes]:
+        query = parse_qs(environ.get("QUERY_STRING", ""))
+        model, version = (query.get("model") or [""])[0], (query.get("version") or [""])[0]
+        baseline = (query.get("baseline") or [None])[0]
+        if not model or not version:
+            return json_response(400, {"verdict": fleet.INCONCLUSIVE, "error": "give ?model=M&version=V[&baseline=B]"})
+        if any(_has_control(x) for x in (model, version, baseline or "")):
+            return json_response(400, {"verdict": fleet.INCONCLUSIVE, "error": "control characters are not allowed"})
+        return json_response(200, verdict(model, version, baseline).to_json())
+
+    def flagger(environ) -> tuple[int, str, bytes]:
+        length_text = environ.get("CONTENT_LENGTH", "")
+        if not length_text.isdigit() or int(length_text) > MAX_DEPLOY_BODY:
+            return json_response(400, {"error": f"a JSON body of at most {MAX_DEPLOY_BODY} bytes with Content-Length is required"})
+        try:
+            body = json.loads(environ["wsgi.input"].read(int(length_text)) or b"null")
+        except (ValueError, UnicodeDecodeError) as exc:
+            return json_response(400, {"error": f"body is not JSON: {exc}"})
+        meta = body.get("metadata") if isinstance(body, dict) else None
+        if not isinstance(meta, dict) or not isinstance(meta.get("model"), str) or not isinstance(meta.get("version"), str):
+            return json_response(400, {"error": "the webhook's metadata needs `model` and `version` (and may name a `baseline`)"})
+        baseline = meta.get("baseline") if isinstance(meta.get("baseline"), str) else None
+        v = verdict(meta["model"], meta["version"], baseline)
+        # Flagger fails a check on any status above 202: only a measured drop blocks
+        return json_response(409 if v.verdict == fleet.FAIL else 200, v.to_json())
+
+    return get, flagger

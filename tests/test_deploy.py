@@ -146,3 +146,32 @@ def test_a_schema_violation_is_caught():
     (pm,) = [d for d in build("sidecar") if d["kind"] == "PodMonitor"]
     pm["spec"]["podMetricsEndpoints"][0]["interval"] = 15
     assert list(jsonschema.Draft7Validator(crd_schema("PodMonitor", pm["apiVersion"])).iter_errors(pm))
+
+
+ROLLOUT_EXAMPLES = {
+    "examples/argo-rollouts/analysis-template.yaml": "argo-rollouts_analysis-template-crd.yaml",
+    "examples/argo-rollouts/rollout.yaml": "argo-rollouts_rollout-crd.yaml",
+    "examples/flagger/canary.yaml": "flagger_canary-crd.yaml",
+}
+
+
+@pytest.mark.parametrize("example, crd", list(ROLLOUT_EXAMPLES.items()), ids=list(ROLLOUT_EXAMPLES))
+def test_rollout_gate_examples_validate_against_the_upstream_crds(example, crd):
+    import jsonschema
+    doc = yaml.safe_load((DEPLOY / example).read_text())
+    path = SCHEMAS / crd
+    if not path.exists():
+        pytest.fail(f"{path} missing: the upstream CRDs live in shared/schemas")
+    crds = [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") == "CustomResourceDefinition"]
+    (definition,) = [d for d in crds if d["spec"]["names"]["kind"] == doc["kind"]]
+    version = doc["apiVersion"].rpartition("/")[2]
+    (v,) = [v for v in definition["spec"]["versions"] if v["name"] == version]
+    errors = [f"{list(e.path)}: {e.message}" for e in jsonschema.Draft7Validator(v["schema"]["openAPIV3Schema"]).iter_errors(doc)]
+    assert not errors, errors
+
+
+def test_the_argo_template_reads_the_verdict_the_api_answers():
+    doc = yaml.safe_load((DEPLOY / "examples/argo-rollouts/analysis-template.yaml").read_text())
+    (metric,) = doc["spec"]["metrics"]
+    assert metric["provider"]["web"]["jsonPath"] == "{$.verdict}" and "/api/v1/analysis?" in metric["provider"]["web"]["url"]
+    assert metric["successCondition"] == 'result == "pass"' and metric["failureCondition"] == 'result == "fail"'

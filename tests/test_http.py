@@ -304,3 +304,67 @@ def test_ipv6_listen_addresses(listen):
         assert requests.get(f"http://[::1]:{server.port}/-/healthy", timeout=5).status_code == 200
     finally:
         server.stop()
+
+
+@pytest.fixture
+def rollout_app():
+    """Four replicas of one model: three on v41 at ~88%, one on v42 whose prompt now
+    carries a timestamp (~3%)."""
+    from dataclasses import replace
+    from exporter.config import AnalysisConfig
+    from exporter.http import analysis_handlers
+    from test_fleet import ws
+    state = State()
+    views = []
+    for i, (version, hits) in enumerate((("v41", 88_000), ("v41", 87_000), ("v41", 89_000), ("v42", 3_000))):
+        target = Target(f"vllm-{i}", f"http://127.0.0.1:1/{i}/metrics", labels=(("version", version),))
+        views.append(TargetView(target=target, up=True, polled=True, stats={"m": {"5m": ws(hits, 100_000)}}))
+    state.set_targets(views)
+    app = App(state, CollectorRegistry())
+    get, flagger = analysis_handlers(state, lambda: AnalysisConfig(), lambda: 600.0, lambda: 10_000.0)
+    app.route("GET", "/api/v1/analysis", get)
+    app.route("POST", "/api/v1/analysis/flagger", flagger)
+    return app
+
+
+def analysis(app, query):
+    environ = {"QUERY_STRING": query}
+    status, headers, body = call(app, "GET", "/api/v1/analysis", environ)
+    assert headers["Content-Type"] == "application/json"  # always: Argo passes a body that is not JSON
+    return status, json.loads(body)
+
+
+def test_the_analysis_api_fails_the_broken_version_and_passes_the_old_one(rollout_app):
+    status, data = analysis(rollout_app, "model=m&version=v42")
+    assert status == 200 and data["verdict"] == "fail" and data["baseline_version"] == "v41"
+    assert data["hit_ratio"] == pytest.approx(0.03) and data["baseline_hit_ratio"] == pytest.approx(0.88)
+    assert {"verdict", "hit_ratio", "baseline_hit_ratio", "query_tokens", "baseline_query_tokens", "reason"} <= set(data)
+    status, data = analysis(rollout_app, "model=m&version=v41&baseline=v42")
+    assert data["verdict"] == "pass"
+
+
+@pytest.mark.parametrize("query, status", [
+    pytest.param("", 400, id="no-parameters"),
+    pytest.param("model=m", 400, id="no-version"),
+    pytest.param("model=nope&version=v1", 200, id="unknown-model-is-inconclusive"),
+    pytest.param("model=m&version=v1%0Aforged", 400, id="control-characters"),
+])
+def test_the_analysis_api_answers_json_even_for_bad_queries(rollout_app, query, status):
+    got, data = analysis(rollout_app, query)
+    assert got == status and data["verdict"] == "inconclusive"
+
+
+@pytest.mark.parametrize("metadata, status, verdict", [
+    pytest.param({"model": "m", "version": "v42"}, 409, "fail", id="drop-fails-the-check"),
+    pytest.param({"model": "m", "version": "v41", "baseline": "v42"}, 200, "pass", id="no-drop-passes"),
+    pytest.param({"model": "m", "version": "v9"}, 200, "inconclusive", id="unknown-version-does-not-block"),
+])
+def test_the_flagger_webhook_fails_only_on_a_drop(rollout_app, metadata, status, verdict):
+    body = json.dumps({"name": "vllm", "namespace": "llm", "phase": "Progressing", "metadata": metadata}).encode()
+    got, _, payload = call(rollout_app, "POST", "/api/v1/analysis/flagger", {"CONTENT_TYPE": "application/json"}, body)
+    assert got == status and json.loads(payload)["verdict"] == verdict
+
+
+def test_the_flagger_webhook_refuses_a_body_without_metadata(rollout_app):
+    got, _, payload = call(rollout_app, "POST", "/api/v1/analysis/flagger", {}, b'{"name": "vllm"}')
+    assert got == 400 and "metadata" in json.loads(payload)["error"]

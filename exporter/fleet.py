@@ -1,0 +1,102 @@
+"""Versions of one model side by side during a rollout, and the verdict a rollout
+controller asks for. Pure: window stats of the replicas in, a verdict out.
+
+Each replica may carry a version (a target label). The new version's replicas, after
+their cold start, are pooled token-weighted and compared with the baseline version's
+replicas over the same window, with a traffic floor on both sides, as a canary analysis
+does. Never a NaN: without enough tokens the verdict is `inconclusive`, with a reason.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from .window import WindowStats
+
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+
+
+@dataclass(frozen=True)
+class Member:
+    target: str
+    version: str | None
+    stats: WindowStats | None  # the model's window on this replica
+    cold: bool = False  # still in its cold-start grace: not yet comparable
+
+
+@dataclass(frozen=True)
+class Verdict:
+    verdict: str
+    model: str
+    version: str
+    baseline_version: str | None
+    hit_ratio: float | None
+    baseline_hit_ratio: float | None
+    query_tokens: float
+    baseline_query_tokens: float
+    reason: str
+    replicas: int = 0
+    baseline_replicas: int = 0
+
+    def to_json(self) -> dict:
+        return {"verdict": self.verdict, "model": self.model, "version": self.version, "baseline_version": self.baseline_version,
+                "hit_ratio": self.hit_ratio, "baseline_hit_ratio": self.baseline_hit_ratio, "query_tokens": self.query_tokens,
+                "baseline_query_tokens": self.baseline_query_tokens, "replicas": self.replicas,
+                "baseline_replicas": self.baseline_replicas, "reason": self.reason}
+
+
+def _tokens(ws: WindowStats | None) -> tuple[float, float]:
+    """(hit tokens, query tokens) of one replica's window: the admitted-prefill counters
+    where the engine has them, else the lookup counters."""
+    if ws is None:
+        return 0.0, 0.0
+    if ws.admitted_hit_increase is not None and ws.admitted_prompt_increase:
+        return max(0.0, ws.admitted_hit_increase), ws.admitted_prompt_increase
+    if ws.hit_increase is None or not ws.query_increase:
+        return 0.0, 0.0
+    return max(0.0, ws.hit_increase), ws.query_increase
+
+
+def _pool(members: Sequence[Member]) -> tuple[float, float, int]:
+    hits = queries = 0.0
+    for m in members:
+        h, q = _tokens(m.stats)
+        hits += h
+        queries += q
+    return hits, queries, len(members)
+
+
+def analyze(members: Sequence[Member], model: str, version: str, baseline: str | None = None,
+            min_query_tokens: float = 20000.0, drop_points: float = 0.25) -> Verdict:
+    warm = [m for m in members if not m.cold]
+    new = [m for m in warm if m.version == version]
+    if baseline is None:
+        # the other version with the most traffic: during a rollout, the one being replaced
+        others: dict[str, float] = {}
+        for m in warm:
+            if m.version is not None and m.version != version:
+                others[m.version] = others.get(m.version, 0.0) + _tokens(m.stats)[1]
+        baseline = max(others, key=lambda v: (others[v], v)) if others else None
+    old = [m for m in warm if baseline is not None and m.version == baseline]
+    h, q, n = _pool(new)
+    bh, bq, bn = _pool(old)
+    ratio = h / q if q > 0 else None
+    base_ratio = bh / bq if bq > 0 else None
+
+    def verdict(kind: str, reason: str) -> Verdict:
+        return Verdict(kind, model, version, baseline, ratio, base_ratio, q, bq, reason, n, bn)
+
+    cold = sum(1 for m in members if m.cold and m.version == version)
+    if not new:
+        why = f"{cold} replica(s) of {version} still in their cold start" if cold else f"no replica of {model} runs {version}"
+        return verdict(INCONCLUSIVE, why)
+    if baseline is None or not old:
+        return verdict(INCONCLUSIVE, f"no baseline: no other version of {model} serves traffic"
+                       if baseline is None else f"no warm replica of {model} runs the baseline {baseline}")
+    if q < min_query_tokens or bq < min_query_tokens:
+        return verdict(INCONCLUSIVE, f"too little traffic to judge: {q:.0f} and {bq:.0f} query tokens, {min_query_tokens:.0f} needed on each side")
+    drop = base_ratio - ratio
+    if drop >= drop_points:
+        return verdict(FAIL, f"{version} hits {ratio:.1%} of its prompt tokens against {base_ratio:.1%} for {baseline}: "
+                             f"{drop * 100:.1f} points lower (the limit is {drop_points * 100:.0f})")
+    return verdict(PASS, f"{version} hits {ratio:.1%} against {base_ratio:.1%} for {baseline}")
