@@ -569,7 +569,7 @@ def cmd_whatif(args) -> int:
         return EXIT_USAGE
     try:
         tokenizer = _whatif_tokenizer(args) if any(r.is_text for r in requests_) else None
-        policies = tuple(dict.fromkeys(args.routing)) if args.routing else simulator_policies(requests_)
+        policies = tuple(dict.fromkeys(args.routing)) if args.routing else default_policies(requests_)
         replicas = args.replicas or len({r.replica for r in requests_ if r.replica}) or 1
         analysis = whatif_mod.analyze(requests_, replicas, policies, args.cache_blocks, args.block_size, tokenizer, args.measure_from)
     except (whatif_mod.SampleError, ValueError) as exc:
@@ -584,7 +584,7 @@ def cmd_whatif(args) -> int:
     return EXIT_OK
 
 
-def simulator_policies(requests_) -> tuple[str, ...]:
+def default_policies(requests_) -> tuple[str, ...]:
     """Every policy; `observed` first when the sample says which replica served each request."""
     from .cachemodel import OBSERVED, POLICIES
     rest = tuple(p for p in POLICIES if p != OBSERVED)

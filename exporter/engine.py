@@ -8,6 +8,7 @@ and the evaluation job calls `evaluate()` on the immutable views the tracks publ
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 
@@ -46,7 +47,6 @@ class TrackView:
     snapshot: Snapshot | None = None
     up: bool = False
     down_since: float | None = None
-    first_seen: float | None = None  # first poll of this target, success or not
     ever_up: bool = False
     last_t: float | None = None
 
@@ -58,14 +58,9 @@ class Track:
     detector: SnapshotChangeDetector
     view: TrackView = field(default_factory=TrackView)
 
-    # read-through properties keep call sites short
     @property
     def stats(self) -> dict[str, dict[str, WindowStats]]:
         return self.view.stats
-
-    @property
-    def snapshot(self) -> Snapshot | None:
-        return self.view.snapshot
 
     @property
     def up(self) -> bool:
@@ -80,6 +75,7 @@ class Engine:
         self.event_counts: dict[tuple[str, str], int] = {}
         self.last_deploy_t: dict[str, float] = {}  # target ('' for all) -> newest deploy-like event
         self.last_event_t: dict[str, float] = {}  # target ('' for all) -> newest event of any kind
+        self.last_restart_t: dict[str, float] = {}  # target ('' for all) -> newest restart
         self.alerts: dict[tuple[str, str, str], Alert] = {}
         self.reconfigure(config)
 
@@ -120,7 +116,7 @@ class Engine:
         found = track.detector.observe(now, snapshot)
         view = track.view
         view = replace(view, samples=track.history.samples(), snapshot=snapshot, up=True, down_since=None,
-                       first_seen=view.first_seen if view.first_seen is not None else now, ever_up=True, last_t=now)
+                       ever_up=True, last_t=now)
         view = replace(view, stats=self._summarize(view, now))
         track.view = view
         point = self._change_point(track, now, found)
@@ -139,7 +135,7 @@ class Engine:
         track = self.tracks[target]
         view = track.view
         down_since = now if view.up or view.down_since is None else view.down_since
-        view = replace(view, up=False, down_since=down_since, first_seen=view.first_seen if view.first_seen is not None else now)
+        view = replace(view, up=False, down_since=down_since)
         track.view = replace(view, stats=self._summarize(view, now))
 
     def add_event(self, event: DeployEvent) -> None:
@@ -148,7 +144,9 @@ class Engine:
         self.event_counts[key] = self.event_counts.get(key, 0) + 1
         target = event.target or ""
         self.last_event_t[target] = max(self.last_event_t.get(target, event.t), event.t)
-        if not event.is_restart:
+        if event.is_restart:
+            self.last_restart_t[target] = max(self.last_restart_t.get(target, event.t), event.t)
+        else:
             self.last_deploy_t[target] = max(self.last_deploy_t.get(target, event.t), event.t)
 
     def _summarize(self, view: TrackView, now: float):
@@ -163,10 +161,7 @@ class Engine:
         cp = rc.change_point
         span = cp.recent + cp.reference + 2 * self.config.global_.poll_interval
         name = track.target.name
-        # any event within the span, or a restart within the grace, explains a fall
-        newest = max(self.last_event_t.get(name, -1e18), self.last_event_t.get("", -1e18),
-                     max((e.t for e in found), default=-1e18))
-        if now - newest <= max(span, rc.cold_start_grace) and self._explained(name, now, span, found):
+        if self._explained(name, now, span, found):
             return None
         view = track.view.samples
         for model in sorted(track.view.stats):
@@ -182,18 +177,16 @@ class Engine:
         return None
 
     def _explained(self, target: str, now: float, span: float, found: list[DeployEvent]) -> bool:
-        grace = self.config.rules.cold_start_grace
-        for e in list(self.events)[-64:] + found:  # the newest events are at the end
-            if e.applies_to(target) and ((e.is_restart and now - e.t <= grace) or now - e.t <= span):
-                return True
-        return False
+        """An event of the target (or the fleet) within the span, or a restart within the
+        cold-start grace, explains a fall. Dict lookups: this runs on every poll, without
+        the shared lock, so it neither copies nor walks the event stream."""
+        newest_event = max(self.last_event_t.get(target, -math.inf), self.last_event_t.get("", -math.inf),
+                           max((e.t for e in found), default=-math.inf))
+        newest_restart = max(self.last_restart_t.get(target, -math.inf), self.last_restart_t.get("", -math.inf),
+                             max((e.t for e in found if e.is_restart), default=-math.inf))
+        return now - newest_event <= span or now - newest_restart <= self.config.rules.cold_start_grace
 
     # --- output ------------------------------------------------------------------------
-    def target_events(self, target: str, now: float, events=None) -> tuple[DeployEvent, ...]:
-        horizon = max(self.config.rules.event_lookback, self.config.rules.cold_start_grace)
-        source = self.events if events is None else events
-        return tuple(sorted((e for e in source if e.applies_to(target) and 0 <= now - e.t <= horizon), key=lambda e: e.t))
-
     def last_deploy(self) -> dict[str, float]:
         """target ('' for all) -> time of the newest deploy-like event (not restarts)."""
         return dict(self.last_deploy_t)
@@ -235,7 +228,7 @@ class Engine:
                              windows=window_names, events=events_of[name], peer_ratios=tuple(r for _, r in peers),
                              peers_had_events=any(events_of.get(other) for other, _ in peers),
                              block_size=view.snapshot.block_size if view.snapshot else None,
-                             ever_up=view.ever_up, first_seen=view.first_seen)
+                             ever_up=view.ever_up)
                 for alertname, settings in rc.rules.items():
                     if not settings.enabled or (alertname == TARGET_DOWN) != (model == ""):
                         continue

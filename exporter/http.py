@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from . import __version__
+from .config import AnalysisConfig
 from .deploys import API, DeployEvent
 from .scrape import redact_url
 from .state import State
@@ -329,7 +330,7 @@ class Server:
         self._thread.join(5.0)
 
 
-def analysis_handlers(state: State, settings: Callable[[], "AnalysisConfig"], cold_start_grace: Callable[[], float],
+def analysis_handlers(state: State, settings: Callable[[], AnalysisConfig], cold_start_grace: Callable[[], float],
                       clock: Callable[[], float]) -> tuple[Handler, Handler]:
     """GET /api/v1/analysis (Argo Rollouts' web metric provider) and POST
     /api/v1/analysis/flagger (a Flagger webhook). Both always answer JSON: Argo counts a

@@ -99,7 +99,6 @@ class Facts:
     peers_had_events: bool = False
     block_size: int | None = None
     ever_up: bool = True
-    first_seen: float | None = None
     active_since: float | None = None  # when this alert became pending, while it is active
     anchor: float | None = None  # the event time an active alert measures against
 

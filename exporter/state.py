@@ -51,10 +51,6 @@ class State:
         with self._lock:
             old = self._targets
             self._targets = {v.target.name: (replace(old[v.target.name], target=v.target) if v.target.name in old else v) for v in views}
-        self._changed()
-
-    def _changed(self) -> None:
-        with self._lock:
             self._generation += 1
 
     @property
@@ -65,7 +61,7 @@ class State:
         """Process-wide event counters (collect errors, clock steps, ...)."""
         with self._lock:
             self._counters[name] = self._counters.get(name, 0) + n
-        self._changed()
+            self._generation += 1
 
     def counters(self) -> dict[str, int]:
         with self._lock:
@@ -78,7 +74,7 @@ class State:
             current = self._targets.get(view.target.name)
             if current is not None:
                 self._targets[view.target.name] = view if view.target is current.target else replace(view, target=current.target)
-        self._changed()
+            self._generation += 1
 
     def target(self, name: str) -> TargetView | None:
         with self._lock:
@@ -91,7 +87,7 @@ class State:
     def set_process(self, **changes) -> None:
         with self._lock:
             self._process = replace(self._process, **changes)
-        self._changed()
+            self._generation += 1
 
     def process(self) -> ProcessView:
         with self._lock:
@@ -101,7 +97,7 @@ class State:
         """Results of later stages (alerts, deploys, warm-up), published the same way."""
         with self._lock:
             self._extras[key] = value
-        self._changed()
+            self._generation += 1
 
     def get(self, key: str, default: Any = None) -> Any:
         with self._lock:

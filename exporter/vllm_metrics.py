@@ -161,9 +161,6 @@ class SeriesSnapshot:
     engine_hit_rate: float | None = None  # SGLang's cache_hit_rate gauge: the last prefill batch
     lmcache_lookups: tuple[float | None, float | None, float | None] | None = None  # (requests, tokens, hit tokens), max over workers
 
-    def by_source(self, source: str) -> float | None:
-        return dict(self.prompt_tokens_by_source).get(source) if self.prompt_tokens_by_source else None
-
     @property
     def key(self) -> tuple[str, str | None]:
         return (self.model_name, self.engine)

@@ -12,10 +12,10 @@ from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
 from collections.abc import Sequence
-from operator import add as operator_add
 from itertools import compress
+from operator import add as operator_add
 from operator import itemgetter, lt, ne, sub
-from typing import Callable, Iterable, NamedTuple
+from typing import Callable, NamedTuple
 
 from .vllm_metrics import Snapshot
 
@@ -78,9 +78,6 @@ class Layout:
         return Layout(keys, units, tuple(bounds), tuple(offsets), pos, position,
                       {m: tuple(sorted(ks, key=lambda k: k[1] or "")) for m, ks in by_model.items()},
                       gauges, frozenset(gauges), unit_of_model, single_base, getter)
-
-    def index(self, key: SeriesKey) -> int | None:
-        return self.position.get(key)
 
 
 _SLOT = {name: i for i, name in enumerate(_FIXED)}
@@ -182,9 +179,6 @@ class ModelLog:
             setattr(self, name, getattr(self, name)[shift:])
         self.start = 0
         return shift
-
-    def first_after(self, column: array, since: float, end: int) -> int:
-        return bisect_right(column, since, self.start, end)
 
 
 class _Running:
@@ -546,9 +540,6 @@ class History:
 
     def __len__(self) -> int:
         return len(self._samples)
-
-    def series_count(self) -> int:
-        return len(self._layout.keys) if self._layout is not None else 0
 
 
 # --- PromQL building blocks ------------------------------------------------------------
@@ -971,7 +962,7 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
     latest = bool(view.times) and view.times[-1] == now
     source = _TTFTSource(view, [(layout, lo, hi - 1)], lo, hi)
     running_of = view.running if latest else {}
-    by_model, single_base, unit_of_model = layout.by_model, layout.single_base, layout.unit_of_model
+    by_model, unit_of_model = layout.by_model, layout.unit_of_model
     blocks = block_size or 16
     out = {}
     for model in models:
@@ -992,16 +983,8 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
                         totals[j] += d
                         seen[j] = True
             increase = [t if s else None for t, s in zip(totals, seen)]
-        queries, hits, ext_q, ext_h, ttft_sum, ttft_count, prompt, preempt, local, recomputed, cached, external = increase
-        # the admitted ratio, as _admitted computes it, inline: this loop is a poll's cost
-        if local is not None:
-            a_hits = local - (recomputed or 0.0)
-        elif cached is not None:
-            a_hits = cached - (external or 0.0)
-        else:
-            a_hits = None
-        a_prompt = prompt if a_hits is not None else None
-        a_ratio = a_hits / prompt if a_hits is not None and prompt is not None and prompt >= floor else None
+        queries, hits, ext_q, ext_h, ttft_sum, ttft_count, prompt, preempt = increase[:8]
+        a_hits, a_prompt, a_ratio = _admitted(increase, min_query_tokens)
         unit = unit_of_model[model]
         hit_ratio = None
         if queries is not None and hits is not None and unit is not None and \

@@ -5,14 +5,13 @@ may escape, the HTTP answers stay well formed, and each example has a time bound
 import io
 import json
 import math
-from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from exporter.collector import PrefixCacheCollector
-from exporter.config import Target, load
+from exporter.config import load
 from exporter.engine import Engine
 from exporter.http import App, status_json
 from exporter.state import State, TargetView

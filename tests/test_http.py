@@ -310,7 +310,6 @@ def test_ipv6_listen_addresses(listen):
 def rollout_app():
     """Four replicas of one model: three on v41 at ~88%, one on v42 whose prompt now
     carries a timestamp (~3%)."""
-    from dataclasses import replace
     from exporter.config import AnalysisConfig
     from exporter.http import analysis_handlers
     from test_fleet import ws
