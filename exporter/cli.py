@@ -53,6 +53,7 @@ class Sidecar:
     notifier: Notifier
     warmer: Warmer
     reload_lock: threading.Lock = field(default_factory=threading.Lock)
+    shard: str | None = None  # --shard, which outlives reloads
 
     def start(self) -> "Sidecar":
         self.server.start()
@@ -73,7 +74,7 @@ class Sidecar:
 
     def _reload(self, path: str) -> bool:
         try:
-            new = config_mod.load_file(path)
+            new = _with_shard(config_mod.load_file(path), self.shard)
             config_mod.parse_listen_address(new.web.listen_address)
         except ConfigError as exc:
             self.state.set_process(config_reload_success=False)
@@ -96,7 +97,7 @@ class Sidecar:
         self.poller.reload(new)
         self.config = new
         self.state.set_process(config_reload_success=True, config_reload_time=time.time())
-        log.info("reloaded config from %s: %d targets", path, len(new.targets))
+        log.info("reloaded config from %s: %d static target(s), %d polled", path, len(new.targets), len(self.poller.current.targets))
         return True
 
 
@@ -149,11 +150,10 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
     app = App(state, registry, ready=ready, security=security,
               deploy_api_open=lambda: not holder["sidecar"].config.deploys.api_token)
     post, get = deploy_handlers(state, poller.add_event, lambda: holder["sidecar"].config.deploys.api_token,
-                                lambda: {t.name for t in holder["sidecar"].config.targets}, clock)
+                                lambda: {t.name for t in poller.current.targets}, clock)
     app.route("POST", "/api/v1/deploys", post)
     app.route("GET", "/api/v1/deploys", get)
-    analysis_get, flagger_post = analysis_handlers(state, lambda: holder["sidecar"].config.analysis,
-                                                   lambda: holder["sidecar"].config.rules.cold_start_grace, clock)
+    analysis_get, flagger_post = analysis_handlers(lambda model, version, baseline: poller.analyze(clock(), model, version, baseline))
     app.route("GET", "/api/v1/analysis", analysis_get)
     app.route("POST", "/api/v1/analysis/flagger", flagger_post)
     if cfg.deploys.api_token:
@@ -198,15 +198,16 @@ def cmd_check_config(args) -> int:
         return EXIT_USAGE
     for warning in config_warnings(cfg):
         print(f"warning: {warning}", file=sys.stderr)
-    print(f"{args.file}: OK, {len(cfg.targets)} target(s)")
+    sources = [name for name, on in (("prometheus", cfg.discovery.prometheus), ("file_sd", cfg.discovery.file_sd)) if on]
+    print(f"{args.file}: OK, {len(cfg.targets)} target(s)" + (f", discovery: {', '.join(sources)}" if sources else ""))
     return EXIT_OK
 
 
 def config_warnings(cfg: Config) -> list[str]:
     """Valid but probably not meant."""
     out = []
-    if not cfg.targets:
-        out.append("no targets: the sidecar will poll nothing (add `targets:`)")
+    if not cfg.targets and not cfg.discovery.enabled:
+        out.append("no targets: the sidecar will poll nothing (add `targets:` or `discovery:`)")
     if not cfg.deploys.api_token:
         out.append("no deploys.api_token: POST /api/v1/deploys accepts deploy announcements from anyone who reaches the port")
     return out
@@ -245,7 +246,18 @@ def _load_run_config(args) -> Config:
     if not path:
         raise ConfigError([f"no config: pass --config.file or set {config_mod.ENV_CONFIG_FILE}"])
     args.config_file = path
-    return config_mod.load_file(path)
+    return _with_shard(config_mod.load_file(path), getattr(args, "shard", None))
+
+
+def _with_shard(cfg: Config, shard: str | None) -> Config:
+    """--shard=I/N wins over discovery.shard (the key label stays the config's)."""
+    if not shard:
+        return cfg
+    try:
+        s = config_mod.parse_shard(shard)
+    except ValueError as exc:
+        raise ConfigError([str(exc)]) from None
+    return replace(cfg, discovery=replace(cfg.discovery, shard=replace(s, key_label=cfg.discovery.shard.key_label)))
 
 
 def cmd_run(args) -> int:
@@ -270,6 +282,7 @@ def cmd_run(args) -> int:
     tune_gc()
     try:
         sidecar = build_sidecar(cfg, listen, security=security)
+        sidecar.shard = getattr(args, "shard", None)
     except OSError as exc:
         log.error("cannot listen on %s: %s", listen, exc.strerror or exc)
         return EXIT_ERROR
@@ -280,7 +293,7 @@ def cmd_run(args) -> int:
         signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=sidecar.reload, args=(args.config_file,), daemon=True).start())
     sidecar.start()
     log.info("listening on %s:%d, polling %d target(s) every %gs", listen.rpartition(":")[0] or "0.0.0.0",
-             sidecar.server.port, len(cfg.targets), cfg.global_.poll_interval)
+             sidecar.server.port, len(sidecar.poller.current.targets), cfg.global_.poll_interval)
     stop.wait()
     log.info("shutting down")
     sidecar.stop()
@@ -678,6 +691,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--web.config.file", dest="web_config_file", default=None,
                      help="exporter-toolkit web config: tls_server_config and basic_auth_users (bcrypt)")
     run.add_argument("--log.level", dest="log_level", default=argparse.SUPPRESS, choices=LOG_LEVELS, help="log level (default: info)")
+    run.add_argument("--shard", default=None, metavar="I/N",
+                     help="poll only the targets whose shard key hashes to I mod N, like Prometheus's hashmod (overrides discovery.shard)")
     run.set_defaults(func=cmd_run)
 
     demo = command("demo", "play the incident on a simulated vLLM fleet")

@@ -91,7 +91,7 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("ttft_change_per_10pt_hit_ratio_seconds", "gauge", "Fitted change of mean TTFT when the hit ratio rises by 10 percentage points " + _W + ".", "target", "model_name", "window"),
     _m("kv_cache_usage_max_ratio", "gauge", "Highest KV-cache usage seen " + _W + ".", "target", "model_name", "window"),
     # rules and deploys
-    _m("alert_state", "gauge", "1 for each alert of ours that is not inactive, by `state` (pending, firing, inconclusive: too few tokens to judge).", "alertname", "target", "model_name", "cause", "severity", "state", target_labels=False),
+    _m("alert_state", "gauge", "1 for each alert of ours that is not inactive, by `state` (pending, firing, inconclusive: too few tokens to judge); `version` names the version a fleet alert judges (target is then empty).", "alertname", "target", "model_name", "cause", "severity", "state", "version", target_labels=False),
     _m("deploy_events", "counter", "Deploy events by `source` (api, annotations_file, config_change, restart, change_point); target is empty for fleet-wide events.", "target", "source", target_labels=False),
     _m("last_deploy_timestamp_seconds", "gauge", "Unix time of the newest deploy event (restarts excluded), for Grafana annotations; target is empty for fleet-wide events.", "target", target_labels=False),
     # delivery to Alertmanager
@@ -100,6 +100,12 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("alertmanager_queue_length", "gauge", "Alerts waiting for delivery to the Alertmanager (latest state per alert).", "alertmanager"),
     _m("alertmanager_dropped_alerts", "counter", "Alerts dropped because the delivery queue was full.", "alertmanager"),
     _m("alertmanager_last_success_timestamp_seconds", "gauge", "Unix time of the last successful delivery to the Alertmanager.", "alertmanager"),
+    # service discovery (central mode)
+    _m("polled_targets", "gauge", "Targets this process polls: static and discovered, in its shard."),
+    _m("discovery_targets", "gauge", "Targets the discovery `source` (prometheus, file_sd) gave; its last good list while it fails.", "source"),
+    _m("discovery_last_refresh_successful", "gauge", "1 if the last refresh of the discovery `source` succeeded; while 0 its last good targets are kept (see the log).", "source"),
+    _m("discovery_last_success_timestamp_seconds", "gauge", "Unix time of the last successful refresh of the discovery `source`.", "source"),
+    _m("discovery_refresh_failures", "counter", "Refreshes of the discovery `source` that failed (unreachable Prometheus, malformed file_sd file, ...).", "source"),
     # warm-up after a (re)start
     _m("warmup_requests", "counter", "Warm-up requests sent to the local vLLM by `result` (success, http_error, timeout, connection_error, cancelled).", "result"),
     _m("warmup_running", "gauge", "1 while a warm-up runs."),
@@ -153,7 +159,8 @@ class PrefixCacheCollector(Collector):
             self._target(f, view)
         for a in self.state.get("alerts") or ():
             labels = dict(a.labels)
-            f.add("prefixcache_alert_state", (a.alertname, a.target, a.model, labels.get("cause", ""), labels.get("severity", ""), a.state), 1.0, target=None)
+            f.add("prefixcache_alert_state", (a.alertname, a.target, a.model, labels.get("cause", ""), labels.get("severity", ""), a.state, a.version),
+                  1.0, target=None)
         deploys = self.state.get("deploys") or {}
         counts = deploys.get("counts", {})
         # from zero for every target and source, so that increase() sees the first event
@@ -163,6 +170,13 @@ class PrefixCacheCollector(Collector):
                 f.add("prefixcache_deploy_events", (target, source), mine.get(source, 0), target=None)
         for target, t in sorted(deploys.get("last", {}).items()):
             f.add("prefixcache_last_deploy_timestamp_seconds", (target,), t, target=None)
+        f.add("prefixcache_polled_targets", (), len(self.state.targets()), target=None)
+        for src in self.state.get("discovery") or ():
+            f.add("prefixcache_discovery_targets", (src.name,), len(src.targets), target=None)
+            f.add("prefixcache_discovery_last_refresh_successful", (src.name,), 1.0 if src.ok else 0.0, target=None)
+            f.add("prefixcache_discovery_refresh_failures", (src.name,), src.failures, target=None)
+            if src.last_success is not None:
+                f.add("prefixcache_discovery_last_success_timestamp_seconds", (src.name,), src.last_success, target=None)
         warm = self.state.get("warmup")
         if warm is not None:
             for result, count in sorted(warm.results.items()):

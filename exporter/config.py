@@ -74,6 +74,39 @@ class AnalysisConfig:
     window: str = "5m"  # one of global.windows
     min_query_tokens: float = 20000.0  # on each side, else inconclusive
     drop_points: float = 0.25  # the new version this far under the baseline fails
+    warmup: float = 120.0  # a replica's first minutes after its start are left out: its cache is filling
+
+
+@dataclass(frozen=True)
+class PrometheusSDConfig:
+    """Targets from a Prometheus's own service discovery: the active targets of `job`."""
+
+    url: str
+    job: str
+    timeout: float = 10.0
+    bearer_token: str = ""
+    username: str = ""
+    password: str = ""
+
+
+@dataclass(frozen=True)
+class ShardConfig:
+    index: int = 0
+    count: int = 1
+    key_label: str = "deployment"  # all replicas of one model share it, so they land in one shard
+
+
+@dataclass(frozen=True)
+class DiscoveryConfig:
+    prometheus: PrometheusSDConfig | None = None
+    file_sd: tuple[str, ...] = ()  # paths or globs, as Prometheus's file_sd_configs.files
+    refresh_interval: float = 30.0
+    accept_empty_after: float = 600.0  # a source that had targets and answers none is believed after this
+    shard: ShardConfig = field(default_factory=ShardConfig)
+
+    @property
+    def enabled(self) -> bool:
+        return self.prometheus is not None or bool(self.file_sd)
 
 
 @dataclass(frozen=True)
@@ -142,6 +175,7 @@ class Config:
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     lint_allow: tuple[str, ...] = ()  # finding kinds or regexes `lint` lets pass
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
 
     @property
     def warmup_target(self) -> str | None:
@@ -492,7 +526,8 @@ def load(data: Any) -> Config:
     """Parsed YAML -> Config, or ConfigError listing every problem."""
     errors: list[str] = []
     r = _Reader(errors)
-    top = r.mapping(data, "", {"global", "web", "targets", "alertmanager", "deploys", "rules", "warmup", "lint", "analysis"})
+    top = r.mapping(data, "", {"global", "web", "targets", "alertmanager", "deploys", "rules", "warmup", "lint", "analysis",
+                                     "discovery"})
     g = _global(r, top.get("global"))
     web_data = r.mapping(top.get("web"), "web", {"listen_address", "external_url"})
     listen = r.value(web_data, "web", "listen_address", lambda v: (parse_listen_address(v), str(v))[1], WebConfig.listen_address)
@@ -501,7 +536,8 @@ def load(data: Any) -> Config:
     cfg = Config(targets=targets, global_=g, web=WebConfig(listen_address=listen, external_url=external),
                  alertmanager=_alertmanager(r, top.get("alertmanager")), deploys=_deploys(r, top.get("deploys")),
                  rules=load_rules(top.get("rules"), errors), warmup=_warmup(r, top.get("warmup"), targets),
-                 lint_allow=_lint_allow(r, top.get("lint")), analysis=_analysis(r, top.get("analysis"), g))
+                 lint_allow=_lint_allow(r, top.get("lint")), analysis=_analysis(r, top.get("analysis"), g),
+                 discovery=_discovery(r, top.get("discovery")))
     errors += _lookback_errors(cfg)
     if errors:
         raise ConfigError(errors)
@@ -510,17 +546,71 @@ def load(data: Any) -> Config:
 
 def _analysis(r: _Reader, raw: Any, g: GlobalConfig) -> AnalysisConfig:
     d = AnalysisConfig()
-    data = r.mapping(raw, "analysis", {"version_label", "window", "min_query_tokens", "drop_points"})
+    data = r.mapping(raw, "analysis", {"version_label", "window", "min_query_tokens", "drop_points", "warmup"})
     cfg = AnalysisConfig(
         version_label=r.value(data, "analysis", "version_label", _string, d.version_label),
         window=r.value(data, "analysis", "window", _string, d.window),
         min_query_tokens=r.value(data, "analysis", "min_query_tokens", _positive_number, d.min_query_tokens),
         drop_points=r.value(data, "analysis", "drop_points", _ratio, d.drop_points),
+        warmup=r.value(data, "analysis", "warmup", _duration_or_zero, d.warmup),
     )
     names = [w for w, _ in g.windows]
     if "window" in data and cfg.window not in names:
         r.errors.append(f"analysis.window: {cfg.window!r} is not one of global.windows ({', '.join(names)})")
+    elif cfg.window not in names:  # the default, with other windows configured: the one nearest to it
+        cfg = replace(cfg, window=min(g.windows, key=lambda w: abs(w[1] - 300.0))[0])
     return cfg
+
+
+def _discovery(r: _Reader, raw: Any) -> DiscoveryConfig:
+    d = DiscoveryConfig()
+    data = r.mapping(raw, "discovery", {"prometheus", "file_sd", "refresh_interval", "accept_empty_after", "shard"})
+    prometheus = None
+    if "prometheus" in data:
+        path = "discovery.prometheus"
+        p = r.mapping(data["prometheus"], path, {"url", "job", "timeout", "bearer_token", "bearer_token_file", "basic_auth"})
+        for key in ("url", "job"):
+            if key not in p:
+                r.errors.append(f"{path}.{key}: required")
+        auth = r.mapping(p.get("basic_auth"), f"{path}.basic_auth", {"username", "password", "password_file"})
+        prometheus = PrometheusSDConfig(
+            url=r.value(p, path, "url", _url, ""), job=r.value(p, path, "job", _string, ""),
+            timeout=r.value(p, path, "timeout", parse_duration, 10.0),
+            bearer_token=_secret(r, p, path, "bearer_token"),
+            username=r.value(auth, f"{path}.basic_auth", "username", _string, ""),
+            password=_secret(r, auth, f"{path}.basic_auth", "password"))
+    files: tuple[str, ...] = ()
+    if "file_sd" in data:
+        fs = r.mapping(data["file_sd"], "discovery.file_sd", {"files"})
+        if not isinstance(fs.get("files"), list) or not fs["files"] or not all(isinstance(f, str) and f for f in fs["files"]):
+            r.errors.append("discovery.file_sd.files: must be a non-empty list of paths (globs allowed, as in Prometheus)")
+        else:
+            files = tuple(fs["files"])
+    sd = r.mapping(data.get("shard"), "discovery.shard", {"index", "count", "key_label"})
+    shard = ShardConfig(index=r.value(sd, "discovery.shard", "index", _limit, 0),
+                        count=r.value(sd, "discovery.shard", "count", _positive_int, 1),
+                        key_label=r.value(sd, "discovery.shard", "key_label", _label_name, ShardConfig.key_label))
+    if shard.index >= shard.count:
+        r.errors.append(f"discovery.shard.index: {shard.index} must be below count {shard.count}")
+    return DiscoveryConfig(
+        prometheus=prometheus, file_sd=files,
+        refresh_interval=r.value(data, "discovery", "refresh_interval", parse_duration, d.refresh_interval),
+        accept_empty_after=r.value(data, "discovery", "accept_empty_after", _duration_or_zero, d.accept_empty_after),
+        shard=shard)
+
+
+def _label_name(value: Any) -> str:
+    if not isinstance(value, str) or not _LABEL_NAME.match(value):
+        raise ValueError(f"{value!r} is not a valid label name")
+    return value
+
+
+def parse_shard(text: str) -> ShardConfig:
+    """`I/N` from --shard: this process is shard I (from 0) of N."""
+    index, sep, count = text.partition("/")
+    if not sep or not index.isdigit() or not count.isdigit() or int(count) < 1 or int(index) >= int(count):
+        raise ValueError(f"--shard={text!r}: want I/N with 0 <= I < N, e.g. 0/3")
+    return ShardConfig(index=int(index), count=int(count))
 
 
 def _lookback_errors(cfg: Config) -> list[str]:

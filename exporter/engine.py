@@ -12,11 +12,13 @@ import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from . import causes
+from . import causes, fleet
 from .config import Config, Target
 from .deploys import CHANGE_POINT, DeployEvent, SnapshotChangeDetector, detect_change_point
 from .rules import (
+    DROP_AFTER_DEPLOY,
     FIRING,
+    INCONCLUSIVE,
     INACTIVE,
     PENDING,
     RESOLVED,
@@ -32,7 +34,7 @@ from .rules import (
     step,
 )
 from .vllm_metrics import Snapshot
-from .window import History, Samples, WindowStats, interval_sums, recent_intervals, summarize
+from .window import History, Samples, WindowStats, interval_sums, recent_intervals, stats_between, summarize
 
 _FINE_SECONDS = 900.0  # windows up to 15m see every sample; older ones are thinned
 _MAX_EVENTS = 10000
@@ -49,6 +51,7 @@ class TrackView:
     down_since: float | None = None
     ever_up: bool = False
     last_t: float | None = None
+    since: float | None = None  # the first successful poll
 
 
 @dataclass
@@ -76,7 +79,8 @@ class Engine:
         self.last_deploy_t: dict[str, float] = {}  # target ('' for all) -> newest deploy-like event
         self.last_event_t: dict[str, float] = {}  # target ('' for all) -> newest event of any kind
         self.last_restart_t: dict[str, float] = {}  # target ('' for all) -> newest restart
-        self.alerts: dict[tuple[str, str, str], Alert] = {}
+        self.alerts: dict[tuple[str, str, str, str], Alert] = {}
+        self.rollouts: dict[str, fleet.Rollout] = {}  # model -> its newest rollout
         self.reconfigure(config)
 
     # --- configuration ---------------------------------------------------------------
@@ -116,7 +120,7 @@ class Engine:
         found = track.detector.observe(now, snapshot)
         view = track.view
         view = replace(view, samples=track.history.samples(), snapshot=snapshot, up=True, down_since=None,
-                       ever_up=True, last_t=now)
+                       ever_up=True, last_t=now, since=now if view.since is None else view.since)
         view = replace(view, stats=self._summarize(view, now))
         track.view = view
         point = self._change_point(track, now, found)
@@ -218,7 +222,7 @@ class Engine:
         for name in self.tracks:
             mine = [e for e in by_target.get(name, []) + by_target.get("", []) if 0 <= now - e.t <= horizon]
             events_of[name] = tuple(sorted(mine, key=lambda e: e.t))
-        evaluated: set[tuple[str, str, str]] = set()
+        evaluated: set[tuple[str, str, str, str]] = set()
         for name, track in list(self.tracks.items()):
             view = track.view
             for model in [""] + sorted(view.stats):
@@ -232,7 +236,7 @@ class Engine:
                 for alertname, settings in rc.rules.items():
                     if not settings.enabled or (alertname == TARGET_DOWN) != (model == ""):
                         continue
-                    key = (alertname, name, model)
+                    key = (alertname, name, model, "")
                     evaluated.add(key)
                     alert = self.alerts.get(key) or Alert(alertname, name, model)
                     facts = replace(base, active_since=alert.active_at if alert.state in (PENDING, FIRING) else None,
@@ -240,6 +244,8 @@ class Engine:
                     cond = RULES[alertname](facts, settings, rc)
                     new, transition = step(alert, cond, now, settings, lambda a, c, f=facts: self._describe(a, c, f))
                     self._keep(key, new, transition, transitions)
+        if rc.rules[DROP_AFTER_DEPLOY].enabled:
+            self._evaluate_versions(now, evaluated, transitions)
         for key in [k for k in self.alerts if k not in evaluated]:
             alert = self.alerts.pop(key)
             if alert.state == FIRING:
@@ -248,6 +254,164 @@ class Engine:
             elif alert.state == PENDING:
                 transitions.append(Transition(now, replace(alert, state=INACTIVE), INACTIVE))
         return transitions
+
+    # --- versions of a model side by side --------------------------------------------------
+    def _started(self, name: str, view: TrackView) -> float | None:
+        """When the replica's cache last started empty: its process start, a restart we
+        saw, or our first poll of it."""
+        known = [t for t in (view.snapshot.process_start_time if view.snapshot else None,
+                             self.last_restart_t.get(name)) if t is not None]
+        return max(known) if known else view.since
+
+    def members(self, now: float, model: str, window: float) -> list[fleet.Member]:
+        """Every replica serving `model`, with its version and its window, less the first
+        `analysis.warmup` seconds after its start (a cache filling up is not a verdict)."""
+        cfg = self.config.analysis
+        name_of = {secs: n for n, secs in self.config.global_.windows}
+        out = []
+        for name, track in list(self.tracks.items()):
+            view = track.view
+            if model not in view.stats:
+                continue
+            started = self._started(name, view)
+            warm_from = started + cfg.warmup if started is not None else -math.inf
+            cold = now < warm_from
+            ws = None
+            if not cold:
+                if warm_from <= now - window and window in name_of:
+                    ws = view.stats[model].get(name_of[window])
+                else:
+                    block = view.snapshot.block_size if view.snapshot else None
+                    ws = stats_between(view.samples, model, max(now - window, warm_from), now, 0.0, block)
+            out.append(fleet.Member(name, dict(track.target.labels).get(cfg.version_label), ws, cold))
+        return out
+
+    def analyze(self, now: float, model: str, version: str, baseline: str | None = None) -> fleet.Verdict:
+        """The rollout gate's verdict (GET /api/v1/analysis): `version` of `model` against
+        `baseline` (default: the other version with the most traffic)."""
+        cfg = self.config.analysis
+        window = dict(self.config.global_.windows)[cfg.window]
+        members = self.members(now, model, window)
+        rollout = self.rollouts.get(model)
+        if baseline is None and rollout is not None and rollout.new_version == version and rollout.completed is not None:
+            return self._against_before(members, rollout)
+        return fleet.analyze(members, model, version, baseline, cfg.min_query_tokens, cfg.drop_points)
+
+    def _against_before(self, members: list[fleet.Member], rollout: fleet.Rollout) -> fleet.Verdict:
+        """Once every replica runs the new version: against the model before its rollout."""
+        cfg = self.config.analysis
+        missing = "" if rollout.baseline_ratio is not None else f"{rollout.model} had too little traffic before the rollout"
+        return fleet.judge(members, rollout.model, rollout.new_version, rollout.old_version, rollout.baseline_ratio,
+                           rollout.baseline_tokens, 0, missing, cfg.min_query_tokens, cfg.drop_points)
+
+    def _version_starts(self) -> dict[str, dict[str, float]]:
+        """model -> version -> when its first replica started."""
+        label = self.config.analysis.version_label
+        out: dict[str, dict[str, float]] = {}
+        for name, track in list(self.tracks.items()):
+            version = dict(track.target.labels).get(label)
+            started = self._started(name, track.view)
+            if version is None or started is None:
+                continue
+            for model in track.view.stats:
+                starts = out.setdefault(model, {})
+                starts[version] = min(starts.get(version, math.inf), started)
+        return out
+
+    def _evaluate_versions(self, now: float, evaluated: set, transitions: list[Transition]) -> None:
+        """While a model's replicas run two versions, the newest against the one it
+        replaces; once only the new one is left, against the model before the rollout."""
+        cfg, rc = self.config.analysis, self.config.rules
+        settings = rc.rules[DROP_AFTER_DEPLOY]
+        window = dict(self.config.global_.windows)[cfg.window]
+        starts_of = self._version_starts()
+        for model in list(self.rollouts):
+            if model not in starts_of:
+                self.rollouts.pop(model)
+        for model, starts in sorted(starts_of.items()):
+            members = self.members(now, model, window)
+            rollout = self.rollouts.get(model)
+            newest = fleet.newest_version(starts)
+            if len(starts) > 1:
+                if rollout is None or rollout.new_version != newest or rollout.baseline_ratio is None:
+                    # (again while the old replicas' ratio was unknown: we started mid-rollout)
+                    rollout = self._begin_rollout(now, model, newest, settings.baseline, rollout)
+                verdict = fleet.analyze(members, model, newest, None, cfg.min_query_tokens, cfg.drop_points)
+            elif rollout is not None and rollout.new_version == newest:
+                if rollout.completed is None:
+                    rollout = self.rollouts[model] = replace(rollout, completed=now)
+                key = (DROP_AFTER_DEPLOY, "", model, newest)
+                if now - rollout.completed > rc.event_lookback and key not in self.alerts:
+                    self.rollouts.pop(model)
+                    continue
+                verdict = self._against_before(members, rollout)
+            else:
+                self.rollouts.pop(model, None)  # one version and no rollout of it to judge (or a rollback done)
+                continue
+            key = (DROP_AFTER_DEPLOY, "", model, verdict.version)
+            evaluated.add(key)
+            alert = self.alerts.get(key) or Alert(DROP_AFTER_DEPLOY, "", model, version=verdict.version)
+            cond = self._version_condition(verdict, alert, cfg.drop_points)
+            new, transition = step(alert, cond, now, settings,
+                                   lambda a, c, v=verdict, ms=members: self._describe_version(a, c, v, ms, now, rollout))
+            self._keep(key, new, transition, transitions)
+
+    def _begin_rollout(self, now: float, model: str, newest: str, before: float, known: fleet.Rollout | None) -> fleet.Rollout:
+        """The model's ratio before the new version served it: the other replicas over
+        the rule's baseline window, kept for the end of the rollout."""
+        members = [m for m in self.members(now, model, before) if m.version != newest]
+        ratio, tokens, _ = fleet.pool_ratio(members)
+        if ratio is None or tokens < self.config.analysis.min_query_tokens:
+            ratio = None
+        by_traffic: dict[str, float] = {}
+        for m in members:
+            if m.version is not None and m.stats is not None and m.stats.query_increase:
+                by_traffic[m.version] = by_traffic.get(m.version, 0.0) + m.stats.query_increase
+        old = max(by_traffic, key=lambda v: (by_traffic[v], v)) if by_traffic else None
+        began = known.began if known is not None and known.new_version == newest else now
+        rollout = self.rollouts[model] = fleet.Rollout(model, began, old, newest, ratio, tokens)
+        return rollout
+
+    @staticmethod
+    def _version_condition(v: fleet.Verdict, alert: Alert, drop_points: float) -> Condition:
+        if v.verdict == fleet.INCONCLUSIVE:
+            return Condition(INCONCLUSIVE, None, f"Not enough evidence yet to judge {v.version} of {v.model}", v.reason)
+        drop = (v.baseline_hit_ratio or 0.0) - (v.hit_ratio or 0.0)
+        # an active alert ends only once the gap is under half the threshold
+        still = alert.state in (PENDING, FIRING) and drop >= drop_points / 2
+        summary = (f"Prefix-cache hit rate of {v.model} is {v.hit_ratio:.0%} on {v.version} "
+                   f"against {v.baseline_hit_ratio:.0%} on {v.baseline_version}")
+        return Condition("true" if v.verdict == fleet.FAIL or still else "false", v.hit_ratio, summary, v.reason + ".")
+
+    def _describe_version(self, alert: Alert, cond: Condition, v: fleet.Verdict, members: list[fleet.Member],
+                          now: float, rollout: fleet.Rollout | None) -> Alert:
+        rc = self.config.rules
+        settings = rc.rules[alert.alertname]
+        new = [m for m in members if m.version == v.version]
+        warm = [m.stats for m in new if m.stats is not None]
+        began = rollout.began if rollout is not None else now
+        snapshots = [self.tracks[m.target].view.snapshot for m in new if m.target in self.tracks]
+        cause, why = causes.classify(causes.Evidence(
+            now=now,
+            caching_enabled=False if any(s is not None and s.prefix_caching_enabled is False for s in snapshots) else None,
+            ratio=v.hit_ratio, ratio_earlier=None, baseline=v.baseline_hit_ratio,
+            kv_usage_max=max((w.kv_cache_usage_max for w in warm if w.kv_cache_usage_max is not None), default=None),
+            preemptions=sum(w.preemption_increase or 0.0 for w in warm),
+            events=(DeployEvent(began, None, v.version, "rollout", f"{v.version} replaced {v.baseline_version}"),),
+            requests=sum(w.ttft_count_increase or 0.0 for w in warm) or None,
+        ), rc.cause_settings())
+        common = None
+        for m in new:
+            track = self.tracks.get(m.target)
+            labels = set(track.target.labels) if track is not None else set()
+            common = labels if common is None else common & labels
+        extra = {k: val for k, val in (common or ()) if k != self.config.analysis.version_label}
+        labels = {**extra, "alertname": alert.alertname, "severity": causes.severity_for(cause, settings.severity),
+                  "model_name": alert.model, "cause": cause, "version": v.version, "baseline_version": v.baseline_version or ""}
+        runbook = rc.runbook_url + "#" + RUNBOOK_ANCHORS[alert.alertname] if rc.runbook_url else ""
+        description = f"{cond.description} Probable cause: {cause} ({why})."
+        annotations = {"summary": cond.summary, "description": description, "runbook_url": runbook, "dashboard_url": rc.dashboard_url}
+        return replace(alert, labels=tuple(sorted(labels.items())), annotations=tuple(sorted(annotations.items())))
 
     def _keep(self, key, new: Alert, transition: Transition | None, transitions: list[Transition]) -> None:
         if transition is not None:

@@ -69,7 +69,6 @@ def _pool(members: Sequence[Member]) -> tuple[float, float, int]:
 def analyze(members: Sequence[Member], model: str, version: str, baseline: str | None = None,
             min_query_tokens: float = 20000.0, drop_points: float = 0.25) -> Verdict:
     warm = [m for m in members if not m.cold]
-    new = [m for m in warm if m.version == version]
     if baseline is None:
         # the other version with the most traffic: during a rollout, the one being replaced
         others: dict[str, float] = {}
@@ -78,10 +77,21 @@ def analyze(members: Sequence[Member], model: str, version: str, baseline: str |
                 others[m.version] = others.get(m.version, 0.0) + _tokens(m.stats)[1]
         baseline = max(others, key=lambda v: (others[v], v)) if others else None
     old = [m for m in warm if baseline is not None and m.version == baseline]
-    h, q, n = _pool(new)
     bh, bq, bn = _pool(old)
+    missing = ""
+    if baseline is None or not old:
+        missing = (f"no baseline: no other version of {model} serves traffic" if baseline is None
+                   else f"no warm replica of {model} runs the baseline {baseline}")
+    return judge(members, model, version, baseline, bh / bq if bq > 0 else None, bq, bn, missing, min_query_tokens, drop_points)
+
+
+def judge(members: Sequence[Member], model: str, version: str, baseline: str | None, base_ratio: float | None,
+          bq: float, bn: int, missing: str, min_query_tokens: float, drop_points: float) -> Verdict:
+    """The warm replicas of `version` against a baseline ratio over `bq` query tokens
+    (the baseline version's replicas now, or the model before its rollout began)."""
+    new = [m for m in members if not m.cold and m.version == version]
+    h, q, n = _pool(new)
     ratio = h / q if q > 0 else None
-    base_ratio = bh / bq if bq > 0 else None
 
     def verdict(kind: str, reason: str) -> Verdict:
         return Verdict(kind, model, version, baseline, ratio, base_ratio, q, bq, reason, n, bn)
@@ -90,9 +100,8 @@ def analyze(members: Sequence[Member], model: str, version: str, baseline: str |
     if not new:
         why = f"{cold} replica(s) of {version} still in their cold start" if cold else f"no replica of {model} runs {version}"
         return verdict(INCONCLUSIVE, why)
-    if baseline is None or not old:
-        return verdict(INCONCLUSIVE, f"no baseline: no other version of {model} serves traffic"
-                       if baseline is None else f"no warm replica of {model} runs the baseline {baseline}")
+    if missing or base_ratio is None:
+        return verdict(INCONCLUSIVE, missing or f"no baseline ratio for {model}")
     if q < min_query_tokens or bq < min_query_tokens:
         return verdict(INCONCLUSIVE, f"too little traffic to judge: {q:.0f} and {bq:.0f} query tokens, {min_query_tokens:.0f} needed on each side")
     drop = base_ratio - ratio
@@ -100,3 +109,28 @@ def analyze(members: Sequence[Member], model: str, version: str, baseline: str |
         return verdict(FAIL, f"{version} hits {ratio:.1%} of its prompt tokens against {base_ratio:.1%} for {baseline}: "
                              f"{drop * 100:.1f} points lower (the limit is {drop_points * 100:.0f})")
     return verdict(PASS, f"{version} hits {ratio:.1%} against {base_ratio:.1%} for {baseline}")
+
+
+def pool_ratio(members: Sequence[Member]) -> tuple[float | None, float, int]:
+    """(token-weighted hit ratio, query tokens, replicas) of the warm members."""
+    h, q, n = _pool([m for m in members if not m.cold])
+    return (h / q if q > 0 else None), q, n
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """A model's rollout: from the moment a second version served it, until the new one
+    has been judged against the model's ratio before it began."""
+
+    model: str
+    began: float
+    old_version: str | None
+    new_version: str
+    baseline_ratio: float | None  # the model's replicas before the rollout, token-weighted
+    baseline_tokens: float
+    completed: float | None = None  # when the new version became the only one
+
+
+def newest_version(starts: dict[str, float]) -> str:
+    """The version whose first replica started last is the one being rolled out."""
+    return max(starts, key=lambda v: (starts[v], v))

@@ -330,28 +330,13 @@ class Server:
         self._thread.join(5.0)
 
 
-def analysis_handlers(state: State, settings: Callable[[], AnalysisConfig], cold_start_grace: Callable[[], float],
-                      clock: Callable[[], float]) -> tuple[Handler, Handler]:
+def analysis_handlers(verdict: Callable[[str, str, str | None], "fleet.Verdict"]) -> tuple[Handler, Handler]:
     """GET /api/v1/analysis (Argo Rollouts' web metric provider) and POST
-    /api/v1/analysis/flagger (a Flagger webhook). Both always answer JSON: Argo counts a
-    body that is not JSON as a success."""
+    /api/v1/analysis/flagger (a Flagger webhook), over `verdict(model, version, baseline)`.
+    Both always answer JSON: Argo counts a body that is not JSON as a success."""
     from urllib.parse import parse_qs
 
     from . import fleet
-
-    def verdict(model: str, version: str, baseline: str | None) -> fleet.Verdict:
-        cfg = settings()
-        now = clock()
-        members = []
-        for v in state.targets():
-            labels = dict(v.target.labels)
-            ws = v.stats.get(model, {}).get(cfg.window)
-            if ws is None:
-                continue
-            started = v.snapshot.process_start_time if v.snapshot is not None else None
-            cold = started is not None and 0 <= now - started < cold_start_grace()
-            members.append(fleet.Member(v.target.name, labels.get(cfg.version_label), ws, cold))
-        return fleet.analyze(members, model, version, baseline, cfg.min_query_tokens, cfg.drop_points)
 
     def get(environ) -> tuple[int, str, bytes]:
         query = parse_qs(environ.get("QUERY_STRING", ""))

@@ -17,6 +17,8 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from . import scrape as scrape_results
 from .config import Config, Target
+from .discoverers import Discovery
+from .discovery import in_shard, merge
 from .scrape import Scraper
 from .state import State, TargetView
 from .vllm_metrics import parse
@@ -186,29 +188,93 @@ class Poller:
         self.eval_lock = threading.Lock()  # evaluation against reconfiguration
         self.reload_lock = threading.Lock()  # one reload at a time
         self.engine = Engine(config)
-        workers = max(4, min(64, len(config.targets) + 1))
-        self.scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(workers), "rules": ThreadPoolExecutor(1)},
+        # threads start on demand: discovery may bring any number of targets later
+        workers = 64 if config.discovery.enabled else max(4, min(64, len(config.targets) + 1))
+        self.scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(workers), "rules": ThreadPoolExecutor(1),
+                                                        "discovery": ThreadPoolExecutor(1)},
                                              job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None})
         self.pollers: dict[str, TargetPoller] = {}
-        self.config = config
-        self._install(config)
+        self.config = config  # as loaded: the static targets
+        self.discovery: Discovery | None = None
+        self.discovered: list[Target] = []
+        self.current = config  # what is polled: static and discovered targets of this shard
+        self._merge_warnings: tuple[str, ...] = ()
+        self._install(config, rebuild=True)
 
-    def _install(self, config: Config) -> None:
-        self.state.set_targets([TargetView(target=t) for t in config.targets])
+    def _install(self, config: Config, rebuild: bool) -> None:
+        """Poll the targets of `config` plus the discovered ones. `rebuild` (a reload:
+        timings may have changed) replaces every job; otherwise only targets that came,
+        went or changed are touched, so a discovery refresh never resets a poll."""
+        current = replace(config, targets=self._targets_of(config))
+        with self.eval_lock, self.lock:
+            self.engine.reconfigure(current)
+        self.current = current
+        self.state.set_targets([TargetView(target=t) for t in current.targets])
+        wanted = {t.name: t for t in current.targets}
         for name in list(self.pollers):
-            self.pollers.pop(name).close()
-            if self.scheduler.get_job(name):
-                self.scheduler.remove_job(name)
-        for t in config.targets:
-            poller = TargetPoller(t, config, self.state, self.engine, self.lock, self.clock, self.on_start)
+            if rebuild or name not in wanted or self.pollers[name].target != wanted[name]:
+                self.pollers.pop(name).close()
+                if self.scheduler.get_job(name):
+                    self.scheduler.remove_job(name)
+        for t in current.targets:
+            if t.name in self.pollers:
+                continue
+            poller = TargetPoller(t, current, self.state, self.engine, self.lock, self.clock, self.on_start)
             self.pollers[t.name] = poller
             self.scheduler.add_job(poller.poll, "interval", id=t.name, name=t.name,
                                    seconds=config.global_.poll_interval, jitter=config.global_.jitter or None,
                                    next_run_time=_now_datetime())
-        if self.scheduler.get_job("evaluate"):
-            self.scheduler.remove_job("evaluate")
-        self.scheduler.add_job(self.evaluate, "interval", id="evaluate", name="evaluate", executor="rules",
-                               seconds=config.global_.poll_interval, next_run_time=_now_datetime())
+        if rebuild:
+            if self.scheduler.get_job("evaluate"):
+                self.scheduler.remove_job("evaluate")
+            self.scheduler.add_job(self.evaluate, "interval", id="evaluate", name="evaluate", executor="rules",
+                                   seconds=config.global_.poll_interval, next_run_time=_now_datetime())
+            self._install_discovery(config)
+
+    def _targets_of(self, config: Config) -> tuple[Target, ...]:
+        merged, warnings = merge(config.targets, self.discovered)
+        if tuple(warnings) != self._merge_warnings:
+            for w in warnings:
+                log.warning("discovery: %s", w)
+            self._merge_warnings = tuple(warnings)
+        s = config.discovery.shard
+        return tuple(t for t in merged if in_shard(t, s.index, s.count, s.key_label))
+
+    def _install_discovery(self, config: Config) -> None:
+        if self.discovery is not None and self.discovery.cfg == config.discovery:
+            return
+        if self.discovery is not None:
+            self.discovery.close()
+        if self.scheduler.get_job("discover"):
+            self.scheduler.remove_job("discover")
+        self.discovery = Discovery(config.discovery, self.clock) if config.discovery.enabled else None
+        if self.discovery is None:
+            self.discovered = []
+            return
+        self.scheduler.add_job(self.discover, "interval", id="discover", name="discover", executor="discovery",
+                               seconds=config.discovery.refresh_interval)
+
+    def discover(self) -> None:
+        """One refresh of every discovery source; applies what changed. Never raises."""
+        try:
+            discovery = self.discovery
+            if discovery is None:
+                return
+            found = discovery.refresh()
+            self.state.put("discovery", discovery.snapshot())
+            with self.reload_lock:
+                if discovery is not self.discovery or found == self.discovered:
+                    return
+                self.discovered = found
+                self._install(self.config, rebuild=False)
+        except Exception:  # noqa: BLE001 - the refresh loop must survive a bug
+            log.exception("discovery refresh failed")
+            self.state.count("discovery_errors")
+
+    def analyze(self, now: float, model: str, version: str, baseline: str | None):
+        """The rollout gate's verdict; reads only the tracks' immutable views."""
+        with self.eval_lock:  # the engine's config and track list, against a reload
+            return self.engine.analyze(now, model, version, baseline)
 
     def add_event(self, event: DeployEvent) -> None:
         with self.lock:
@@ -258,12 +324,16 @@ class Poller:
         serialized; a poll in flight finishes against the track it started with."""
         with self.reload_lock:
             self.config = config
-            with self.eval_lock, self.lock:
-                self.engine.reconfigure(config)
-            self._install(config)
+            self._install(config, rebuild=True)
             self._publish_engine()
+        if self.discovery is not None and self.scheduler.running:
+            self.discover()
 
     def start(self) -> None:
+        """The first discovery refresh runs before the first poll, so that readiness and
+        the first evaluation see the discovered targets."""
+        if self.discovery is not None:
+            self.discover()
         self.scheduler.start()
 
     def stop(self) -> None:
@@ -271,6 +341,8 @@ class Poller:
             self.scheduler.shutdown(wait=True)
         for p in self.pollers.values():
             p.close()
+        if self.discovery is not None:
+            self.discovery.close()
 
 
 def _now_datetime() -> datetime:

@@ -366,10 +366,11 @@ class Alert:
     annotations: tuple[tuple[str, str], ...] = ()
     value: float | None = None
     anchor: float | None = None  # the event an active alert measures against
+    version: str = ""  # a fleet alert about one version of a model (target is then "")
 
     @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.alertname, self.target, self.model)
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.alertname, self.target, self.model, self.version)
 
 
 @dataclass(frozen=True)

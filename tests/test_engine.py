@@ -162,3 +162,74 @@ def test_a_rollback_announced_during_an_incident_does_not_become_its_baseline():
     assert resolved_at - rollback > 60  # not seconds after v43 was announced...
     ws = e.tracks["vllm-0"].view.stats["demo/llama-3-8b"]["5m"]
     assert ws.admitted_hit_ratio > 0.6  # ...but once the ratio is back
+
+
+# --- versions side by side: a rolling update --------------------------------------------------
+def rolling_update(new_scenario, new_version="v2", replicas=4, every=120.0, after=300.0, step=5.0, rollback_at=None):
+    """`replicas` warm replicas of v1; from START one is replaced by a `new_version`
+    replica every `every` seconds, as a Deployment's rolling update does (new pods,
+    new names, cold caches). At `rollback_at` every replica is replaced by v1 again.
+    -> (transitions, engine, {time: verdict of the new version})"""
+    cfg = load({"targets": []})
+    engine = Engine(cfg)
+    pods = {f"old-{i}": ("v1", Replica(f"old-{i}", Scenario(), start=START - 900, seed=i)) for i in range(replicas)}
+    transitions, verdicts, t, replaced = [], {}, START, 0
+    while t <= START + replicas * every + after:
+        if replaced < replicas and t >= START + replaced * every:
+            pods.pop(f"old-{replaced}")
+            pods[f"new-{replaced}"] = (new_version, Replica(f"new-{replaced}", new_scenario, start=t, seed=100 + replaced))
+            replaced += 1
+        if rollback_at is not None and t >= START + rollback_at and any(v == new_version for v, _ in pods.values()):
+            pods = {f"back-{i}": ("v1", Replica(f"back-{i}", Scenario(), start=t, seed=200 + i)) for i in range(replicas)}
+        targets = [{"name": n, "url": f"http://127.0.0.1:1/{n}", "labels": {"version": v, "namespace": "llm"}} for n, (v, _) in pods.items()]
+        if [t_.name for t_ in engine.config.targets] != list(pods):
+            engine.reconfigure(load({"targets": targets}))
+        for name, (_, r) in pods.items():
+            r.advance(t)
+            engine.ingest(name, t, parse(r.render()))
+        transitions += engine.evaluate(t)
+        verdicts[t] = engine.analyze(t, simulator.Replica("x", Scenario(), 0).model_names[0], new_version)
+        t += step
+    return transitions, engine, verdicts
+
+
+def fleet_alerts(transitions, state):
+    return [tr for tr in transitions if tr.alert.alertname == "PrefixCacheHitRateDropAfterDeploy" and tr.alert.version
+            and tr.state == state]
+
+
+def test_a_rolling_update_that_breaks_the_prompt_fires_before_half_the_fleet_has_rolled():
+    tr, engine, verdicts = rolling_update(simulator.incident(0.0))  # the new image's prompt carries a timestamp
+    (fired,) = fleet_alerts(tr, "firing")
+    assert fired.t < START + 2 * 120, "must fire before the third replica is replaced"
+    labels = dict(fired.alert.labels)
+    assert labels["version"] == "v2" and labels["baseline_version"] == "v1"
+    assert labels["cause"] == "prompt_prefix_change" and labels["namespace"] == "llm" and "target" not in labels
+    assert verdicts[fired.t].verdict == "fail"
+    # every replica rolled: the comparison is now with the model before the rollout, and it keeps firing
+    assert not fleet_alerts(tr, "resolved")
+    assert engine.rollouts and next(iter(engine.rollouts.values())).completed is not None
+    late = verdicts[START + 4 * 120 + 240]  # no v1 replica left: against the model before the rollout
+    assert late.verdict == "fail" and late.baseline_version == "v1" and late.baseline_hit_ratio > 0.8
+    assert any(a.version == "v2" and a.state == "firing" for a in engine.active_alerts())
+
+
+def test_a_rollback_resolves_the_version_alert():
+    tr, engine, _ = rolling_update(simulator.incident(0.0), rollback_at=4 * 120 + 60)
+    (fired,) = fleet_alerts(tr, "firing")
+    (resolved,) = fleet_alerts(tr, "resolved")
+    assert fired.t < resolved.t and resolved.t >= START + 4 * 120 + 60
+    assert not [a for a in engine.active_alerts() if a.version]
+
+
+def test_a_harmless_rolling_update_never_fires_and_passes_the_gate():
+    tr, engine, verdicts = rolling_update(Scenario())
+    assert not fleet_alerts(tr, "firing") and not fleet_alerts(tr, "pending")
+    judged = [v for t, v in verdicts.items() if t >= START + 150]  # partial, then against the model before the rollout
+    assert judged and all(v.verdict == "pass" for v in judged)
+
+
+def test_new_replicas_are_left_out_during_their_warmup():
+    tr, engine, verdicts = rolling_update(simulator.incident(0.0))
+    early = verdicts[START + 60]
+    assert early.verdict == "inconclusive" and "cold start" in early.reason

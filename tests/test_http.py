@@ -309,18 +309,15 @@ def test_ipv6_listen_addresses(listen):
 @pytest.fixture
 def rollout_app():
     """Four replicas of one model: three on v41 at ~88%, one on v42 whose prompt now
-    carries a timestamp (~3%)."""
-    from exporter.config import AnalysisConfig
+    carries a timestamp (~3%). The engine's side of the verdict is in test_engine."""
+    from exporter import fleet
     from exporter.http import analysis_handlers
     from test_fleet import ws
-    state = State()
-    views = []
-    for i, (version, hits) in enumerate((("v41", 88_000), ("v41", 87_000), ("v41", 89_000), ("v42", 3_000))):
-        target = Target(f"vllm-{i}", f"http://127.0.0.1:1/{i}/metrics", labels=(("version", version),))
-        views.append(TargetView(target=target, up=True, polled=True, stats={"m": {"5m": ws(hits, 100_000)}}))
-    state.set_targets(views)
-    app = App(state, CollectorRegistry())
-    get, flagger = analysis_handlers(state, lambda: AnalysisConfig(), lambda: 600.0, lambda: 10_000.0)
+    members = [fleet.Member(f"vllm-{i}", version, ws(hits, 100_000))
+               for i, (version, hits) in enumerate((("v41", 88_000), ("v41", 87_000), ("v41", 89_000), ("v42", 3_000)))]
+    app = App(State(), CollectorRegistry())
+    get, flagger = analysis_handlers(
+        lambda model, version, baseline: fleet.analyze(members if model == "m" else [], model, version, baseline))
     app.route("GET", "/api/v1/analysis", get)
     app.route("POST", "/api/v1/analysis/flagger", flagger)
     return app

@@ -1,3 +1,4 @@
+import os
 import threading
 import time
 
@@ -231,3 +232,64 @@ def test_warm_up_runs_on_a_real_start_or_restart_only(switch):
         switch.status, switch.body = status, replica.render()
         poller.poll()
     assert starts == [(0.0, "start"), (30.0, "restart")]
+
+
+def test_discovered_targets_are_polled_and_a_removed_one_is_forgotten_once_its_alert_resolves(tmp_path):
+    """file_sd brings two pods, one of them dead: its TargetDown fires; the file drops
+    it: the alert resolves and the pod is forgotten; a new pod gets a history of its
+    own. Every GET endpoint answers after each step."""
+    import json
+
+    from exporter.cli import build_sidecar
+    from exporter.config import load
+    from test_http import call
+
+    clock = Clock(time.time())
+    replicas = [simulator.Replica(n, simulator.Scenario(), start=clock.t - 900, seed=i) for i, n in enumerate(("a", "c"))]
+    fleet = simulator.Fleet(replicas, clock=lambda: clock.t).start()
+    sd = tmp_path / "sd.json"
+
+    def listing(*pods):
+        urls = {"a": f"127.0.0.1:{fleet.port}", "b": f"127.0.0.1:{free_port()}", "c": f"127.0.0.1:{fleet.port}"}
+        sd.write_text(json.dumps([{"targets": [urls[p]], "labels": {"pod": p, "__metrics_path__": f"/{p}/metrics", "version": "v1"}}
+                                  for p in pods]))
+        st = sd.stat()
+        os.utime(sd, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000 * len(pods)))
+
+    seen = []
+    cfg = load({"global": {"poll_interval": "5s", "connect_timeout": "500ms", "read_timeout": "1s", "jitter": "0s"},
+                "rules": {"target_down": {"for": "0s", "startup_grace": "0s"}},
+                "discovery": {"file_sd": {"files": [str(sd)]}}})
+    sidecar = build_sidecar(cfg, "127.0.0.1:0", clock=clock, on_transitions=seen.extend)
+    sidecar.app.exposition.min_interval = 0.0  # every change rendered: the test reads right after each
+
+    def cycle():
+        for p in list(sidecar.poller.pollers.values()):
+            p.poll()
+        sidecar.poller.evaluate()
+        for method, path in sorted(sidecar.app.routes):
+            if method == "GET":
+                query = {"QUERY_STRING": "model=demo/llama-3-8b&version=v1"} if "analysis" in path else {}
+                status, headers, body = call(sidecar.app, "GET", path, query)
+                assert status in (200, 503) if path == "/-/ready" else status == 200, (path, body[:200])
+        clock.t += 5
+
+    try:
+        listing("a", "b")
+        sidecar.poller.discover()
+        assert sorted(sidecar.poller.pollers) == ["a", "b"]
+        cycle()
+        assert [(t.alert.target, t.state) for t in seen if t.alert.alertname == "PrefixCacheTargetDown"] == [("b", "firing")]
+        listing("a", "c")
+        sidecar.poller.discover()
+        cycle()
+        assert [(t.alert.target, t.state) for t in seen if t.alert.alertname == "PrefixCacheTargetDown"] == [("b", "firing"), ("b", "resolved")]
+        assert sorted(sidecar.poller.engine.tracks) == ["a", "c"] and not sidecar.poller.engine.alerts
+        assert sorted(v.target.name for v in sidecar.state.targets()) == ["a", "c"]
+        assert sidecar.state.target("c").up and sidecar.state.target("c").samples_kept == 1
+        metrics = call(sidecar.app, "GET", "/metrics")[2].decode()
+        assert 'prefixcache_discovery_targets{source="file_sd"} 2.0' in metrics and "prefixcache_polled_targets 2.0" in metrics
+        assert 'target="b"' not in metrics
+    finally:
+        sidecar.poller.stop()
+        fleet.stop()
