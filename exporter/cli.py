@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
@@ -21,7 +22,9 @@ from prometheus_client import CollectorRegistry
 
 from . import __version__, config as config_mod, console, divergence, lint as lint_mod, simulator, whatif as whatif_mod
 from .collector import PrefixCacheCollector
-from .config import Config, ConfigError
+from .config import Config, ConfigError, Target
+from .discoverers import Discovery
+from .discovery import in_shard, merge
 from .alertmanager import Notifier
 from .deploys import AnnotationsWatcher
 from .http import App, Server, analysis_handlers, deploy_handlers
@@ -464,8 +467,22 @@ def cmd_backtest(args) -> int:
 
 
 def cmd_record(args) -> int:
-    scraper = Scraper(args.target, 2.0, max(1.0, args.interval), 16 * 1024 * 1024)
-    name = args.name or args.target
+    if bool(args.target) == bool(args.config_file):
+        print("error: give --target=URL, or --config.file=FILE to record every target it has (discovered ones with their labels)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    discovery = None
+    if args.config_file:
+        try:
+            cfg = _with_shard(config_mod.load_file(args.config_file), None)
+        except ConfigError as exc:
+            for err in exc.errors:
+                print(f"error: {err}", file=sys.stderr)
+            return EXIT_USAGE
+        discovery = Discovery(cfg.discovery, time.time) if cfg.discovery.enabled else None
+        static = cfg.targets
+    else:
+        static = (Target(args.name or redact_url(args.target), args.target),)
     deadline = time.monotonic() + args.duration
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -475,25 +492,42 @@ def cmd_record(args) -> int:
     except OSError as exc:
         print(f"error: cannot open {args.out}: {exc.strerror}", file=sys.stderr)
         return EXIT_ERROR
+    scrapers: dict[Target, Scraper] = {}
     count = answered = 0
-    with out:
+    refreshed, discovered = -math.inf, []
+    with out, ThreadPoolExecutor(max_workers=16) as pool:
         while not stop.is_set() and time.monotonic() < deadline:
-            t = time.time()
-            res = scraper.scrape()
-            line = {"t": t, "target": name}
-            if res.result == SUCCESS:
-                answered += 1
-                line["body"] = res.body
-            else:
-                line["error"] = res.error or res.result
-                print(f"warning: scrape failed: {line['error']}", file=sys.stderr)
-            write_line(out, line)
+            if discovery is not None and time.monotonic() - refreshed >= cfg.discovery.refresh_interval:
+                discovered, refreshed = discovery.refresh(), time.monotonic()
+            targets, _ = merge(static, discovered)
+            if discovery is not None:
+                s = cfg.discovery.shard
+                targets = [t for t in targets if in_shard(t, s.index, s.count, s.key_label)]
+            for gone in set(scrapers) - set(targets):
+                scrapers.pop(gone).close()
+            for t in targets:
+                scrapers.setdefault(t, Scraper(t.url, 2.0, max(1.0, args.interval), 16 * 1024 * 1024))
+            started = time.time()
+            for t, res in zip(targets, pool.map(lambda t: scrapers[t].scrape(), targets)):
+                line = {"t": started, "target": t.name}
+                if discovery is not None:
+                    line["labels"] = dict(t.labels)
+                if res.result == SUCCESS:
+                    answered += 1
+                    line["body"] = res.body
+                else:
+                    line["error"] = res.error or res.result
+                    print(f"warning: scrape of {t.name} failed: {line['error']}", file=sys.stderr)
+                write_line(out, line)
+                count += 1
             out.flush()
-            count += 1
-            stop.wait(max(0.0, min(args.interval, deadline - time.monotonic())))
-    print(f"recorded {count} scrape(s) of {redact_url(args.target)} to {args.out}, {answered} answered", file=sys.stderr)
+            stop.wait(max(0.0, min(args.interval - (time.time() - started), deadline - time.monotonic())))
+    for scraper in scrapers.values():
+        scraper.close()
+    what = redact_url(args.target) if args.target else f"the targets of {args.config_file}"
+    print(f"recorded {count} scrape(s) of {what} to {args.out}, {answered} answered", file=sys.stderr)
     if count and not answered:
-        print(f"error: {redact_url(args.target)} never answered", file=sys.stderr)
+        print(f"error: {what} never answered", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK
 
@@ -718,7 +752,9 @@ def build_parser() -> argparse.ArgumentParser:
     parse_cmd.set_defaults(func=cmd_parse)
 
     rec = command("record", "append scrapes of a target to a recording")
-    rec.add_argument("--target", required=True, help="the /metrics URL")
+    rec.add_argument("--target", default=None, help="the /metrics URL")
+    rec.add_argument("--config.file", dest="config_file", default=None,
+                     help="record every target of this config instead: static and discovered (lines carry their labels)")
     rec.add_argument("--name", default=None, help="target name in the recording (default: the URL)")
     rec.add_argument("--out", required=True, help="the recording to append to")
     rec.add_argument("--interval", type=float, default=5.0, help="seconds between scrapes")

@@ -23,6 +23,7 @@ class Scrape:
     target: str
     body: str | None
     error: str | None
+    labels: tuple[tuple[str, str], ...] | None = None  # the target's labels, where the recording has them
 
 
 def read_lines(lines: Iterable[str]) -> Iterator[tuple[int, Scrape | DeployEvent | RecordingError]]:
@@ -54,15 +55,26 @@ def _record(n: int, obj) -> Scrape | DeployEvent | RecordingError:
     body, error = obj.get("body"), obj.get("error")
     if not isinstance(body, str) and not isinstance(error, str):
         return RecordingError(f"line {n}: a scrape needs a string `body` or `error`")
-    return Scrape(t, target, body if isinstance(body, str) else None, error if isinstance(error, str) else None)
+    labels = obj.get("labels")
+    if labels is not None and (not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())):
+        return RecordingError(f"line {n}: `labels` must map label names to strings")
+    return Scrape(t, target, body if isinstance(body, str) else None, error if isinstance(error, str) else None,
+                  tuple(sorted(labels.items())) if labels is not None else None)
+
+
+GONE_AFTER_POLLS = 3  # a target with no line for this many poll intervals has gone, as a pod does
 
 
 def backtest(lines: Iterable[str], config: Config, warn=lambda msg: None, engine: Engine | None = None) -> Iterator[Transition]:
     """Replay a recording; yields every alert transition. Rules run after each time step.
-    Pass an `engine` to look at its state (alerts, events) afterwards."""
+    Targets appear with their first line (with its `labels`, if any) and are forgotten
+    when they have had no line for GONE_AFTER_POLLS poll intervals, as discovered pods
+    come and go. Pass an `engine` to look at its state (alerts, events) afterwards."""
     engine = engine or Engine(replace(config, targets=()))
+    gone_after = GONE_AFTER_POLLS * config.global_.poll_interval
     step_t: float | None = None
     last_t = float("-inf")
+    seen: dict[str, float] = {}
     for n, record in read_lines(lines):
         if isinstance(record, RecordingError):
             warn(str(record))
@@ -72,13 +84,17 @@ def backtest(lines: Iterable[str], config: Config, warn=lambda msg: None, engine
             continue
         if step_t is not None and record.t > step_t:
             yield from engine.evaluate(step_t)
+            _forget(engine, seen, record.t - gone_after)
         last_t = step_t = record.t
         if isinstance(record, DeployEvent):
             engine.add_event(record)
             continue
-        if record.target not in engine.tracks:
-            targets = engine.config.targets + (Target(record.target, f"http://recording.invalid/{record.target}"),)
-            engine.reconfigure(replace(engine.config, targets=targets))
+        seen[record.target] = record.t
+        known = engine.tracks.get(record.target)
+        if known is None or (record.labels is not None and known.target.labels != record.labels):
+            target = Target(record.target, f"http://recording.invalid/{record.target}", record.labels or ())
+            others = tuple(t for t in engine.config.targets if t.name != record.target)
+            engine.reconfigure(replace(engine.config, targets=others + (target,)))
         if record.body is None:
             engine.ingest_failure(record.target, record.t)
             continue
@@ -90,6 +106,14 @@ def backtest(lines: Iterable[str], config: Config, warn=lambda msg: None, engine
             engine.ingest_failure(record.target, record.t)
     if step_t is not None:
         yield from engine.evaluate(step_t)
+
+
+def _forget(engine: Engine, seen: dict[str, float], before: float) -> None:
+    gone = {name for name, t in seen.items() if t < before}
+    if gone:
+        for name in gone:
+            seen.pop(name)
+        engine.reconfigure(replace(engine.config, targets=tuple(t for t in engine.config.targets if t.name not in gone)))
 
 
 def write_line(out: TextIO, obj: dict) -> None:

@@ -154,3 +154,23 @@ def test_record_exits_1_when_the_target_never_answered(tmp_path):
 def test_help_shows_defaults(command):
     proc = run_cli(command, "--help")
     assert proc.returncode == 0 and "default" in proc.stdout
+
+
+def test_record_with_a_config_writes_discovered_targets_with_their_labels(tmp_path):
+    from exporter import simulator
+    r = simulator.Replica("pod-a", simulator.Scenario(), start=1000.0)
+    fleet = simulator.Fleet([r], clock=lambda: 1000.0).start()
+    try:
+        sd = tmp_path / "sd.json"
+        sd.write_text(json.dumps([{"targets": [f"127.0.0.1:{fleet.port}"], "labels": {"pod": "pod-a", "version": "v42"}}]))
+        cfg = tmp_path / "cfg.yml"
+        cfg.write_text(f"discovery: {{file_sd: {{files: ['{sd}']}}}}\n")
+        out = tmp_path / "rec.jsonl"
+        proc = run_cli("record", f"--config.file={cfg}", f"--out={out}", "--interval=0.2", "--duration=0.5")
+        assert proc.returncode == 0, proc.stderr
+        lines = [json.loads(x) for x in out.read_text().splitlines()]
+        assert lines and all(x["target"] == "pod-a" and x["labels"]["version"] == "v42" and "vllm:" in x["body"] for x in lines)
+        proc = run_cli("record", f"--config.file={cfg}", "--target=http://127.0.0.1:1/metrics", f"--out={out}")
+        assert proc.returncode == 2 and "give --target" in proc.stderr
+    finally:
+        fleet.stop()

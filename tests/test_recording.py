@@ -264,3 +264,45 @@ def test_without_admitted_counters_a_ttft_that_stays_low_shows_hits_are_just_not
     transitions, _, _ = run(lines(broken, duration=900, replicas=1, generation="v0.10"))
     assert "PrefixCacheHitsStuckAtZero" in {t["alertname"] for t in transitions if t["state"] == "firing"}
     assert "PrefixCacheCountersDisagree" not in {t["alertname"] for t in transitions}
+
+
+def rollout_recording(new_scenario, every=120.0, replicas=4, after=300.0, interval=5.0):
+    """A rolling update as `record --config.file` writes it for discovered pods: lines
+    carry each pod's labels; old pods' lines stop, new pods' lines begin."""
+    pods = {f"old-{i}": ("v1", simulator.Replica(f"old-{i}", Scenario(), start=START - 1500, seed=i)) for i in range(replicas)}
+    t, replaced, out = START - 600, 0, []
+    while t <= START + replicas * every + after:
+        if replaced < replicas and t >= START + replaced * every:
+            pods.pop(f"old-{replaced}")
+            pods[f"new-{replaced}"] = ("v2", simulator.Replica(f"new-{replaced}", new_scenario, start=t, seed=100 + replaced))
+            replaced += 1
+        for name, (version, r) in pods.items():
+            r.advance(t)
+            out.append(json.dumps({"t": t, "target": name, "labels": {"version": version, "namespace": "llm"}, "body": r.render()}))
+        t += interval
+    return out
+
+
+def test_a_recorded_rollout_replays_with_its_verdict_and_its_pods_come_and_go():
+    transitions, engine, warnings = run(rollout_recording(simulator.incident(0.0)))
+    assert warnings == []
+    fired = [t for t in transitions if t["alertname"] == "PrefixCacheHitRateDropAfterDeploy" and t["state"] == "firing"]
+    assert len(fired) == 1 and fired[0]["t"] < START + 240
+    assert {k: fired[0]["labels"][k] for k in ("version", "baseline_version", "namespace", "cause")} == \
+        {"version": "v2", "baseline_version": "v1", "namespace": "llm", "cause": "prompt_prefix_change"}
+    assert sorted(engine.tracks) == [f"new-{i}" for i in range(4)]  # the old pods were forgotten
+    assert not [t for t in transitions if t["alertname"] == "PrefixCacheTargetDown"]
+
+
+def test_a_harmless_recorded_rollout_stays_quiet():
+    transitions, engine, warnings = run(rollout_recording(Scenario()))
+    assert not paging(transitions)
+
+
+@pytest.mark.parametrize("line, message", [
+    pytest.param('{"t": 1, "target": "a", "body": "", "labels": ["x"]}', "`labels` must map", id="labels-not-a-mapping"),
+    pytest.param('{"t": 1, "target": "a", "body": "", "labels": {"a": 1}}', "`labels` must map", id="label-value-not-a-string"),
+])
+def test_bad_labels_in_a_recording_are_reported(line, message):
+    ((_, record),) = list(read_lines([line]))
+    assert isinstance(record, RecordingError) and message in str(record)
