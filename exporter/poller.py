@@ -297,9 +297,11 @@ class Poller:
             for tr in transitions:
                 a = tr.alert
                 if tr.state == INACTIVE:
-                    log.info("alert %s pending ended without firing target=%s model=%s", a.alertname, a.target, a.model)
+                    log.info("alert %s pending ended without firing target=%s model=%s%s", a.alertname, a.target, a.model,
+                             f" version={a.version}" if a.version else "")
                 else:
-                    log.info("alert %s %s target=%s model=%s cause=%s", a.alertname, tr.state, a.target, a.model, dict(a.labels).get("cause"))
+                    log.info("alert %s %s target=%s model=%s%s cause=%s", a.alertname, tr.state, a.target, a.model,
+                             f" version={a.version}" if a.version else "", dict(a.labels).get("cause"))
             self._publish_engine()
             if self.after_evaluate is not None:
                 self.after_evaluate(transitions, firing)

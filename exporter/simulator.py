@@ -578,6 +578,14 @@ class Fleet:
     def metrics_url(self, name: str) -> str:
         return self.url(name) + "/metrics"
 
+    def add(self, replica: Replica) -> None:
+        """A new pod: served from now on under its name."""
+        self.replicas = {**self.replicas, replica.name: replica}
+
+    def remove(self, name: str) -> None:
+        """A pod gone: 404 from now on."""
+        self.replicas = {n: r for n, r in self.replicas.items() if n != name}
+
     def start(self) -> "Fleet":
         self._thread.start()
         return self
