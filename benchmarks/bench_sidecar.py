@@ -23,6 +23,7 @@ from procstat import cpu_seconds, peak_rss_mb, rss_mb  # noqa: E402
 
 from exporter import simulator  # noqa: E402
 from exporter.vllm_metrics import parse  # noqa: E402
+from exporter.engine import _FINE_SECONDS, _MID_SECONDS, _MID_STEP  # noqa: E402
 from exporter.window import History  # noqa: E402
 
 
@@ -79,7 +80,7 @@ def full_hour_history_mb(poll: float = 5.0) -> tuple[float, float]:
     """Memory one target's History holds after 5 min and after a full 1h (allocations
     made in window.py only; the simulated replica is not counted), simulated clock."""
     replica = simulator.Replica("r", simulator.Scenario(request_rate=1.0), start=0.0, seed=1)
-    history = History(3600 + poll, fine_seconds=900)
+    history = History(3600 + poll, _FINE_SECONDS, mid_seconds=_MID_SECONDS, mid_step=_MID_STEP)
     tracemalloc.start()
     at_5m = None
     t = 0.0

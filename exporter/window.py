@@ -322,17 +322,20 @@ class History:
     """A target's samples, reset-adjusted, kept as far back as the longest window needs.
 
     Samples newer than `fine_seconds` are all kept; older ones are thinned to one per
-    `coarse_step`, which the adjusted counters allow without changing any increase.
+    `mid_step` up to `mid_seconds` of age and to one per `coarse_step` beyond, which the
+    adjusted counters allow without changing any increase: only the left edges of the
+    long windows become that coarse (30 s of 15 minutes, 60 s of an hour).
     Per model, a ModelLog keeps what happened at each poll, with running sums for the
     `windows` given, so that a poll costs O(series x windows) whatever the history holds.
     Not thread-safe for writers: one poll job per target appends; `samples()` gives
     readers a view that later appends do not change."""
 
     def __init__(self, keep_seconds: float, fine_seconds: float | None = None, coarse_step: float = 60.0,
-                 windows: Sequence[float] = ()):
+                 windows: Sequence[float] = (), mid_seconds: float = 0.0, mid_step: float = 0.0):
         self.keep_seconds = keep_seconds
         self.fine_seconds = keep_seconds if fine_seconds is None else min(fine_seconds, keep_seconds)
         self.coarse_step = coarse_step
+        self.mid_seconds, self.mid_step = mid_seconds, mid_step
         self.windows = tuple(sorted(set(windows)))
         self._samples: deque[TargetSample] = deque()
         self._layout: Layout | None = None
@@ -434,7 +437,7 @@ class History:
         if True in map(lt, raw, prev):  # a counter went down: a reset (rare)
             for i in [i for i, down in enumerate(map(lt, raw, prev)) if down]:
                 add[i] += prev[i]
-        flat = array("d", map(operator_add, raw, add))
+        flat = array("d", list(map(operator_add, raw, add)))  # from a list: sized exactly, kept for an hour
         new_prev = raw
         # a value absent this time (NaN) keeps the last one seen; compress walks only the NaNs
         for i in compress(range(len(raw)), map(ne, raw, raw)):
@@ -488,7 +491,8 @@ class History:
             kept: list[TargetSample] = []
             while len(samples) > 1 and samples[0].t <= fine:
                 s = samples.popleft()
-                if not kept or s.t - kept[-1].t >= self.coarse_step or samples[0].t > fine:
+                step = self.mid_step if now - s.t <= self.mid_seconds else self.coarse_step
+                if not kept or s.t - kept[-1].t >= step or samples[0].t > fine:
                     kept.append(s)
             samples.extendleft(reversed(kept))
         for model in list(self.logs):

@@ -56,10 +56,12 @@ def test_built_in_objects_validate_strictly(variant, tmp_path):
 def test_crd_objects_have_their_required_fields(variant):
     docs = build(variant)
     kinds = {d["kind"]: d for d in docs}
-    rule = kinds["PrometheusRule"]
+    groups = [g for d in docs if d["kind"] == "PrometheusRule" for g in d["spec"]["groups"]]
     source = yaml.safe_load((ROOT / "alerts" / "prefix-cache.rules.yml").read_text())
-    assert rule["spec"]["groups"] == source["groups"]
-    for group in rule["spec"]["groups"]:
+    # every group of the source, the relay only where the variant needs it (see the test below)
+    assert [g for g in source["groups"] if g["name"] != "vllm-prefix-cache-relay.alerts"] == \
+        [g for g in groups if g["name"] != "vllm-prefix-cache-relay.alerts"]
+    for group in groups:
         assert group["name"] and group["rules"]
         for r in group["rules"]:
             assert r["expr"] and (("record" in r) != ("alert" in r))
@@ -102,7 +104,43 @@ def test_central_config_is_valid(tmp_path):
     token.write_text("s3cret\n")
     data["deploys"]["api_token_file"] = str(token)
     config = load(data)
-    assert len(config.targets) == 3 and config.deploys.api_token == "s3cret" and config.alertmanager.urls
+    assert config.deploys.api_token == "s3cret" and config.alertmanager.urls
+    # it follows the fleet through Prometheus: no list of pod names to keep current
+    assert not config.targets and config.discovery.prometheus.job == "vllm"
+    (vllm_monitor,) = [d for d in build("central") if d["kind"] == "PodMonitor" and d["metadata"]["name"] == "vllm"]
+    (endpoint,) = vllm_monitor["spec"]["podMetricsEndpoints"]
+    assert {"targetLabel": "job", "replacement": "vllm"} in endpoint["relabelings"]
+    assert any(r.get("targetLabel") == config.analysis.version_label for r in endpoint["relabelings"])
+
+
+def _rule_exprs(docs):
+    return [r["expr"] for d in docs if d["kind"] == "PrometheusRule" for g in d["spec"]["groups"] for r in g["rules"]]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_no_variant_delivers_an_alert_twice(variant):
+    """A variant whose exporter sends to Alertmanager itself must not also load the relay
+    rule that raises the same alerts through Prometheus; one that does not send needs it."""
+    docs = build(variant)
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and "config.yml" in d.get("data", {})]
+    delivers = bool((yaml.safe_load(cm["data"]["config.yml"]).get("alertmanager") or {}).get("urls"))
+    relays = any("prefixcache_alert_state" in e for e in _rule_exprs(docs))
+    assert delivers != relays, f"{variant}: delivers={delivers} relays={relays}"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_secret_a_variant_mounts_is_created_or_documented(variant):
+    docs = build(variant)
+    created = {d["metadata"]["name"] for d in docs if d["kind"] == "Secret"}
+    kustomization = (DEPLOY / variant / "kustomization.yaml").read_text()
+    readme = (ROOT / "README.md").read_text()
+    for d in docs:
+        if d["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        for volume in d["spec"]["template"]["spec"].get("volumes", []):
+            name = (volume.get("secret") or {}).get("secretName")
+            if name and name not in created:
+                assert f"create secret generic {name}" in kustomization and name in readme, name
 
 
 SCHEMAS = ROOT.parent / "shared" / "schemas"
