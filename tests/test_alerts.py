@@ -108,3 +108,42 @@ def test_amtool_routes_by_severity_and_cause():
     for labels, receiver in cases.items():
         out = run(amtool, "config", "routes", "test", f"--config.file={ALERTS / 'alertmanager.example.yml'}", *labels)
         assert out.stdout.strip() == receiver, (labels, out.stdout, out.stderr)
+
+
+def test_a_real_alertmanager_applies_the_example_inhibitions(tmp_path):
+    """Alerts as each variant sends them, posted to a real Alertmanager loaded with the
+    example config: the covered ones come back inhibited, the others not."""
+    import time
+
+    import requests
+
+    from am import Alertmanager
+
+    am = Alertmanager(tmp_path, "http://127.0.0.1:9/unused")
+    am.config.write_text((ALERTS / "alertmanager.example.yml").read_text())
+    sent = {
+        "version-drop": {"alertname": "PrefixCacheHitRateDropAfterDeploy", "model_name": "m", "version": "v2", "severity": "critical"},
+        "low-on-new-pod": {"alertname": "PrefixCacheHitRateLow", "target": "new-0", "model_name": "m", "version": "v2", "severity": "warning"},
+        "low-on-old-pod": {"alertname": "PrefixCacheHitRateLow", "target": "old-1", "model_name": "m", "version": "v1", "severity": "warning"},
+        "target-down": {"alertname": "PrefixCacheTargetDown", "target": "a", "model_name": "", "severity": "critical"},
+        "low-on-down": {"alertname": "PrefixCacheHitRateLow", "target": "a", "model_name": "m", "severity": "warning"},
+        "relay-down": {"alertname": "PrefixCacheSidecarAlert", "sidecar_alertname": "PrefixCacheTargetDown", "target": "b", "severity": "critical"},
+        "relay-low": {"alertname": "PrefixCacheSidecarAlert", "sidecar_alertname": "PrefixCacheHitRateLow", "target": "b", "model_name": "m", "severity": "warning"},
+    }
+    inhibited = {"low-on-new-pod", "low-on-down", "relay-low"}
+    am.start()
+    try:
+        r = requests.post(am.url + "/api/v2/alerts", json=[{"labels": {k: v for k, v in labels.items() if v}} for labels in sent.values()], timeout=5)
+        assert r.status_code == 200, r.text
+
+        def states():
+            alerts = requests.get(am.url + "/api/v2/alerts", timeout=5).json()
+            by_labels = {tuple(sorted(a["labels"].items())): bool(a["status"]["inhibitedBy"]) for a in alerts}
+            return {name: by_labels.get(tuple(sorted((k, v) for k, v in labels.items() if v))) for name, labels in sent.items()}
+
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and {n for n, i in states().items() if i} != inhibited:
+            time.sleep(0.5)
+        assert {n for n, i in states().items() if i} == inhibited, states()
+    finally:
+        am.stop()
