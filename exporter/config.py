@@ -78,6 +78,21 @@ class AnalysisConfig:
 
 
 @dataclass(frozen=True)
+class FleetBaselineConfig:
+    """Sidecar mode after a rollout: a new pod has no history of its own, so its first
+    comparison is with the fleet's ratio for its model before the pod started, read from
+    Prometheus (the recording rules in alerts/)."""
+
+    prometheus_url: str = ""  # "" turns it off
+    query: str = 'model_name:vllm_prefix_cache_hit_ratio:rate1h{model_name="$model"}'
+    timeout: float = 10.0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.prometheus_url)
+
+
+@dataclass(frozen=True)
 class PrometheusSDConfig:
     """Targets from a Prometheus's own service discovery: the active targets of `job`."""
 
@@ -176,6 +191,7 @@ class Config:
     lint_allow: tuple[str, ...] = ()  # finding kinds or regexes `lint` lets pass
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
+    fleet_baseline: FleetBaselineConfig = field(default_factory=FleetBaselineConfig)
 
     @property
     def warmup_target(self) -> str | None:
@@ -527,7 +543,7 @@ def load(data: Any) -> Config:
     errors: list[str] = []
     r = _Reader(errors)
     top = r.mapping(data, "", {"global", "web", "targets", "alertmanager", "deploys", "rules", "warmup", "lint", "analysis",
-                                     "discovery"})
+                                     "discovery", "fleet_baseline"})
     g = _global(r, top.get("global"))
     web_data = r.mapping(top.get("web"), "web", {"listen_address", "external_url"})
     listen = r.value(web_data, "web", "listen_address", lambda v: (parse_listen_address(v), str(v))[1], WebConfig.listen_address)
@@ -537,7 +553,7 @@ def load(data: Any) -> Config:
                  alertmanager=_alertmanager(r, top.get("alertmanager")), deploys=_deploys(r, top.get("deploys")),
                  rules=load_rules(top.get("rules"), errors), warmup=_warmup(r, top.get("warmup"), targets),
                  lint_allow=_lint_allow(r, top.get("lint")), analysis=_analysis(r, top.get("analysis"), g),
-                 discovery=_discovery(r, top.get("discovery")))
+                 discovery=_discovery(r, top.get("discovery")), fleet_baseline=_fleet_baseline(r, top.get("fleet_baseline")))
     errors += _lookback_errors(cfg)
     if errors:
         raise ConfigError(errors)
@@ -597,6 +613,18 @@ def _discovery(r: _Reader, raw: Any) -> DiscoveryConfig:
         refresh_interval=r.value(data, "discovery", "refresh_interval", parse_duration, d.refresh_interval),
         accept_empty_after=r.value(data, "discovery", "accept_empty_after", _duration_or_zero, d.accept_empty_after),
         shard=shard)
+
+
+def _fleet_baseline(r: _Reader, raw: Any) -> FleetBaselineConfig:
+    d = FleetBaselineConfig()
+    data = r.mapping(raw, "fleet_baseline", {"prometheus_url", "query", "timeout"})
+    cfg = FleetBaselineConfig(
+        prometheus_url=r.value(data, "fleet_baseline", "prometheus_url", _url, d.prometheus_url),
+        query=r.value(data, "fleet_baseline", "query", _string, d.query),
+        timeout=r.value(data, "fleet_baseline", "timeout", parse_duration, d.timeout))
+    if "$model" not in cfg.query:
+        r.errors.append("fleet_baseline.query: must select the model with $model")
+    return cfg
 
 
 def _label_name(value: Any) -> str:

@@ -83,6 +83,7 @@ class Engine:
         self.last_restart_t: dict[str, float] = {}  # target ('' for all) -> newest restart
         self.alerts: dict[tuple[str, str, str, str], Alert] = {}
         self.rollouts: dict[str, fleet.Rollout] = {}  # model -> its newest rollout
+        self.fleet_baselines: dict[tuple[str, str], tuple[float, float]] = {}  # (target, model) -> (ratio, pod start)
         self.reconfigure(config)
 
     # --- configuration ---------------------------------------------------------------
@@ -111,6 +112,7 @@ class Engine:
                 track.detector.grace = config.rules.cold_start_grace
             tracks[t.name] = track
         self.tracks = tracks
+        self.fleet_baselines = {k: v for k, v in self.fleet_baselines.items() if k[0] in tracks}
 
     # --- input -------------------------------------------------------------------------
     def observe(self, target: str, now: float, snapshot: Snapshot) -> list[DeployEvent]:
@@ -137,6 +139,10 @@ class Engine:
         for ev in found:
             self.add_event(ev)
         return found
+
+    def set_fleet_baseline(self, target: str, model: str, ratio: float, started: float) -> None:
+        """The fleet's ratio for `model` before `target` started (read from Prometheus)."""
+        self.fleet_baselines[(target, model)] = (ratio, started)
 
     def ingest_failure(self, target: str, now: float) -> None:
         track = self.tracks[target]
@@ -235,7 +241,7 @@ class Engine:
                              windows=window_names, events=events_of[name], peer_ratios=tuple(r for _, r in peers),
                              peers_had_events=any(events_of.get(other) for other, _ in peers),
                              block_size=view.snapshot.block_size if view.snapshot else None,
-                             ever_up=view.ever_up)
+                             ever_up=view.ever_up, fleet_baseline=self.fleet_baselines.get((name, model)))
                 for alertname, settings in rc.rules.items():
                     if not settings.enabled or (alertname == TARGET_DOWN) != (model == ""):
                         continue

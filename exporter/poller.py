@@ -24,6 +24,7 @@ from .state import State, TargetView
 from .vllm_metrics import parse
 from .deploys import DeployEvent
 from .engine import Engine
+from .fleetbaseline import BaselineError, FleetBaselineReader
 from .rules import INACTIVE
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 NO_VLLM_METRICS = "no_vllm_metrics"
 LIMIT_EXCEEDED = "limit_exceeded"
 INTERNAL_ERROR = "internal_error"
+MAX_BASELINE_MODELS = 10
 RESULTS = scrape_results.RESULTS + (NO_VLLM_METRICS, LIMIT_EXCEEDED, INTERNAL_ERROR)
 
 
@@ -53,6 +55,7 @@ class TargetPoller:
         self.model_limit = g.model_limit
         self.series_limit = g.series_limit
         self.on_start = on_start
+        self.baseline_reader = FleetBaselineReader(config.fleet_baseline) if config.fleet_baseline.enabled else None
         self._warned: tuple[str, ...] = ()
         self._last_now: float | None = None
 
@@ -110,19 +113,36 @@ class TargetPoller:
         view = self._view()
         if not view.up:
             log.info("target=%s is up", self.target.name)
-        if self.on_start is not None:
-            # only a real start of vLLM empties its cache: the first answer since we
-            # started, or a restart (process start time, counters reset), never a
-            # transient scrape failure
-            if not was_up:
-                self.on_start(self.target.name, "start")
-            elif any(ev.is_restart for ev in events):
-                self.on_start(self.target.name, "restart")
+        # only a real start of vLLM empties its cache: the first answer since we
+        # started, or a restart (process start time, counters reset), never a
+        # transient scrape failure
+        started = "start" if not was_up else "restart" if any(ev.is_restart for ev in events) else ""
+        if started and self.on_start is not None:
+            self.on_start(self.target.name, started)
+        if started and self.baseline_reader is not None:
+            self._read_fleet_baseline(snapshot, now)
         self.state.publish(replace(
             view, up=True, polled=True, last_result=result.result, last_error=None, last_scrape_time=now,
             last_success_time=now, scrape_duration=result.duration, scrapes=_count(view.scrapes, result.result),
             snapshot=snapshot, stats=stats, samples_kept=kept, rejected=_add(view.rejected, snapshot.rejected),
         ))
+
+    def _read_fleet_baseline(self, snapshot, now: float) -> None:
+        """The fleet's ratio for each model before this pod started (bounded by the
+        reader's timeout; a failure only costs the comparison, and says so once)."""
+        at = snapshot.process_start_time if snapshot.process_start_time is not None else now
+        for model in sorted({s.model_name for s in snapshot.series})[:MAX_BASELINE_MODELS]:
+            try:
+                ratio = self.baseline_reader.read(model, at)
+            except BaselineError as exc:
+                log.warning("target=%s fleet baseline for %s: %s; no comparison with the fleet", self.target.name, model, exc)
+                continue
+            if ratio is None:
+                log.info("target=%s fleet baseline for %s: Prometheus has no ratio before %.0f", self.target.name, model, at)
+                continue
+            log.info("target=%s fleet baseline for %s: %.1f%% before the pod started", self.target.name, model, ratio * 100)
+            with self.lock:
+                self.engine.set_fleet_baseline(self.target.name, model, ratio, at)
 
     def _over_limit(self, snapshot) -> str:
         if self.series_limit and len(snapshot.series) > self.series_limit:
@@ -154,6 +174,8 @@ class TargetPoller:
 
     def close(self) -> None:
         self.scraper.close()
+        if self.baseline_reader is not None:
+            self.baseline_reader.close()
 
 
 def _count(scrapes: tuple[tuple[str, int], ...], result: str) -> tuple[tuple[str, int], ...]:

@@ -101,6 +101,7 @@ class Facts:
     ever_up: bool = True
     active_since: float | None = None  # when this alert became pending, while it is active
     anchor: float | None = None  # the event time an active alert measures against
+    fleet_baseline: tuple[float, float] | None = None  # (the fleet's ratio for the model before this pod started, its start)
 
     def window(self, seconds: float) -> WindowStats:
         name = self.windows.get(seconds)
@@ -158,7 +159,7 @@ def _in_cold_start(f: Facts, grace: float) -> DeployEvent | None:
 def rule_drop_after_deploy(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
     deploys = [e for e in f.events if not e.is_restart and 0 <= f.now - e.t <= rc.event_lookback]
     if not deploys:
-        return FALSE
+        return _against_fleet(f, s, rc) if f.fleet_baseline is not None else FALSE
     # an active alert keeps measuring against the deploy that raised it: a rollback
     # announced later must not become the baseline of the incident it ends
     anchored = [e for e in deploys if f.anchor is not None and e.t == f.anchor]
@@ -184,6 +185,31 @@ def rule_drop_after_deploy(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condit
                      f"Prefix-cache hit rate of {f.model} on {f.target} fell from {before_ratio:.0%} to {after_ratio:.0%} after deploy {who}",
                      f"Token-weighted hit ratio {before_ratio:.1%} in the {s.baseline:.0f}s before the event at {ev.t:.0f}, "
                      f"{after_ratio:.1%} since. Uncached prompt tokens are prefilled again: TTFT and cost rise.", anchor=ev.t)
+
+
+def _against_fleet(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
+    """A pod new to us has no before of its own: once its cold start is over (and for
+    event_lookback after), its ratio against the fleet's for its model before it started."""
+    before_ratio, started = f.fleet_baseline
+    warm = started + rc.cold_start_grace
+    if f.now < warm or (f.now - warm > rc.event_lookback and f.anchor is None):
+        return FALSE
+    after = stats_between(f.samples, f.model, max(warm, f.now - s.after), f.now, 0.0, f.block_size)
+    after_ratio = _ratio(after)
+    if f.query_tokens(after) < s.min_query_tokens or after_ratio is None:
+        return Condition(INCONCLUSIVE, None, f"Not enough traffic yet to compare {f.target} with the fleet",
+                         f"{f.query_tokens(after):.0f} query tokens since the cold start; {s.min_query_tokens:.0f} needed.")
+    dropped = before_ratio - after_ratio >= s.drop_points or (after_ratio < s.below <= before_ratio)
+    if f.anchor is not None and not dropped and not _recovered(before_ratio, after_ratio, s):
+        dropped = True
+    marker = DeployEvent(warm, f.target, "new pod", "fleet_baseline", "a pod new to the fleet")
+    cause = causes.classify(replace(evidence(f, rc), events=f.events + (marker,), baseline=before_ratio), rc.cause_settings())
+    return Condition("true" if dropped else "false", after_ratio,
+                     f"Prefix-cache hit rate of {f.model} on the new pod {f.target} is {after_ratio:.0%}, "
+                     f"against {before_ratio:.0%} for the fleet before it started",
+                     f"The fleet served {before_ratio:.1%} of {f.model}'s prompt tokens from the cache before {f.target} "
+                     f"started (Prometheus, fleet_baseline.query); {f.target} serves {after_ratio:.1%} since its cold start ended.",
+                     cause=cause, anchor=warm)
 
 
 def _recovered(before: float, after: float, s: RuleSettings) -> bool:
