@@ -137,10 +137,22 @@ def test_every_secret_a_variant_mounts_is_created_or_documented(variant):
     for d in docs:
         if d["kind"] not in ("Deployment", "StatefulSet"):
             continue
-        for volume in d["spec"]["template"]["spec"].get("volumes", []):
-            name = (volume.get("secret") or {}).get("secretName")
-            if name and name not in created:
+        pod = d["spec"]["template"]["spec"]
+        names = [(v.get("secret") or {}).get("secretName") for v in pod.get("volumes", [])]
+        names += [e["valueFrom"]["secretKeyRef"]["name"] for c in pod["containers"] + pod.get("initContainers", [])
+                  for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})]
+        for name in filter(None, names):
+            if name not in created:
                 assert f"create secret generic {name}" in kustomization and name in readme, name
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_image_comes_from_the_kustomize_images_entry(variant):
+    kustomization = yaml.safe_load((DEPLOY / variant / "kustomization.yaml").read_text())
+    (entry,) = kustomization["images"]
+    images = {c["image"] for d in build(variant) if d["kind"] == "Deployment"
+              for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == "prefix-cache-exporter"}
+    assert images == {f"{entry['newName']}:{entry['newTag']}"}
 
 
 SCHEMAS = ROOT.parent / "shared" / "schemas"
@@ -213,3 +225,41 @@ def test_the_argo_template_reads_the_verdict_the_api_answers():
     (metric,) = doc["spec"]["metrics"]
     assert metric["provider"]["web"]["jsonPath"] == "{$.verdict}" and "/api/v1/analysis?" in metric["provider"]["web"]["url"]
     assert metric["successCondition"] == 'result == "pass"' and metric["failureCondition"] == 'result == "fail"'
+
+
+def _deployments(docs):
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+
+
+@pytest.mark.parametrize("example, native", [
+    pytest.param("production-stack", False, id="production-stack"),
+    pytest.param("llm-d", True, id="llm-d-native-sidecar"),
+])
+def test_the_attach_components_add_the_sidecar_and_leave_the_users_containers_alone(example, native, tmp_path):
+    source = [d for d in yaml.safe_load_all((DEPLOY / "examples" / example / "deployment.yaml").read_text()) if d]
+    docs = build(f"examples/{example}")
+    built = _deployments(docs)
+    for original in source:
+        name = original["metadata"]["name"]
+        pod, before = built[name]["spec"]["template"]["spec"], original["spec"]["template"]["spec"]
+        attached = original["metadata"].get("annotations", {}).get("vllm-prefix-cache-exporter/attach") == "true"
+        if not attached:
+            assert built[name] == original, f"{name} has no attach annotation and must not change"
+            continue
+        assert pod["containers"][:len(before["containers"])] == before["containers"] or \
+            [c for c in pod["containers"] if c["name"] != "prefix-cache-exporter"] == before["containers"]
+        assert [c for c in pod.get("initContainers", []) if c["name"] != "prefix-cache-exporter"] == before.get("initContainers", [])
+        where = pod["initContainers"] if native else pod["containers"]
+        (sidecar,) = [c for c in where if c["name"] == "prefix-cache-exporter"]
+        assert (sidecar.get("restartPolicy") == "Always") == native
+        assert sidecar["image"].startswith("ghcr.io/vllm-prefix-cache-exporter/") and ":" in sidecar["image"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        config_map = volumes["prefix-cache-exporter-config"]["configMap"]["name"]
+        (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == config_map]
+        config = load(yaml.safe_load(cm["data"]["config.yml"]))
+        vllm_ports = [p["containerPort"] for c in before["containers"] if c["name"] == "vllm" for p in c.get("ports", [])]
+        assert config.targets[0].url == f"http://127.0.0.1:{vllm_ports[0]}/metrics"
+    path = tmp_path / "built.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    out = subprocess.run([sys.executable, "-m", "kubernetes_validate", "--strict", str(path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
