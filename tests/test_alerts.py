@@ -127,8 +127,8 @@ def test_a_real_alertmanager_applies_the_example_inhibitions(tmp_path):
         "low-on-old-pod": {"alertname": "PrefixCacheHitRateLow", "target": "old-1", "model_name": "m", "version": "v1", "severity": "warning"},
         "target-down": {"alertname": "PrefixCacheTargetDown", "target": "a", "model_name": "", "severity": "critical"},
         "low-on-down": {"alertname": "PrefixCacheHitRateLow", "target": "a", "model_name": "m", "severity": "warning"},
-        "relay-down": {"alertname": "PrefixCacheSidecarAlert", "sidecar_alertname": "PrefixCacheTargetDown", "target": "b", "severity": "critical"},
-        "relay-low": {"alertname": "PrefixCacheSidecarAlert", "sidecar_alertname": "PrefixCacheHitRateLow", "target": "b", "model_name": "m", "severity": "warning"},
+        "relay-down": {"alertname": "VLLMPrefixCacheSidecarAlert", "sidecar_alertname": "PrefixCacheTargetDown", "target": "b", "severity": "critical"},
+        "relay-low": {"alertname": "VLLMPrefixCacheSidecarAlert", "sidecar_alertname": "PrefixCacheHitRateLow", "target": "b", "model_name": "m", "severity": "warning"},
     }
     inhibited = {"low-on-new-pod", "low-on-down", "relay-low"}
     am.start()
@@ -147,3 +147,53 @@ def test_a_real_alertmanager_applies_the_example_inhibitions(tmp_path):
         assert {n for n, i in states().items() if i} == inhibited, states()
     finally:
         am.stop()
+
+
+def test_the_rules_are_generated_from_their_config_and_current():
+    out = run(sys.executable, str(ROOT / "scripts" / "gen-rules"), "--check")
+    assert out.returncode == 0, out.stderr
+
+
+def test_a_global_ruler_config_keeps_cluster_and_namespace_apart(tmp_path):
+    config = yaml.safe_load((ALERTS / "rules.config.yml").read_text())
+    config["aggregation"] = ["cluster", "namespace"]
+    config["selectors"]["vllm"] = 'job=~".+-engine-service"'
+    (tmp_path / "config.yml").write_text(yaml.safe_dump(config))
+    out_file = tmp_path / "rules.yml"
+    out = run(sys.executable, str(ROOT / "scripts" / "gen-rules"), f"--config={tmp_path / 'config.yml'}", f"--out={out_file}")
+    assert out.returncode == 0, out.stderr
+    assert run(require_binary("promtool"), "check", "rules", str(out_file)).returncode == 0
+    rules = {r.get("record") or r["alert"]: r["expr"] for g in yaml.safe_load(out_file.read_text())["groups"] for r in g["rules"]}
+    assert "sum by (cluster, namespace, model_name)" in rules["model_name:vllm_prefix_cache_hits:rate5m"]
+    assert 'job=~".+-engine-service"' in rules["instance:vllm_prefix_cache_queries:rate5m"]
+    assert "job=~\".*vllm.*\"" not in out_file.read_text()
+    # the same two fleets in two clusters, one of them low: only that cluster's alert fires
+    test = {"rule_files": [str(out_file)], "evaluation_interval": "30s", "tests": [{
+        "interval": "1m",
+        "input_series": [
+            {"series": f'vllm:prefix_cache_{what}_total{{job="r-engine-service",cluster="{c}",namespace="llm",instance="a:8000",pod="a",model_name="m",engine="0"}}',
+             "values": f"0+{n}x30"}
+            for c, q, h in (("eu", 7680, 960), ("us", 7680, 7000)) for what, n in (("queries", q), ("hits", h))],
+        "alert_rule_test": [{"eval_time": "20m", "alertname": "VLLMPrefixCacheFleetHitRateLow", "exp_alerts": [{
+            "exp_labels": {"severity": "warning", "cluster": "eu", "namespace": "llm", "model_name": "m"},
+            "exp_annotations": {
+                "summary": "Prefix-cache hit rate of m is 12.5%",
+                "description": "The token-weighted hit ratio of the whole m fleet has been under 50% for 10m. Misses are prefilled again: TTFT and input cost rise.",
+                "runbook_url": config["runbook_url"] + "#vllmprefixcachefleethitratelow",
+                "dashboard_url": config["dashboard_url"] + "?var-model_name=m"}}]}],
+    }]}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(test))
+    out = run(require_binary("promtool"), "test", "rules", str(tmp_path / "test.yml"))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("change, message", [
+    pytest.param({"aggregation": ["pod"]}, "aggregation", id="pod-is-not-a-fleet-label"),
+    pytest.param({"dashboard_url": "/d/relative"}, "absolute", id="relative-url"),
+    pytest.param({"thresholds": {"low_ratio": 5}}, "between 0 and 1", id="ratio-out-of-range"),
+])
+def test_a_bad_rules_config_is_refused_with_the_key(tmp_path, change, message):
+    config = {**yaml.safe_load((ALERTS / "rules.config.yml").read_text()), **change}
+    (tmp_path / "config.yml").write_text(yaml.safe_dump(config))
+    out = run(sys.executable, str(ROOT / "scripts" / "gen-rules"), f"--config={tmp_path / 'config.yml'}", f"--out={tmp_path / 'x.yml'}")
+    assert out.returncode == 2 and message in out.stderr
