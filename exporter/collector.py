@@ -23,6 +23,7 @@ from .deploys import SOURCES as DEPLOY_SOURCES
 from .poller import RESULTS as POLL_RESULTS
 from .scrape import redact_url
 from .vllm_metrics import REJECT_REASONS
+from .config import Target
 from .state import State, TargetView
 
 log = logging.getLogger(__name__)
@@ -92,8 +93,8 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("kv_cache_usage_max_ratio", "gauge", "Highest KV-cache usage seen " + _W + ".", "target", "model_name", "window"),
     # rules and deploys
     _m("alert_state", "gauge", "1 for each alert of ours that is not inactive, by `state` (pending, firing, inconclusive: too few tokens to judge); `version` names the version a fleet alert judges (target is then empty).", "alertname", "target", "model_name", "cause", "severity", "state", "version", target_labels=False),
-    _m("deploy_events", "counter", "Deploy events by `source` (api, annotations_file, config_change, restart, change_point); target is empty for fleet-wide events.", "target", "source", target_labels=False),
-    _m("last_deploy_timestamp_seconds", "gauge", "Unix time of the newest deploy event (restarts excluded), for Grafana annotations; target is empty for fleet-wide events.", "target", target_labels=False),
+    _m("deploy_events", "counter", "Deploy events by `source` (api, annotations_file, config_change, restart, change_point), with the target's labels; target is empty for fleet-wide events.", "target", "source"),
+    _m("last_deploy_timestamp_seconds", "gauge", "Unix time of the newest deploy event (restarts excluded), for Grafana annotations, with the target's labels; target is empty for fleet-wide events.", "target"),
     # delivery to Alertmanager
     _m("alertmanager_notifications", "counter", "POSTs to Alertmanager's /api/v2/alerts by `result`: success; failure (kept and retried); rejected (a 4xx answer: the batch is dropped, see the log).", "alertmanager", "result"),
     _m("alertmanager_alerts_sent", "counter", "Alerts delivered to Alertmanager (firing, re-sent and resolved).", "alertmanager"),
@@ -163,13 +164,16 @@ class PrefixCacheCollector(Collector):
                   1.0, target=None)
         deploys = self.state.get("deploys") or {}
         counts = deploys.get("counts", {})
-        # from zero for every target and source, so that increase() sees the first event
-        for target in [""] + sorted(v.target.name for v in self.state.targets()):
-            mine = counts.get(target, {})
+        # from zero for every target and source, so that increase() sees the first event;
+        # with the target's labels (namespace, pod), so that a dashboard filters them
+        known = {v.target.name: v.target for v in self.state.targets()}
+        fleet_wide = Target("", "")
+        for name in [""] + sorted(known):
+            mine = counts.get(name, {})
             for source in sorted(set(DEPLOY_SOURCES) | set(mine)):
-                f.add("prefixcache_deploy_events", (target, source), mine.get(source, 0), target=None)
-        for target, t in sorted(deploys.get("last", {}).items()):
-            f.add("prefixcache_last_deploy_timestamp_seconds", (target,), t, target=None)
+                f.add("prefixcache_deploy_events", (source,), mine.get(source, 0), target=known.get(name, fleet_wide))
+        for name, t in sorted(deploys.get("last", {}).items()):
+            f.add("prefixcache_last_deploy_timestamp_seconds", (), t, target=known.get(name) or Target(name, ""))
         f.add("prefixcache_polled_targets", (), len(self.state.targets()), target=None)
         for src in self.state.get("discovery") or ():
             f.add("prefixcache_discovery_targets", (src.name,), len(src.targets), target=None)

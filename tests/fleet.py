@@ -47,7 +47,7 @@ def start(workdir: Path, history_seconds: float = 125.0, timeout: float = 300.0)
     config = workdir / "sidecar.yml"
     config.write_text(yaml.safe_dump({
         "global": {"poll_interval": "1s", "connect_timeout": "500ms", "read_timeout": "1s", "jitter": "0s"},
-        "targets": [{"name": r.name, "url": fleet.metrics_url(r.name), "labels": {"namespace": "llm"}} for r in replicas],
+        "targets": [{"name": r.name, "url": fleet.metrics_url(r.name), "labels": {"namespace": "llm", "pod": r.name}} for r in replicas],
     }))
     sidecar = subprocess.Popen([sys.executable, "-m", "exporter", "run", f"--config.file={config}",
                                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warning"], cwd=ROOT)

@@ -13,7 +13,9 @@ DASHBOARD = json.loads((ROOT / "dashboards" / "vllm-prefix-cache.json").read_tex
 PANELS = DASHBOARD["panels"]
 VARIABLES = {v["name"]: v for v in DASHBOARD["templating"]["list"]}
 BUILTIN = {"__rate_interval", "__interval", "__interval_ms", "__range", "__range_s", "__all", "__from", "__to", "__dashboard"}
-ALL = {"job": ".*", "namespace": ".*", "model_name": ".*", "instance": ".*"}
+ALL = {"job": ".*", "namespace": ".*", "model_name": ".*", "instance": ".*", "pod": ".*"}
+# one of everything, as an on-call narrows the dashboard down to one pod of one model
+ONE = {"job": "vllm", "namespace": "llm", "model_name": "demo/llama-3-8b", "instance": "vllm-1:8000", "pod": "vllm-1"}
 
 
 def queries():
@@ -33,10 +35,10 @@ def substitute(expr: str, values=None) -> str:
 def test_importable_shape():
     assert DASHBOARD["uid"] == "vllm-prefix-cache" and DASHBOARD["title"]
     assert 36 <= DASHBOARD["schemaVersion"] <= 41  # Grafana 10 and 11
-    (ds_input,) = DASHBOARD["__inputs"]
-    assert ds_input["name"] == "DS_PROMETHEUS" and ds_input["pluginId"] == "prometheus"
+    # no __inputs: every query goes through the datasource variable, so an import asks for nothing it does not use
+    assert "__inputs" not in DASHBOARD and "DS_PROMETHEUS" not in json.dumps(DASHBOARD)
     assert VARIABLES["datasource"]["type"] == "datasource" and VARIABLES["datasource"]["query"] == "prometheus"
-    assert {"job", "namespace", "model_name", "instance", "price"} <= set(VARIABLES)
+    assert {"job", "namespace", "model_name", "instance", "pod", "price"} <= set(VARIABLES)
 
 
 def test_panel_ids_unique_and_layout_does_not_overlap():
@@ -76,6 +78,39 @@ def test_every_panel_has_a_query_and_every_variable_is_defined():
     assert used - BUILTIN - set(VARIABLES) == set(), used - BUILTIN - set(VARIABLES)
 
 
+def test_every_query_filters_by_the_dashboards_variables():
+    """vLLM's series by job, namespace, instance, pod and model; the sidecar's (whose job
+    and instance are the exporter's) by namespace, pod and model."""
+    for title, expr in queries():
+        for selector in re.findall(r"(vllm:\w+)\{([^}]*)\}", expr):
+            assert all(f'{v}=~"${v}"' in selector[1] for v in ("job", "namespace", "instance", "pod", "model_name")), (title, selector)
+        for name, selector in re.findall(r"\b(prefixcache_\w+|ALERTS)\{([^}]*)\}", expr):
+            wanted = ("model_name",) if name == "prefixcache_alert_state" else \
+                ("namespace", "pod") if name in ("prefixcache_deploy_events_total", "prefixcache_last_deploy_timestamp_seconds") else \
+                ("namespace", "pod", "model_name")
+            assert all(f"${v}" in selector for v in wanted), (title, name, selector)
+        assert not re.search(r"\b(vllm:\w+|prefixcache_\w+)(\[|\))", expr), (title, "a series without a selector")
+
+
+def test_per_pod_legends_name_the_pod():
+    for p in PANELS:
+        for t in p.get("targets", []):
+            if "by (" in t["expr"] and "pod" in re.search(r"by \(([^)]*)\)", t["expr"]).group(1):
+                assert "{{pod}}" in t.get("legendFormat", ""), p["title"]
+
+
+def test_latency_panels_show_what_misses_cost():
+    titles = {p["title"]: p for p in PANELS}
+    for metric in ("time_to_first_token_seconds", "request_prefill_time_seconds", "request_queue_time_seconds", "e2e_request_latency_seconds"):
+        (panel,) = [p for p in PANELS if any(f"vllm:{metric}_bucket" in t["expr"] and "0.9," in t["expr"] for t in p.get("targets", []))]
+        assert panel["fieldConfig"]["defaults"]["unit"] == "s"
+        assert {"p50", "p90", "p99"} <= {t["legendFormat"] for t in panel["targets"]}
+    assert titles["Query and hit token rates"]["fieldConfig"]["defaults"]["unit"] == "suffix: tokens/s"
+    assert len(titles["Estimated cost of recomputed tokens"]["fieldConfig"]["defaults"]["thresholds"]["steps"]) >= 2
+    correlation = next(p for t, p in titles.items() if t.startswith("Hit ratio / TTFT correlation"))
+    assert correlation["fieldConfig"]["overrides"][0]["properties"][1] == {"id": "custom.axisPlacement", "value": "right"}
+
+
 def test_rate_queries_use_rate_interval_except_fixed_windows():
     for title, expr in queries():
         for window in re.findall(r"\[([^\]]+)\]", expr):
@@ -88,6 +123,16 @@ def test_rate_queries_use_rate_interval_except_fixed_windows():
 def test_every_panel_query_parses_and_returns_data(prometheus_fleet, title, expr):
     result = prometheus_fleet.prometheus.query(substitute(expr))
     assert result, f"{title}: no data for {substitute(expr)}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("title, expr", [q for q in queries() if not q[0].startswith(("Prometheus alerts", "Sidecar alert states"))],
+                         ids=[t for t, _ in queries() if not t.startswith(("Prometheus alerts", "Sidecar alert states"))])
+def test_every_panel_query_returns_data_with_every_variable_set(prometheus_fleet, title, expr):
+    """The alert tables are left out: they are rightly empty while nothing fires for the
+    chosen pod."""
+    result = prometheus_fleet.prometheus.query(substitute(expr, ONE))
+    assert result, f"{title}: no data for {substitute(expr, ONE)}"
 
 
 @pytest.mark.slow
