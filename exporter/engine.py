@@ -338,8 +338,10 @@ class Engine:
             if model not in starts_of:
                 self.rollouts.pop(model)
         for model, starts in sorted(starts_of.items()):
-            members = self.members(now, model, window)
             rollout = self.rollouts.get(model)
+            if len(starts) == 1 and rollout is None:
+                continue  # the steady state: one version, nothing to judge
+            members = self.members(now, model, window)
             newest = fleet.newest_version(starts)
             if len(starts) > 1:
                 if rollout is None or rollout.new_version != newest or rollout.baseline_ratio is None:

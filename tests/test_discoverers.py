@@ -12,15 +12,9 @@ from exporter.discoverers import FILE_SD, PROMETHEUS, Discovery
 from conftest import FIXTURES, free_port
 from fakeserver import FakeServer, reply, text
 
+from test_poller import Clock
+
 RECORDED = (FIXTURES / "discovery" / "prometheus-2.42-targets.json").read_text()
-
-
-class Clock:
-    def __init__(self, t=1000.0):
-        self.t = t
-
-    def __call__(self):
-        return self.t
 
 
 def group(*addresses, **labels):
