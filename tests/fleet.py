@@ -18,6 +18,7 @@ from prom import Prometheus
 ROOT = Path(__file__).parent.parent
 MODEL = "demo/llama-3-8b"
 OTHER_MODEL = "demo/qwen-2.5-7b"
+V0_MODEL = "demo/opt-125m"
 INCIDENT_AFTER = 75.0  # seconds after the fleet starts, vllm-0's prompt gets a timestamp
 
 
@@ -36,6 +37,7 @@ def start(workdir: Path, history_seconds: float = 125.0, timeout: float = 300.0)
         "vllm-0": (simulator.incident(warm + INCIDENT_AFTER, external_cache_fraction=0.3), "current", MODEL),
         "vllm-1": (simulator.Scenario(external_cache_fraction=0.3), "current", MODEL),
         "vllm-2": (simulator.Scenario(hits_broken=True), "v0.10", OTHER_MODEL),  # a 0.10 server whose hits never move
+        "vllm-3": (simulator.Scenario(), "v0", V0_MODEL),  # a V0 engine: only the since-start hit-rate gauge
     }
     replicas = []
     for i, (name, (scenario, generation, model)) in enumerate(scenarios.items()):
