@@ -326,8 +326,10 @@ class Server:
         return self
 
     def stop(self) -> None:
+        """Also for a server built and never started: prepare() started its workers."""
         self.httpd.stop()
-        self._thread.join(5.0)
+        if self._thread.ident is not None:
+            self._thread.join(5.0)
 
 
 def analysis_handlers(verdict: Callable[[str, str, str | None], "fleet.Verdict"]) -> tuple[Handler, Handler]:

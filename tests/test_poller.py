@@ -292,4 +292,5 @@ def test_discovered_targets_are_polled_and_a_removed_one_is_forgotten_once_its_a
         assert 'target="b"' not in metrics
     finally:
         sidecar.poller.stop()
+        sidecar.server.stop()  # built, never started: its workers run since it bound the port
         fleet.stop()
