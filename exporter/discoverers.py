@@ -7,58 +7,38 @@ one that suddenly answers nothing is not believed at once.
 from __future__ import annotations
 
 import glob
-import json
 import logging
 import os
 import threading
 from dataclasses import replace
 from typing import Callable
 
-import requests
-
 from .config import DiscoveryConfig, PrometheusSDConfig, Target
 from .discovery import DiscoveryError, SourceState, from_file_sd, from_targets_api, settle
+from .promapi import PrometheusAPI, PrometheusAPIError
 from .scrape import redact_url
 
 log = logging.getLogger(__name__)
 
 PROMETHEUS, FILE_SD = "prometheus", "file_sd"
 MAX_SD_FILE = 16 * 1024 * 1024
-MAX_TARGETS_ANSWER = 64 * 1024 * 1024
 
 
 class PrometheusSource:
     def __init__(self, cfg: PrometheusSDConfig):
         self.cfg = cfg
-        self.url = cfg.url.rstrip("/") + "/api/v1/targets"
-        self.session = requests.Session()
-        if cfg.bearer_token:
-            self.session.headers["Authorization"] = f"Bearer {cfg.bearer_token}"
-        elif cfg.username:
-            self.session.auth = (cfg.username, cfg.password)
+        self.api = PrometheusAPI(cfg.url, cfg.timeout, cfg.bearer_token, cfg.username, cfg.password)
 
     def fetch(self) -> list[Target]:
-        where = redact_url(self.url)
         try:
             # scrapePool narrows the answer where Prometheus knows it (2.42+); older ones ignore it
-            with self.session.get(self.url, params={"state": "active", "scrapePool": self.cfg.job},
-                                  timeout=self.cfg.timeout, stream=True) as resp:
-                body = resp.raw.read(MAX_TARGETS_ANSWER + 1, decode_content=True)
-                status = resp.status_code
-        except requests.RequestException as exc:
-            raise DiscoveryError(f"{where}: unreachable: {type(exc).__name__}: {_short(exc)}") from None
-        if status != 200:
-            raise DiscoveryError(f"{where}: HTTP {status}")
-        if len(body) > MAX_TARGETS_ANSWER:
-            raise DiscoveryError(f"{where}: answer over {MAX_TARGETS_ANSWER} bytes")
-        try:
-            payload = json.loads(body)
-        except ValueError as exc:
-            raise DiscoveryError(f"{where}: answer is not JSON: {exc}") from None
-        return from_targets_api(payload, self.cfg.job, where)
+            payload = self.api.get("/api/v1/targets", {"state": "active", "scrapePool": self.cfg.job})
+        except PrometheusAPIError as exc:
+            raise DiscoveryError(str(exc)) from None
+        return from_targets_api(payload, self.cfg.job, redact_url(self.api.base_url + "/api/v1/targets"))
 
     def close(self) -> None:
-        self.session.close()
+        self.api.close()
 
 
 class FileSource:
@@ -153,8 +133,3 @@ class Discovery:
     def close(self) -> None:
         if self.prometheus:
             self.prometheus.close()
-
-
-def _short(exc: Exception) -> str:
-    text = str(exc)
-    return text if len(text) < 200 else text[:200] + "..."

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import math
 
-import requests
-
 from .config import FleetBaselineConfig
+from .promapi import PrometheusAPI, PrometheusAPIError
 from .scrape import redact_url
 
 
@@ -23,23 +22,18 @@ class BaselineError(Exception):
 class FleetBaselineReader:
     def __init__(self, cfg: FleetBaselineConfig):
         self.cfg = cfg
-        self.url = cfg.prometheus_url.rstrip("/") + "/api/v1/query"
-        self.session = requests.Session()
+        self.api = PrometheusAPI(cfg.prometheus_url, cfg.timeout)
 
     def read(self, model: str, at: float) -> float | None:
         """The ratio at `at`, None when Prometheus has no sample for the model."""
         query = self.cfg.query.replace("$model", model.replace("\\", "\\\\").replace('"', '\\"'))
-        where = redact_url(self.url)
+        where = redact_url(self.api.base_url + "/api/v1/query")
         try:
-            resp = self.session.get(self.url, params={"query": query, "time": f"{at:.3f}"}, timeout=self.cfg.timeout)
-            body = resp.json()
-        except ValueError:  # first: requests' JSON error is also a RequestException
-            raise BaselineError(f"{where}: HTTP {resp.status_code}, answer is not JSON") from None
-        except requests.RequestException as exc:
-            raise BaselineError(f"{where}: unreachable: {type(exc).__name__}") from None
-        if resp.status_code != 200 or not isinstance(body, dict) or body.get("status") != "success":
-            error = body.get("error") if isinstance(body, dict) else None
-            raise BaselineError(f"{where}: HTTP {resp.status_code}: {error or 'not a successful query answer'}")
+            body = self.api.get("/api/v1/query", {"query": query, "time": f"{at:.3f}"})
+        except PrometheusAPIError as exc:
+            raise BaselineError(str(exc)) from None
+        if not isinstance(body, dict) or body.get("status") != "success":
+            raise BaselineError(f"{where}: not a successful query answer")
         result = (body.get("data") or {}).get("result")
         if not isinstance(result, list) or not result:
             return None
@@ -52,4 +46,4 @@ class FleetBaselineReader:
         return value if math.isfinite(value) and 0.0 <= value <= 1.0 else None
 
     def close(self) -> None:
-        self.session.close()
+        self.api.close()
