@@ -22,9 +22,9 @@ from prometheus_client import CollectorRegistry
 
 from . import __version__, config as config_mod, console, divergence, lint as lint_mod, simulator, whatif as whatif_mod
 from .collector import PrefixCacheCollector
-from .config import Config, ConfigError, Target
+from .config import Config, ConfigError, ShardConfig, Target
 from .discoverers import Discovery
-from .discovery import in_shard, merge
+from .discovery import polled
 from .alertmanager import Notifier
 from .deploys import AnnotationsWatcher
 from .http import App, Server, analysis_handlers, deploy_handlers
@@ -499,10 +499,7 @@ def cmd_record(args) -> int:
         while not stop.is_set() and time.monotonic() < deadline:
             if discovery is not None and time.monotonic() - refreshed >= cfg.discovery.refresh_interval:
                 discovered, refreshed = discovery.refresh(), time.monotonic()
-            targets, _ = merge(static, discovered)
-            if discovery is not None:
-                s = cfg.discovery.shard
-                targets = [t for t in targets if in_shard(t, s.index, s.count, s.key_label)]
+            targets, _ = polled(static, discovered, cfg.discovery.shard if discovery is not None else ShardConfig())
             for gone in set(scrapers) - set(targets):
                 scrapers.pop(gone).close()
             for t in targets:

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from .config import RESERVED_LABELS, Target
+from .config import RESERVED_LABELS, ShardConfig, Target
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 # a Deployment's pod: <deployment>-<pod-template-hash>-<5 chars>; a StatefulSet's: <name>-<ordinal>
@@ -131,6 +131,13 @@ def merge(static: Sequence[Target], discovered: Iterable[Target]) -> tuple[list[
         names.add(t.name)
         out.append(t)
     return out, warnings
+
+
+def polled(static: Sequence[Target], discovered: Iterable[Target], shard: ShardConfig) -> tuple[list[Target], list[str]]:
+    """What one process polls: the static and discovered targets merged, those of its
+    shard. -> (targets, merge warnings)"""
+    merged, warnings = merge(static, discovered)
+    return [t for t in merged if in_shard(t, shard.index, shard.count, shard.key_label)], warnings
 
 
 def shard_key(target: Target, key_label: str) -> str:

@@ -374,11 +374,7 @@ class Engine:
         ratio, tokens, _ = fleet.pool_ratio(members)
         if ratio is None or tokens < self.config.analysis.min_query_tokens:
             ratio = None
-        by_traffic: dict[str, float] = {}
-        for m in members:
-            if m.version is not None and m.stats is not None and m.stats.query_increase:
-                by_traffic[m.version] = by_traffic.get(m.version, 0.0) + m.stats.query_increase
-        old = max(by_traffic, key=lambda v: (by_traffic[v], v)) if by_traffic else None
+        old = fleet.busiest_version(members, other_than=newest)
         began = known.began if known is not None and known.new_version == newest else now
         rollout = self.rollouts[model] = fleet.Rollout(model, began, old, newest, ratio, tokens)
         return rollout
@@ -397,7 +393,6 @@ class Engine:
     def _describe_version(self, alert: Alert, cond: Condition, v: fleet.Verdict, members: list[fleet.Member],
                           now: float, rollout: fleet.Rollout | None) -> Alert:
         rc = self.config.rules
-        settings = rc.rules[alert.alertname]
         new = [m for m in members if m.version == v.version]
         warm = [m.stats for m in new if m.stats is not None]
         began = rollout.began if rollout is not None else now
@@ -417,12 +412,7 @@ class Engine:
             labels = set(track.target.labels) if track is not None else set()
             common = labels if common is None else common & labels
         extra = {k: val for k, val in (common or ()) if k != self.config.analysis.version_label}
-        labels = {**extra, "alertname": alert.alertname, "severity": causes.severity_for(cause, settings.severity),
-                  "model_name": alert.model, "cause": cause, "version": v.version, "baseline_version": v.baseline_version or ""}
-        runbook = rc.runbook_url + "#" + RUNBOOK_ANCHORS[alert.alertname] if rc.runbook_url else ""
-        description = f"{cond.description} Probable cause: {cause} ({why})."
-        annotations = {"summary": cond.summary, "description": description, "runbook_url": runbook, "dashboard_url": rc.dashboard_url}
-        return replace(alert, labels=tuple(sorted(labels.items())), annotations=tuple(sorted(annotations.items())))
+        return self._labelled(alert, cond, cause, why, extra, {"version": v.version, "baseline_version": v.baseline_version or ""})
 
     def _keep(self, key, new: Alert, transition: Transition | None, transitions: list[Transition]) -> None:
         if transition is not None:
@@ -448,15 +438,21 @@ class Engine:
         """Labels and annotations from the evidence now. `step` calls this while an alert
         is pending and once as it starts firing; from then on only annotations change."""
         rc = self.config.rules
-        settings = rc.rules[alert.alertname]
         if cond.cause is not None:
             cause, why = cond.cause
         else:
             cause, why = causes.classify(evidence(facts, rc), rc.cause_settings())
-        severity = causes.severity_for(cause, settings.severity)
         track = self.tracks.get(alert.target)
         extra = dict(track.target.labels) if track is not None else {}
-        labels = {**extra, "alertname": alert.alertname, "severity": severity, "target": alert.target,
+        return self._labelled(alert, cond, cause, why, extra, {"target": alert.target})
+
+    def _labelled(self, alert: Alert, cond: Condition, cause: str, why: str, extra: dict[str, str],
+                  identity: dict[str, str]) -> Alert:
+        """The alert with its labels (the targets' `extra` ones, then ours and what
+        `identity` names it by) and its annotations, for a target's alert and a version's."""
+        rc = self.config.rules
+        severity = causes.severity_for(cause, rc.rules[alert.alertname].severity)
+        labels = {**extra, "alertname": alert.alertname, "severity": severity, **identity,
                   "model_name": alert.model, "cause": cause}
         runbook = rc.runbook_url + "#" + RUNBOOK_ANCHORS[alert.alertname] if rc.runbook_url else ""
         description = cond.description + (f" Probable cause: {cause} ({why})." if why else "")

@@ -70,12 +70,7 @@ def analyze(members: Sequence[Member], model: str, version: str, baseline: str |
             min_query_tokens: float = 20000.0, drop_points: float = 0.25) -> Verdict:
     warm = [m for m in members if not m.cold]
     if baseline is None:
-        # the other version with the most traffic: during a rollout, the one being replaced
-        others: dict[str, float] = {}
-        for m in warm:
-            if m.version is not None and m.version != version:
-                others[m.version] = others.get(m.version, 0.0) + _tokens(m.stats)[1]
-        baseline = max(others, key=lambda v: (others[v], v)) if others else None
+        baseline = busiest_version(warm, other_than=version)
     old = [m for m in warm if baseline is not None and m.version == baseline]
     bh, bq, bn = _pool(old)
     missing = ""
@@ -83,6 +78,16 @@ def analyze(members: Sequence[Member], model: str, version: str, baseline: str |
         missing = (f"no baseline: no other version of {model} serves traffic" if baseline is None
                    else f"no warm replica of {model} runs the baseline {baseline}")
     return judge(members, model, version, baseline, bh / bq if bq > 0 else None, bq, bn, missing, min_query_tokens, drop_points)
+
+
+def busiest_version(members: Sequence[Member], other_than: str) -> str | None:
+    """The version, other than `other_than`, whose warm replicas served the most query
+    tokens: during a rollout, the one being replaced."""
+    tokens: dict[str, float] = {}
+    for m in members:
+        if not m.cold and m.version is not None and m.version != other_than:
+            tokens[m.version] = tokens.get(m.version, 0.0) + _tokens(m.stats)[1]
+    return max(tokens, key=lambda v: (tokens[v], v)) if tokens else None
 
 
 def judge(members: Sequence[Member], model: str, version: str, baseline: str | None, base_ratio: float | None,

@@ -17,8 +17,7 @@ from cheroot.ssl.builtin import BuiltinSSLAdapter
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from . import __version__
-from .config import AnalysisConfig
+from . import __version__, fleet
 from .deploys import API, DeployEvent
 from .scrape import redact_url
 from .state import State
@@ -332,13 +331,11 @@ class Server:
             self._thread.join(5.0)
 
 
-def analysis_handlers(verdict: Callable[[str, str, str | None], "fleet.Verdict"]) -> tuple[Handler, Handler]:
+def analysis_handlers(verdict: Callable[[str, str, str | None], fleet.Verdict]) -> tuple[Handler, Handler]:
     """GET /api/v1/analysis (Argo Rollouts' web metric provider) and POST
     /api/v1/analysis/flagger (a Flagger webhook), over `verdict(model, version, baseline)`.
     Both always answer JSON: Argo counts a body that is not JSON as a success."""
     from urllib.parse import parse_qs
-
-    from . import fleet
 
     def get(environ) -> tuple[int, str, bytes]:
         query = parse_qs(environ.get("QUERY_STRING", ""))

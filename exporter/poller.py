@@ -18,7 +18,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from . import scrape as scrape_results
 from .config import Config, Target
 from .discoverers import Discovery
-from .discovery import in_shard, merge
+from .discovery import polled
 from .scrape import Scraper
 from .state import State, TargetView
 from .vllm_metrics import parse
@@ -254,13 +254,12 @@ class Poller:
             self._install_discovery(config)
 
     def _targets_of(self, config: Config) -> tuple[Target, ...]:
-        merged, warnings = merge(config.targets, self.discovered)
+        targets, warnings = polled(config.targets, self.discovered, config.discovery.shard)
         if tuple(warnings) != self._merge_warnings:
             for w in warnings:
                 log.warning("discovery: %s", w)
             self._merge_warnings = tuple(warnings)
-        s = config.discovery.shard
-        return tuple(t for t in merged if in_shard(t, s.index, s.count, s.key_label))
+        return tuple(targets)
 
     def _install_discovery(self, config: Config) -> None:
         if self.discovery is not None and self.discovery.cfg == config.discovery:

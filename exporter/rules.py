@@ -176,7 +176,7 @@ def rule_drop_after_deploy(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condit
         return Condition(INCONCLUSIVE, None, f"Not enough traffic yet to judge deploy {who} on {f.target}",
                          f"Baseline {f.query_tokens(baseline):.0f} and post-deploy {f.query_tokens(after):.0f} query tokens; "
                          f"{s.min_query_tokens:.0f} needed in each.")
-    dropped = before_ratio - after_ratio >= s.drop_points or (after_ratio < s.below <= before_ratio)
+    dropped = _fell(before_ratio, after_ratio, s)
     if dropped and _hits_not_counted(f, after, replace(s, window=max(60.0, min(s.after, f.now - ev.t)))):
         dropped = False
     if anchored and not dropped and not _recovered(before_ratio, after_ratio, s):
@@ -199,7 +199,7 @@ def _against_fleet(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
     if f.query_tokens(after) < s.min_query_tokens or after_ratio is None:
         return Condition(INCONCLUSIVE, None, f"Not enough traffic yet to compare {f.target} with the fleet",
                          f"{f.query_tokens(after):.0f} query tokens since the cold start; {s.min_query_tokens:.0f} needed.")
-    dropped = before_ratio - after_ratio >= s.drop_points or (after_ratio < s.below <= before_ratio)
+    dropped = _fell(before_ratio, after_ratio, s)
     if f.anchor is not None and not dropped and not _recovered(before_ratio, after_ratio, s):
         dropped = True
     marker = DeployEvent(warm, f.target, "new pod", "fleet_baseline", "a pod new to the fleet")
@@ -210,6 +210,11 @@ def _against_fleet(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
                      f"The fleet served {before_ratio:.1%} of {f.model}'s prompt tokens from the cache before {f.target} "
                      f"started (Prometheus, fleet_baseline.query); {f.target} serves {after_ratio:.1%} since its cold start ended.",
                      cause=cause, anchor=warm)
+
+
+def _fell(before: float, after: float, s: RuleSettings) -> bool:
+    """A drop: `drop_points` or more, or from at least `below` to under it."""
+    return before - after >= s.drop_points or after < s.below <= before
 
 
 def _recovered(before: float, after: float, s: RuleSettings) -> bool:

@@ -11,7 +11,7 @@ from exporter.simulator import Event, Replica, Scenario
 from exporter.vllm_metrics import parse
 
 from conftest import free_port
-from fakeserver import FakeServer, reply, text
+from fakeserver import FakeServer, text
 
 START = 10_000.0
 MODEL = "demo/llama-3-8b"
