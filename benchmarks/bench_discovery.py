@@ -9,7 +9,6 @@ replicas left out) after an hour of polls of N targets, divided by N."""
 import argparse
 import gc
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -18,10 +17,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import requests
-import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_sidecar import free_port, measure  # noqa: E402
+from bench_sidecar import measure, start_fleet, start_sidecar_with  # noqa: E402
 
 from exporter import simulator  # noqa: E402
 from exporter.config import load  # noqa: E402
@@ -34,11 +32,9 @@ GOAL_CPU, GOAL_KIB = 0.60, 150.0
 def start_fleets(targets: int, per_process: int, rate: float):
     procs, urls = [], []
     for start in range(0, targets, per_process):
-        n = min(per_process, targets - start)
-        proc = subprocess.Popen([sys.executable, "-m", "exporter", "simulate", f"--replicas={n}", f"--rate={rate}"],
-                                stdout=subprocess.PIPE, text=True)
+        proc, more = start_fleet(min(per_process, targets - start), rate)
         procs.append(proc)
-        urls += json.loads(proc.stdout.readline())["targets"]
+        urls += more
     return procs, urls
 
 
@@ -56,21 +52,9 @@ def bench_discovered(targets: int, seconds: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         sd = Path(tmp) / "sd.json"
         file_sd(urls, sd)
-        port = free_port()
-        cfg = Path(tmp) / "config.yml"
-        cfg.write_text(yaml.safe_dump({"global": {"poll_interval": "5s"}, "discovery": {"file_sd": {"files": [str(sd)]}}}))
-        sidecar = subprocess.Popen([sys.executable, "-m", "exporter", "run", f"--config.file={cfg}",
-                                    f"--web.listen-address=127.0.0.1:{port}", "--log.level=warning"])
-        url = f"http://127.0.0.1:{port}"
+        sidecar, url = start_sidecar_with({"global": {"poll_interval": "5s"}, "discovery": {"file_sd": {"files": [str(sd)]}}},
+                                          Path(tmp), ready_within=120.0)
         try:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                try:
-                    if requests.get(url + "/-/ready", timeout=2).status_code == 200:
-                        break
-                except requests.ConnectionError:
-                    pass
-                time.sleep(0.5)
             time.sleep(10)
             cpu, peak, _ = measure(sidecar, url, seconds)
             text = requests.get(url + "/metrics", timeout=30).text

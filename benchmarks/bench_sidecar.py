@@ -41,20 +41,27 @@ def start_fleet(replicas: int, rate: float):
 
 
 def start_sidecar(targets, workdir: Path, poll: str = "5s"):
-    port = free_port()
     cfg = {"global": {"poll_interval": poll}, "targets": [{"name": f"vllm-{i}", "url": u} for i, u in enumerate(targets)]}
+    return start_sidecar_with(cfg, workdir)
+
+
+def start_sidecar_with(cfg: dict, workdir: Path, ready_within: float = 20.0):
+    """`vllm-prefix-cache-exporter run` with this config, once its /-/ready answers 200."""
+    port = free_port()
     path = workdir / "config.yml"
     path.write_text(yaml.safe_dump(cfg))
     proc = subprocess.Popen([sys.executable, "-m", "exporter", "run", f"--config.file={path}",
                              f"--web.listen-address=127.0.0.1:{port}", "--log.level=warning"])
     url = f"http://127.0.0.1:{port}"
-    for _ in range(200):
+    deadline = time.monotonic() + ready_within
+    while time.monotonic() < deadline:
         try:
-            if requests.get(url + "/-/ready", timeout=1).status_code == 200:
+            if requests.get(url + "/-/ready", timeout=2).status_code == 200:
                 return proc, url
         except requests.ConnectionError:
             pass
         time.sleep(0.1)
+    proc.terminate()
     raise RuntimeError("sidecar did not become ready")
 
 
