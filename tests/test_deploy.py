@@ -34,6 +34,38 @@ def test_dockerfile_shape():
     assert ignore[0] == "*" and "!exporter/" in ignore
 
 
+def _ignored(path, patterns):
+    """Docker's rule: the last pattern that matches the path or one of its parent
+    directories decides; a `!` pattern takes the path back into the context."""
+    import fnmatch
+    parts = path.split("/")
+    prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    verdict = False
+    for pattern in patterns:
+        negated = pattern.startswith("!")
+        glob = pattern.lstrip("!").strip("/")
+        globs = {glob, glob.replace("**/", "")}  # `**/` also matches no directory at all
+        if any(fnmatch.fnmatchcase(prefix, g) for prefix in prefixes for g in globs):
+            verdict = not negated
+    return verdict
+
+
+def test_every_file_the_dockerfile_copies_is_in_the_build_context():
+    """A COPY of a file that .dockerignore leaves out fails the build (it did, for
+    requirements.lock and LICENSE, while only hadolint looked at the Dockerfile)."""
+    patterns = [l.strip() for l in (ROOT / ".dockerignore").read_text().splitlines() if l.strip() and not l.startswith("#")]
+    sources = []
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        words = line.split()
+        if words[:1] == ["COPY"] and not any(w.startswith("--from") for w in words):
+            sources += [w for w in words[1:-1] if not w.startswith("--")]
+    assert "requirements.lock" in sources and "LICENSE" in sources
+    for source in sources:
+        assert (ROOT / source).exists(), source
+        assert not _ignored(source, patterns), f"{source} is copied by the Dockerfile but left out by .dockerignore"
+    assert _ignored("tests/test_deploy.py", patterns) and _ignored("exporter/__pycache__/cli.pyc", patterns)
+
+
 def build(variant):
     kubectl = require_binary("kubectl")
     out = subprocess.run([kubectl, "kustomize", str(DEPLOY / variant)], capture_output=True, text=True, timeout=120)
