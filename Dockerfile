@@ -6,15 +6,21 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-RUN python -m venv /opt/venv
-# dependencies first, from hash-locked pins: this layer is rebuilt only when the lock changes
-COPY requirements.lock /tmp/requirements.lock
-RUN /opt/venv/bin/pip install --no-cache-dir --require-hashes --no-deps -r /tmp/requirements.lock
-# then the code (no dependency resolution here: the lock above is the whole set)
+# everything pip fetches comes from hash-locked pins: the build backend (setuptools) into
+# a throwaway venv, the runtime dependencies into the image's venv. This layer is rebuilt
+# only when a lock changes.
+COPY requirements.lock requirements-build.lock /tmp/
+RUN python -m venv /opt/build \
+ && /opt/build/bin/pip install --no-cache-dir --require-hashes --no-deps -r /tmp/requirements-build.lock \
+ && python -m venv /opt/venv \
+ && /opt/venv/bin/pip install --no-cache-dir --require-hashes --no-deps -r /tmp/requirements.lock
+# then the code, built with the locked backend (no build isolation, so nothing unpinned
+# is downloaded) and installed without dependency resolution: the lock is the whole set
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
 COPY exporter ./exporter
-RUN /opt/venv/bin/pip install --no-cache-dir --no-deps .
+RUN /opt/build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /tmp/dist . \
+ && /opt/venv/bin/pip install --no-cache-dir --no-deps /tmp/dist/*.whl
 
 FROM ${PYTHON_IMAGE}
 ARG PYTHON_IMAGE
