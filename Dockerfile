@@ -1,9 +1,13 @@
 # vllm-prefix-cache-exporter: the sidecar image.
 # Build: docker build -t vllm-prefix-cache-exporter:0.1.0 .
-# CI (.github/workflows/image.yml) builds amd64 and arm64 from the base image pinned by
-# the digest it resolves for PYTHON_IMAGE, and records that digest in the image labels.
 # Runs as a non-root user with a read-only root filesystem; writes nothing to disk.
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+#
+# The base is pinned by the digest of its multi-platform index (linux/amd64 and
+# linux/arm64 among its platforms), as docker-library/repo-info recorded it for
+# python:3.11.16-slim-bookworm (build of 2026-09-01). CI (.github/workflows/image.yml)
+# checks that the digest resolves with both platforms and warns when the
+# python:3.11-slim-bookworm tag has moved on, which is when to bump it here.
+ARG PYTHON_IMAGE=python:3.11.16-slim-bookworm@sha256:c425d915a89a6dcd3183b1797ad9bd8878caff5a417f6371c8df93c8ea8b727f
 
 FROM ${PYTHON_IMAGE} AS build
 # everything pip fetches comes from hash-locked pins: the build backend (setuptools) into

@@ -337,6 +337,47 @@ def test_the_image_workflow_builds_both_architectures_pushes_on_tags_and_pins_th
     assert "imagetools inspect" in pin["run"] and "sha256:" in pin["run"]
 
 
+def test_the_dockerfile_pins_its_base_by_digest():
+    import re
+    (default,) = re.findall(r"^ARG PYTHON_IMAGE=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M)
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm@sha256:[0-9a-f]{64}", default), default
+
+
+def _base_check(tmp_path, platforms, latest):
+    """Runs the workflow's base-image step with a docker on PATH that answers imagetools
+    inspect as a registry would: the pinned index's platforms, the tag's digest now."""
+    wf = yaml.safe_load((ROOT / ".github" / "workflows" / "image.yml").read_text())
+    job = wf["jobs"]["image"]
+    (step,) = [s for s in job["steps"] if s.get("id") == "base"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "docker").write_text(
+        "#!/bin/sh\n"
+        "case \"$4\" in *@sha256:*) printf '%s' \"$PLATFORMS\" ;; *) printf '\"%s\"' \"$LATEST\" ;; esac\n")
+    (bin_dir / "docker").chmod(0o755)
+    output = tmp_path / "output"
+    output.write_text("")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PLATFORMS": platforms, "LATEST": latest,
+           "GITHUB_OUTPUT": str(output), "PYTHON_TAG": job["env"]["PYTHON_TAG"]}
+    out = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+    return out, output.read_text()
+
+
+def test_the_base_image_check_passes_the_pinned_index_and_warns_when_the_tag_moved(tmp_path):
+    import re
+    pinned = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M).group(1)
+    every = "linux/amd64 unknown/unknown linux/arm linux/arm64 linux/386 linux/ppc64le "
+    out, output = _base_check(tmp_path, every, pinned.split("@")[1])
+    assert out.returncode == 0 and output == f"image={pinned}\n" and "::warning" not in out.stdout, out.stdout + out.stderr
+    out, output = _base_check(tmp_path, every, "sha256:" + "0" * 64)
+    assert out.returncode == 0 and "::warning" in out.stdout and "bump PYTHON_IMAGE" in out.stdout
+
+
+def test_the_base_image_check_fails_an_index_without_arm64(tmp_path):
+    out, output = _base_check(tmp_path, "linux/amd64 unknown/unknown ", "sha256:" + "0" * 64)
+    assert out.returncode == 1 and "has no linux/arm64" in out.stdout and output == ""
+
+
 def test_the_dockerfile_installs_hash_locked_dependencies_before_the_code():
     lines = [line for line in (ROOT / "Dockerfile").read_text().splitlines() if line and not line.startswith("#")]
     lock_install = next(i for i, line in enumerate(lines) if "--require-hashes" in line)

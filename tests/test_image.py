@@ -117,6 +117,9 @@ def test_the_venv_holds_exactly_the_locked_dependencies_and_the_package(built):
     buildah, _ = built
     container = buildah("from", IMAGE).strip()
     try:
+        pinned_minor = re.search(r"^ARG PYTHON_IMAGE=python:(3\.\d+)\.", (ROOT / "Dockerfile").read_text(), re.M).group(1)
+        version = buildah("run", "--isolation", "chroot", container, "--", "/opt/venv/bin/python", "--version")
+        assert version.startswith(f"Python {pinned_minor}."), f"the stand-in runs {version}, the pinned base {pinned_minor}"
         check = buildah("run", "--isolation", "chroot", container, "--", "/opt/venv/bin/pip", "check")
         assert "No broken requirements found" in check
         listed = buildah("run", "--isolation", "chroot", container, "--", "/opt/venv/bin/pip", "list", "--format", "json")
