@@ -968,6 +968,7 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
     running_of = view.running if latest else {}
     by_model, unit_of_model = layout.by_model, layout.unit_of_model
     blocks = block_size or 16
+    increases = [d if d == d else None for d in delta]  # one pass for every series; a model slices its own
     out = {}
     for model in models:
         keys = by_model.get(model)
@@ -975,7 +976,7 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
             continue
         if len(keys) == 1:
             base = position[keys[0]] * n
-            increase = [d if d == d else None for d in delta[base:base + n]]
+            increase = increases[base:base + n]
         else:
             totals = [0.0] * n
             seen = [False] * n
