@@ -187,6 +187,17 @@ def test_the_image_comes_from_the_kustomize_images_entry(variant):
     assert images == {f"{entry['newName']}:{entry['newTag']}"}
 
 
+def test_every_kustomize_images_entry_names_the_tag_the_workflow_pushes_for_this_version():
+    """The workflow pushes ghcr.io/<repository>:<version> on tag v<version>; a release that
+    bumps pyproject.toml and forgets a kustomization would deploy the old image."""
+    import tomllib
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    entries = [e for k in sorted(DEPLOY.rglob("kustomization.yaml")) for e in yaml.safe_load(k.read_text()).get("images", [])
+               if e["name"] == "vllm-prefix-cache-exporter"]
+    assert len(entries) >= 4
+    assert {(e["newName"], e["newTag"]) for e in entries} == {("ghcr.io/vllm-prefix-cache-exporter/vllm-prefix-cache-exporter", version)}
+
+
 SCHEMAS = ROOT.parent / "shared" / "schemas"
 CRDS = {("PodMonitor", "monitoring.coreos.com"): "monitoring.coreos.com_podmonitors.yaml",
         ("ServiceMonitor", "monitoring.coreos.com"): "monitoring.coreos.com_servicemonitors.yaml",
