@@ -1,5 +1,6 @@
 """Dockerfile and Kubernetes manifests: hadolint, kustomize builds validated with
 kubernetes-validate --strict, CRD objects checked for their required fields."""
+import os
 import shutil
 import subprocess
 import sys
@@ -187,6 +188,37 @@ def test_the_image_comes_from_the_kustomize_images_entry(variant):
     assert images == {f"{entry['newName']}:{entry['newTag']}"}
 
 
+PUSHED_IMAGE = "ghcr.io/vllm-prefix-cache-exporter/vllm-prefix-cache-exporter"
+
+
+@pytest.mark.parametrize("base, component", [
+    pytest.param("sidecar", None, id="sidecar-variant"),
+    pytest.param("central", None, id="central-variant"),
+    pytest.param("examples/production-stack/deployment.yaml", "components/attach-sidecar", id="attach-sidecar"),
+    pytest.param("examples/production-stack/deployment.yaml", "components/attach-native-sidecar", id="attach-native-sidecar"),
+])
+def test_a_users_overlay_changes_the_image_by_the_pushed_name(base, component, tmp_path):
+    """What the README tells a user with a mirror: `kustomize edit set image` by the pushed
+    name. The name `vllm-prefix-cache-exporter` is gone by the time a user's images entry
+    runs (the variant's or component's entry has already replaced it)."""
+    kubectl = require_binary("kubectl")
+    overlay = {"resources": [], "images": [{"name": PUSHED_IMAGE, "newName": "registry.example/mirror/exporter", "newTag": "9.9.9"}]}
+    if base.endswith(".yaml"):
+        (tmp_path / "deployment.yaml").write_text((DEPLOY / base).read_text())
+        overlay["resources"].append("deployment.yaml")
+    else:
+        overlay["resources"].append(os.path.relpath(DEPLOY / base, tmp_path))  # kustomize wants relative roots
+    if component:
+        overlay["components"] = [os.path.relpath(DEPLOY / component, tmp_path)]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    out = subprocess.run([kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    pods = [d["spec"]["template"]["spec"] for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "Deployment"]
+    images = {c["image"] for pod in pods for c in pod["containers"] + pod.get("initContainers", [])
+              if c["name"] == "prefix-cache-exporter"}
+    assert images == {"registry.example/mirror/exporter:9.9.9"}
+
+
 def test_every_kustomize_images_entry_names_the_tag_the_workflow_pushes_for_this_version():
     """The workflow pushes ghcr.io/<repository>:<version> on tag v<version>; a release that
     bumps pyproject.toml and forgets a kustomization would deploy the old image."""
@@ -195,7 +227,7 @@ def test_every_kustomize_images_entry_names_the_tag_the_workflow_pushes_for_this
     entries = [e for k in sorted(DEPLOY.rglob("kustomization.yaml")) for e in yaml.safe_load(k.read_text()).get("images", [])
                if e["name"] == "vllm-prefix-cache-exporter"]
     assert len(entries) >= 4
-    assert {(e["newName"], e["newTag"]) for e in entries} == {("ghcr.io/vllm-prefix-cache-exporter/vllm-prefix-cache-exporter", version)}
+    assert {(e["newName"], e["newTag"]) for e in entries} == {(PUSHED_IMAGE, version)}
 
 
 SCHEMAS = ROOT.parent / "shared" / "schemas"
