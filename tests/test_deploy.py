@@ -265,6 +265,34 @@ def test_the_kube_prometheus_stack_component_labels_what_the_chart_selects():
     assert all("release" not in d["metadata"].get("labels", {}) for d in docs if d not in monitoring)
 
 
+@pytest.mark.parametrize("attach", ["attach-sidecar", "attach-native-sidecar"])
+def test_the_readmes_five_minute_recipe_builds_for_a_users_deployment(attach, tmp_path):
+    """README, kube-prometheus-stack in 5 minutes, step 2, followed literally: the user's
+    Deployment, deploy/kubernetes/base and a copy of our PodMonitor (which has no labels of
+    its own), with the attach, relay and kube-prometheus-stack components."""
+    kubectl = require_binary("kubectl")
+    import jsonschema
+    (tmp_path / "deployment.yaml").write_text((DEPLOY / "examples" / "production-stack" / "deployment.yaml").read_text())
+    (tmp_path / "podmonitor.yaml").write_text((DEPLOY / "sidecar" / "podmonitor.yaml").read_text())
+    rel = os.path.relpath(DEPLOY, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": ["deployment.yaml", f"{rel}/base", "podmonitor.yaml"],
+        "components": [f"{rel}/components/{attach}", f"{rel}/components/relay", f"{rel}/components/kube-prometheus-stack"],
+    }))
+    out = subprocess.run([kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    monitoring = [d for d in docs if "monitoring.coreos.com" in d["apiVersion"]]
+    assert sorted(d["kind"] for d in monitoring) == ["PodMonitor", "PrometheusRule", "PrometheusRule"]
+    assert all(d["metadata"]["labels"]["release"] == "kube-prometheus-stack" for d in monitoring)
+    for doc in monitoring:
+        assert not list(jsonschema.Draft7Validator(crd_schema(doc["kind"], doc["apiVersion"])).iter_errors(doc))
+    attached = [c["name"] for d in docs if d["kind"] == "Deployment"
+                for c in d["spec"]["template"]["spec"]["containers"] + d["spec"]["template"]["spec"].get("initContainers", [])
+                if c["name"] == "prefix-cache-exporter"]
+    assert attached == ["prefix-cache-exporter"]
+
+
 def test_a_schema_violation_is_caught():
     """The validation is real: a PodMonitor with a wrong field type fails it."""
     import jsonschema
