@@ -246,7 +246,7 @@ def crd_schema(kind: str, api_version: str) -> dict:
     return v["schema"]["openAPIV3Schema"]
 
 
-@pytest.mark.parametrize("variant", VARIANTS + ["examples/kube-prometheus-stack"])
+@pytest.mark.parametrize("variant", VARIANTS + ["examples/kube-prometheus-stack", "examples/production-stack", "examples/llm-d"])
 def test_every_custom_resource_validates_against_its_upstream_crd(variant):
     import jsonschema
     custom = [d for d in build(variant) if "monitoring.coreos.com" in d["apiVersion"]]
@@ -273,24 +273,34 @@ def test_the_readmes_five_minute_recipe_builds_for_a_users_deployment(attach, tm
     kubectl = require_binary("kubectl")
     import jsonschema
     (tmp_path / "deployment.yaml").write_text((DEPLOY / "examples" / "production-stack" / "deployment.yaml").read_text())
-    (tmp_path / "podmonitor.yaml").write_text((DEPLOY / "sidecar" / "podmonitor.yaml").read_text())
     rel = os.path.relpath(DEPLOY, tmp_path)
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
-        "resources": ["deployment.yaml", f"{rel}/base", "podmonitor.yaml"],
-        "components": [f"{rel}/components/{attach}", f"{rel}/components/relay", f"{rel}/components/kube-prometheus-stack"],
+        "resources": ["deployment.yaml", f"{rel}/base"],
+        "components": [f"{rel}/components/{c}" for c in (attach, "attach-podmonitor", "relay", "kube-prometheus-stack")],
     }))
     out = subprocess.run([kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]
     monitoring = [d for d in docs if "monitoring.coreos.com" in d["apiVersion"]]
-    assert sorted(d["kind"] for d in monitoring) == ["PodMonitor", "PrometheusRule", "PrometheusRule"]
+    assert sorted(d["kind"] for d in monitoring) == ["PodMonitor", "PrometheusRule", "PrometheusRule"]  # ours, rules, relay
     assert all(d["metadata"]["labels"]["release"] == "kube-prometheus-stack" for d in monitoring)
     for doc in monitoring:
         assert not list(jsonschema.Draft7Validator(crd_schema(doc["kind"], doc["apiVersion"])).iter_errors(doc))
-    attached = [c["name"] for d in docs if d["kind"] == "Deployment"
+    attached = [(d["spec"]["template"]["metadata"]["labels"], c) for d in docs if d["kind"] == "Deployment"
                 for c in d["spec"]["template"]["spec"]["containers"] + d["spec"]["template"]["spec"].get("initContainers", [])
                 if c["name"] == "prefix-cache-exporter"]
-    assert attached == ["prefix-cache-exporter"]
+    assert len(attached) == 1
+    _assert_scraped_by_its_podmonitor(*attached[0], monitoring)
+
+
+def _assert_scraped_by_its_podmonitor(pod_labels, sidecar, monitoring):
+    """The PodMonitor selects the pod and names a port the sidecar has, as job
+    vllm-prefix-cache-exporter: what Prometheus would find, without a cluster."""
+    (pm,) = [d for d in monitoring if d["kind"] == "PodMonitor" and d["metadata"]["name"] == "vllm-prefix-cache-exporter-attached"]
+    assert pm["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] in {p["name"] for p in sidecar["ports"]}
+    assert {"targetLabel": "job", "replacement": "vllm-prefix-cache-exporter"} in endpoint["relabelings"]
 
 
 def test_a_schema_violation_is_caught():
@@ -356,6 +366,9 @@ def test_the_attach_components_add_the_sidecar_and_leave_the_users_containers_al
         (sidecar,) = [c for c in where if c["name"] == "prefix-cache-exporter"]
         assert (sidecar.get("restartPolicy") == "Always") == native
         assert sidecar["image"].startswith("ghcr.io/vllm-prefix-cache-exporter/") and ":" in sidecar["image"]
+        assert built[name]["spec"]["selector"] == original["spec"]["selector"]
+        _assert_scraped_by_its_podmonitor(built[name]["spec"]["template"]["metadata"]["labels"], sidecar,
+                                          [d for d in docs if "monitoring.coreos.com" in d["apiVersion"]])
         volumes = {v["name"]: v for v in pod["volumes"]}
         config_map = volumes["prefix-cache-exporter-config"]["configMap"]["name"]
         (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == config_map]
