@@ -203,42 +203,15 @@ class _Running:
             self.syy += sign * y * y
 
     def update(self, log: ModelLog, i: int, now: float) -> None:
-        """Entry i was just appended at `now`. (`add` inlined: this runs per model,
-        window and poll.)"""
-        x, y = log.x[i], log.y[i]
-        if x == x and y == y:
-            self.n += 1.0
-            self.sx += x
-            self.sy += y
-            self.sxy += x * y
-            self.sxx += x * x
-            self.syy += y * y
-        edge = now - self.seconds
-        t_start, lo = log.t_start, self.lo_start
-        while lo <= i and t_start[lo] <= edge:
-            x, y = log.x[lo], log.y[lo]
-            if x == x and y == y:
-                self.n -= 1.0
-                self.sx -= x
-                self.sy -= y
-                self.sxy -= x * y
-                self.sxx -= x * x
-                self.syy -= y * y
-            lo += 1
-            self.removed += 1
-        self.lo_start = lo
-        kv = log.kv[i]
-        if kv == kv:
-            while self.kv and self.kv[-1][1] <= kv:
-                self.kv.pop()
-            self.kv.append((log.t[i], kv))
-        while self.kv and self.kv[0][0] <= edge:
-            self.kv.popleft()
-        if self.removed >= 512:  # bound the drift of add-and-subtract
-            self.removed = 0
-            self.n = self.sx = self.sy = self.sxy = self.sxx = self.syy = 0.0
-            for j in range(self.lo_start, i + 1):
-                self.add(log.x[j], log.y[j])
+        """Entry i was just appended at `now`."""
+        _advance((self,), log, i, now)
+
+    def rebuild(self, log: ModelLog, i: int) -> None:
+        """The sums afresh from the window's entries: bounds the drift of add-and-subtract."""
+        self.removed = 0
+        self.n = self.sx = self.sy = self.sxy = self.sxx = self.syy = 0.0
+        for j in range(self.lo_start, i + 1):
+            self.add(log.x[j], log.y[j])
 
     def shift(self, by: int) -> None:
         self.lo_start -= by
@@ -248,6 +221,47 @@ class _Running:
 
     def kv_max(self) -> float | None:
         return self.kv[0][1] if self.kv else None
+
+
+def _advance(runs, log: ModelLog, i: int, now: float) -> None:
+    """Entry i was just appended at `now`: every window's running sums take it in and let
+    go of the entries that slid out. One call for all windows of a model, reading the entry
+    once (`_Running.add` inlined): this runs per model and poll."""
+    x, y, kv, t = log.x[i], log.y[i], log.kv[i], log.t[i]
+    valid = x == x and y == y
+    xy, xx, yy = x * y, x * x, y * y
+    t_start, xs, ys = log.t_start, log.x, log.y
+    for r in runs:
+        if valid:
+            r.n += 1.0
+            r.sx += x
+            r.sy += y
+            r.sxy += xy
+            r.sxx += xx
+            r.syy += yy
+        edge = now - r.seconds
+        lo = r.lo_start
+        while lo <= i and t_start[lo] <= edge:
+            ox, oy = xs[lo], ys[lo]
+            if ox == ox and oy == oy:
+                r.n -= 1.0
+                r.sx -= ox
+                r.sy -= oy
+                r.sxy -= ox * oy
+                r.sxx -= ox * ox
+                r.syy -= oy * oy
+            lo += 1
+            r.removed += 1
+        r.lo_start = lo
+        peaks = r.kv
+        if kv == kv:
+            while peaks and peaks[-1][1] <= kv:
+                peaks.pop()
+            peaks.append((t, kv))
+        while peaks and peaks[0][0] <= edge:
+            peaks.popleft()
+        if r.removed >= 512:
+            r.rebuild(log, i)
 
 
 def _fit(n, sx, sy, sxy, sxx, syy) -> tuple[float, float] | None:
@@ -425,8 +439,7 @@ class History:
             running = self.running.get(model)
             if running is None:
                 running = self.running[model] = {w: _Running(w, len(log) - 1) for w in self.windows}
-            for r in running.values():
-                r.update(log, len(log) - 1, cur.t)
+            _advance(running.values(), log, len(log) - 1, cur.t)
 
     # Reset adjustment, vectorised over the layout: `_prev` holds the last raw value of
     # every slot (-inf for gauges, which are never adjusted), `_add` what resets added.
