@@ -257,8 +257,17 @@ def test_every_custom_resource_validates_against_its_upstream_crd(variant):
         assert not errors, (doc["kind"], [f"{list(e.path)}: {e.message}" for e in errors])
 
 
-def test_the_kube_prometheus_stack_component_labels_what_the_chart_selects():
-    docs = build("examples/kube-prometheus-stack")
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_kube_prometheus_stack_component_labels_what_the_chart_selects(variant, tmp_path):
+    if variant == "sidecar":
+        docs = build("examples/kube-prometheus-stack")
+    else:
+        rel = os.path.relpath(DEPLOY, tmp_path)
+        (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+            "resources": [f"{rel}/{variant}"], "components": [f"{rel}/components/kube-prometheus-stack"]}))
+        out = subprocess.run([require_binary("kubectl"), "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        docs = [d for d in yaml.safe_load_all(out.stdout) if d]
     monitoring = [d for d in docs if "monitoring.coreos.com" in d["apiVersion"]]
     assert {d["kind"] for d in monitoring} == {"PodMonitor", "PrometheusRule"}
     assert all(d["metadata"]["labels"]["release"] == "kube-prometheus-stack" for d in monitoring)
