@@ -357,6 +357,7 @@ class History:
         self._offset: dict[tuple, float] = {}
         self._prev = array("d")
         self._add = array("d")
+        self._offsets = False  # whether any slot of _add is not 0: the usual poll skips adding
         self.logs: dict[str, ModelLog] = {}
         self.running: dict[str, dict[float, _Running]] = {}
         self._view: Samples | None = None
@@ -450,7 +451,9 @@ class History:
         if True in map(lt, raw, prev):  # a counter went down: a reset (rare)
             for i in [i for i, down in enumerate(map(lt, raw, prev)) if down]:
                 add[i] += prev[i]
-        flat = array("d", list(map(operator_add, raw, add)))  # from a list: sized exactly, kept for an hour
+            self._offsets = True
+        # sized exactly, kept for an hour; a copy alone while no counter of the layout was reset
+        flat = array("d", list(map(operator_add, raw, add))) if self._offsets else raw[:]
         new_prev = raw
         # a value absent this time (NaN) keeps the last one seen; compress walks only the NaNs
         for i in compress(range(len(raw)), map(ne, raw, raw)):
@@ -490,6 +493,7 @@ class History:
             prev[pos] = -math.inf
             add[pos] = 0.0
         self._prev, self._add = prev, add
+        self._offsets = any(add)
 
     def _prune(self, now: float) -> None:
         samples = self._samples

@@ -85,6 +85,18 @@ def test_hit_ratio_over_a_window_with_a_reset():
     assert ws.query_rate == pytest.approx(2500 / 30)
 
 
+def test_a_reset_before_a_new_series_appears_keeps_its_offset_across_the_layout_change():
+    """Reset offsets are per slot: a new model (a new layout) must neither drop the offset
+    of a reset counter nor invent one where there was no reset."""
+    other = snap(100, 50, model="n").series[0]
+    h = history_of([(0, snap(1000, 800)), (10, snap(2000, 1700)), (20, snap(500, 400)),
+                    (30, snap(1500, 1300, extra=[other])), (40, snap(2500, 2200, extra=[snap(300, 250, model="n").series[0]]))])
+    ws = window_stats(h.samples(), "m", 40, "1m", 60, min_query_tokens=100)
+    assert (ws.query_increase, ws.hit_increase) == (3500, 3100)  # 1000 + 500 + 1000 + 1000; 900 + 400 + 900 + 900
+    ws = window_stats(h.samples(), "n", 40, "1m", 60, min_query_tokens=100)
+    assert (ws.query_increase, ws.hit_increase) == (200, 200)
+
+
 @pytest.mark.parametrize("points, min_tokens", [
     pytest.param([(0, snap(1000, 800))], 1, id="single-sample"),
     pytest.param([(0, snap(1000, 800)), (10, snap(1000, 800))], 1, id="zero-queries"),
