@@ -67,11 +67,36 @@ def test_every_file_the_dockerfile_copies_is_in_the_build_context():
     assert _ignored("tests/test_deploy.py", patterns) and _ignored("exporter/__pycache__/cli.pyc", patterns)
 
 
-def build(variant):
+def _kustomize(path: Path) -> list[dict]:
     kubectl = require_binary("kubectl")
-    out = subprocess.run([kubectl, "kustomize", str(DEPLOY / variant)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def build(variant):
+    return _kustomize(DEPLOY / variant)
+
+
+def build_overlay(tmp_path: Path, resources=(), components=(), own=(), **fields) -> list[dict]:
+    """A user's kustomization in tmp_path, built: `resources` and `components` are paths
+    under deploy/kubernetes (made relative: kustomize refuses absolute roots), `own` files
+    of it copied beside the kustomization as the user's own resources."""
+    rel = os.path.relpath(DEPLOY, tmp_path)
+    for path in own:
+        (tmp_path / Path(path).name).write_text((DEPLOY / path).read_text())
+    kustomization = {"resources": [Path(p).name for p in own] + [f"{rel}/{p}" for p in resources], **fields}
+    if components:
+        kustomization["components"] = [f"{rel}/{c}" for c in components]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return _kustomize(tmp_path)
+
+
+def _exporter_containers(docs) -> list[tuple[dict, dict]]:
+    """(the pod's labels, the container) of every sidecar of ours in the Deployments."""
+    return [(d["spec"]["template"]["metadata"].get("labels", {}), c) for d in docs if d["kind"] == "Deployment"
+            for c in d["spec"]["template"]["spec"]["containers"] + d["spec"]["template"]["spec"].get("initContainers", [])
+            if c["name"] == "prefix-cache-exporter"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -201,22 +226,10 @@ def test_a_users_overlay_changes_the_image_by_the_pushed_name(base, component, t
     """What the README tells a user with a mirror: `kustomize edit set image` by the pushed
     name. The name `vllm-prefix-cache-exporter` is gone by the time a user's images entry
     runs (the variant's or component's entry has already replaced it)."""
-    kubectl = require_binary("kubectl")
-    overlay = {"resources": [], "images": [{"name": PUSHED_IMAGE, "newName": "registry.example/mirror/exporter", "newTag": "9.9.9"}]}
-    if base.endswith(".yaml"):
-        (tmp_path / "deployment.yaml").write_text((DEPLOY / base).read_text())
-        overlay["resources"].append("deployment.yaml")
-    else:
-        overlay["resources"].append(os.path.relpath(DEPLOY / base, tmp_path))  # kustomize wants relative roots
-    if component:
-        overlay["components"] = [os.path.relpath(DEPLOY / component, tmp_path)]
-    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
-    out = subprocess.run([kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    pods = [d["spec"]["template"]["spec"] for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "Deployment"]
-    images = {c["image"] for pod in pods for c in pod["containers"] + pod.get("initContainers", [])
-              if c["name"] == "prefix-cache-exporter"}
-    assert images == {"registry.example/mirror/exporter:9.9.9"}
+    own = (base,) if base.endswith(".yaml") else ()
+    docs = build_overlay(tmp_path, resources=() if own else (base,), components=(component,) if component else (), own=own,
+                         images=[{"name": PUSHED_IMAGE, "newName": "registry.example/mirror/exporter", "newTag": "9.9.9"}])
+    assert {c["image"] for _, c in _exporter_containers(docs)} == {"registry.example/mirror/exporter:9.9.9"}
 
 
 def test_every_kustomize_images_entry_names_the_tag_the_workflow_pushes_for_this_version():
@@ -262,12 +275,7 @@ def test_the_kube_prometheus_stack_component_labels_what_the_chart_selects(varia
     if variant == "sidecar":
         docs = build("examples/kube-prometheus-stack")
     else:
-        rel = os.path.relpath(DEPLOY, tmp_path)
-        (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
-            "resources": [f"{rel}/{variant}"], "components": [f"{rel}/components/kube-prometheus-stack"]}))
-        out = subprocess.run([require_binary("kubectl"), "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr
-        docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+        docs = build_overlay(tmp_path, resources=(variant,), components=("components/kube-prometheus-stack",))
     monitoring = [d for d in docs if "monitoring.coreos.com" in d["apiVersion"]]
     assert {d["kind"] for d in monitoring} == {"PodMonitor", "PrometheusRule"}
     assert all(d["metadata"]["labels"]["release"] == "kube-prometheus-stack" for d in monitoring)
@@ -277,27 +285,17 @@ def test_the_kube_prometheus_stack_component_labels_what_the_chart_selects(varia
 @pytest.mark.parametrize("attach", ["attach-sidecar", "attach-native-sidecar"])
 def test_the_readmes_five_minute_recipe_builds_for_a_users_deployment(attach, tmp_path):
     """README, kube-prometheus-stack in 5 minutes, step 2, followed literally: the user's
-    Deployment, deploy/kubernetes/base and a copy of our PodMonitor (which has no labels of
-    its own), with the attach, relay and kube-prometheus-stack components."""
-    kubectl = require_binary("kubectl")
+    Deployment and deploy/kubernetes/base, with the attach, attach-podmonitor, relay and
+    kube-prometheus-stack components."""
     import jsonschema
-    (tmp_path / "deployment.yaml").write_text((DEPLOY / "examples" / "production-stack" / "deployment.yaml").read_text())
-    rel = os.path.relpath(DEPLOY, tmp_path)
-    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
-        "resources": ["deployment.yaml", f"{rel}/base"],
-        "components": [f"{rel}/components/{c}" for c in (attach, "attach-podmonitor", "relay", "kube-prometheus-stack")],
-    }))
-    out = subprocess.run([kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    docs = build_overlay(tmp_path, resources=("base",), own=("examples/production-stack/deployment.yaml",),
+                         components=[f"components/{c}" for c in (attach, "attach-podmonitor", "relay", "kube-prometheus-stack")])
     monitoring = [d for d in docs if "monitoring.coreos.com" in d["apiVersion"]]
     assert sorted(d["kind"] for d in monitoring) == ["PodMonitor", "PrometheusRule", "PrometheusRule"]  # ours, rules, relay
     assert all(d["metadata"]["labels"]["release"] == "kube-prometheus-stack" for d in monitoring)
     for doc in monitoring:
         assert not list(jsonschema.Draft7Validator(crd_schema(doc["kind"], doc["apiVersion"])).iter_errors(doc))
-    attached = [(d["spec"]["template"]["metadata"]["labels"], c) for d in docs if d["kind"] == "Deployment"
-                for c in d["spec"]["template"]["spec"]["containers"] + d["spec"]["template"]["spec"].get("initContainers", [])
-                if c["name"] == "prefix-cache-exporter"]
+    attached = _exporter_containers(docs)
     assert len(attached) == 1
     _assert_scraped_by_its_podmonitor(*attached[0], monitoring)
 
