@@ -1,4 +1,7 @@
 """Builders shared by several test files."""
+import re
+from pathlib import Path
+
 from exporter import simulator
 from exporter.config import Target
 from exporter.state import State, TargetView
@@ -36,3 +39,24 @@ def simulated_state(**kwargs) -> State:
                       last_result="connection_error", last_error="connection refused", scrapes=(("connection_error", 3),))
     state.set_targets([view, down])
     return state
+
+
+ROOT = Path(__file__).parent.parent
+
+
+def canonical_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503
+
+
+def locked_pins(lock: str) -> dict[str, str]:
+    """name -> version of a pip-compile lock at the repository's root; every pin has hashes."""
+    text = (ROOT / lock).read_text()
+    blocks = re.split(r"\n(?=[A-Za-z0-9_.-]+==)", text)
+    assert all("--hash=sha256:" in b for b in blocks if re.match(r"[A-Za-z0-9_.-]+==", b)), f"{lock} has a pin without hashes"
+    return {canonical_name(m.group(1)): m.group(2) for m in re.finditer(r"^([A-Za-z0-9_.-]+)==(\S+) \\", text, re.M)}
+
+
+def pinned_base_image() -> str:
+    """The Dockerfile's default PYTHON_IMAGE."""
+    (image,) = re.findall(r"^ARG PYTHON_IMAGE=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M)
+    return image

@@ -12,6 +12,7 @@ import yaml
 from exporter.config import load
 
 from conftest import require_binary
+from helpers import canonical_name, locked_pins, pinned_base_image
 
 ROOT = Path(__file__).parent.parent
 DEPLOY = ROOT / "deploy" / "kubernetes"
@@ -430,7 +431,7 @@ def test_the_image_workflow_builds_both_architectures_pushes_on_tags_and_pins_th
 
 def test_the_dockerfile_pins_its_base_by_digest():
     import re
-    (default,) = re.findall(r"^ARG PYTHON_IMAGE=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M)
+    default = pinned_base_image()
     assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm@sha256:[0-9a-f]{64}", default), default
 
 
@@ -455,8 +456,7 @@ def _base_check(tmp_path, platforms, latest):
 
 
 def test_the_base_image_check_passes_the_pinned_index_and_warns_when_the_tag_moved(tmp_path):
-    import re
-    pinned = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M).group(1)
+    pinned = pinned_base_image()
     every = "linux/amd64 unknown/unknown linux/arm linux/arm64 linux/386 linux/ppc64le "
     out, output = _base_check(tmp_path, every, pinned.split("@")[1])
     assert out.returncode == 0 and "::warning" not in out.stdout, out.stdout + out.stderr
@@ -479,19 +479,11 @@ def test_the_dockerfile_installs_hash_locked_dependencies_before_the_code():
     assert "--no-build-isolation" in code_build and "--no-deps" in code_build  # nothing unpinned fetched
 
 
-def _pins(lock):
-    import re
-    text = (ROOT / lock).read_text()
-    blocks = re.split(r"\n(?=[A-Za-z0-9_.-]+==)", text)
-    assert all("--hash=sha256:" in b for b in blocks if re.match(r"[A-Za-z0-9_.-]+==", b)), f"{lock} has a pin without hashes"
-    return {m.group(1).lower().replace("_", "-"): m.group(2) for m in re.finditer(r"^([A-Za-z0-9_.-]+)==(\S+) \\", text, re.M)}
-
-
 def _satisfied(requirements, pins, lock):
     from packaging.requirements import Requirement
     for dep in requirements:
         req = Requirement(dep)
-        name = req.name.lower().replace("_", "-")
+        name = canonical_name(req.name)
         assert name in pins, f"{name} is not in {lock}: run the pip-compile command at its top"
         assert req.specifier.contains(pins[name]), f"{name}=={pins[name]} in {lock} does not satisfy {req.specifier}"
 
@@ -499,6 +491,6 @@ def _satisfied(requirements, pins, lock):
 def test_the_locks_pin_every_runtime_and_build_dependency_with_hashes():
     import tomllib
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    _satisfied(project["project"]["dependencies"], _pins("requirements.lock"), "requirements.lock")
-    _satisfied(project["build-system"]["requires"], _pins("requirements-build.lock"), "requirements-build.lock")
+    _satisfied(project["project"]["dependencies"], locked_pins("requirements.lock"), "requirements.lock")
+    _satisfied(project["build-system"]["requires"], locked_pins("requirements-build.lock"), "requirements-build.lock")
     assert (ROOT / "LICENSE").exists() and project["project"]["license"] == "Apache-2.0"

@@ -23,6 +23,7 @@ import yaml
 
 from conftest import free_port, require_binary, wait_for
 from fakeserver import FakeServer, text
+from helpers import canonical_name, locked_pins, pinned_base_image
 
 pytestmark = pytest.mark.slow
 
@@ -106,10 +107,6 @@ def test_the_image_has_the_entrypoint_user_port_healthcheck_and_labels_it_docume
     assert config["Labels"]["org.opencontainers.image.base.name"] == STANDIN
 
 
-def _canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503
-
-
 def test_the_venv_holds_exactly_the_locked_dependencies_and_the_package(built):
     """The build installs with --no-deps from the lock, so a dependency missing from it
     would only show when the sidecar imports it: pip check and the installed set say so
@@ -117,18 +114,14 @@ def test_the_venv_holds_exactly_the_locked_dependencies_and_the_package(built):
     buildah, _ = built
     container = buildah("from", IMAGE).strip()
     try:
-        pinned_minor = re.search(r"^ARG PYTHON_IMAGE=python:(3\.\d+)\.", (ROOT / "Dockerfile").read_text(), re.M).group(1)
+        pinned_minor = re.match(r"python:(3\.\d+)\.", pinned_base_image()).group(1)
         version = buildah("run", "--isolation", "chroot", container, "--", "/opt/venv/bin/python", "--version")
         assert version.startswith(f"Python {pinned_minor}."), f"the stand-in runs {version}, the pinned base {pinned_minor}"
         check = buildah("run", "--isolation", "chroot", container, "--", "/opt/venv/bin/pip", "check")
         assert "No broken requirements found" in check
         listed = buildah("run", "--isolation", "chroot", container, "--", "/opt/venv/bin/pip", "list", "--format", "json")
-        installed = {_canonical(d["name"]): d["version"] for d in json.loads(listed)}
-        locked = {}
-        for line in (ROOT / "requirements.lock").read_text().splitlines():
-            if "==" in line and not line.startswith((" ", "#")):
-                name, version = line.split(" ")[0].split("==")
-                locked[_canonical(name)] = version
+        installed = {canonical_name(d["name"]): d["version"] for d in json.loads(listed)}
+        locked = locked_pins("requirements.lock")
         assert installed.pop("vllm-prefix-cache-exporter") == "0.1.0"
         bootstrap = {name: installed.pop(name) for name in ("pip", "setuptools") if name in installed}  # the venv's own
         assert installed == locked, f"beside the venv's own {bootstrap}"
