@@ -113,3 +113,104 @@ def drip(interval: float, count: int, headers_first: bool = True):
             pass  # the scraper hung up at its deadline: what we want
         h.close_connection = True
     return handler
+
+
+# --- One server with a path per misbehaviour, for every outbound client ----------------------------
+# A client is pointed at base + "/<behaviour>" and appends its own path (/api/v1/targets,
+# /api/v1/query, /api/v2/alerts, /metrics): the first path segment picks the behaviour, so one
+# server plays a misbehaving Prometheus, Alertmanager and vLLM at once. Every behaviour is
+# bounded and ends when the server stops, so no test can hang on it.
+
+BEHAVIOURS = ("drip", "drip-head", "silent", "endless", "redirect", "signin", "short", "badgzip", "ok")
+JSON_OK = b'{"status":"success","data":{"resultType":"vector","result":[],"activeTargets":[],"droppedTargets":[]}}'
+
+
+class MisbehavingServer(FakeServer):
+    """paths: /drip (headers, then the body one byte a second), /drip-head (even the status line
+    drips), /silent (headers, then nothing), /endless (a 200 chunked body that never ends, until
+    the client hangs up or 4 GiB), /redirect (302 to /signin, an HTML sign-in page answering 200 to
+    anything), /short (Content-Length larger than the body, then the connection closes), /badgzip
+    (Content-Encoding: gzip over bytes that are not gzip), /ok (a small successful Prometheus API
+    answer, also a 200 for an Alertmanager POST). `hits` counts requests per behaviour."""
+
+    def __init__(self, ok_body: bytes = JSON_OK):
+        self.stopping = threading.Event()
+        self.hits: dict[str, int] = {}
+        super().__init__({})
+        stop = self.stopping
+
+        def drip_body(h):
+            _raw(h, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
+            _trickle(h, b"{" * 100000, stop)
+
+        def drip_head(h):
+            _trickle(h, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Pad: " + b"a" * 100000, stop)
+
+        def silent(h):
+            _raw(h, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n")
+            stop.wait(300)
+
+        def endless(h):
+            _raw(h, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+            chunk = b" " * 65536
+            frame = b"%x\r\n%s\r\n" % (len(chunk), chunk)
+            for _ in range(65536):  # 4 GiB at most: the client must hang up long before
+                if stop.is_set() or not _raw(h, frame):
+                    break
+
+        def redirect(h):
+            reply(h, 302, b"", [("Location", "/signin")])
+
+        def signin(h):
+            reply(h, 200, b"<html><body><form>Sign in</form></body></html>", [("Content-Type", "text/html")])
+
+        def short(h):
+            _raw(h, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n" + ok_body[:20])
+            h.close_connection = True
+
+        def badgzip(h):
+            reply(h, 200, b"this is not gzip at all" * 10, [("Content-Type", "application/json"), ("Content-Encoding", "gzip")])
+
+        def ok(h):
+            reply(h, 200, ok_body, [("Content-Type", "application/json")])
+
+        self.behaviours = {"drip": drip_body, "drip-head": drip_head, "silent": silent, "endless": endless,
+                           "redirect": redirect, "signin": signin, "short": short, "badgzip": badgzip, "ok": ok}
+        fake = self
+
+        class Routes(dict):
+            def get(self, path, default=None):
+                name = path.lstrip("/").split("/", 1)[0]
+                handler = fake.behaviours.get(name)
+                if handler is None:
+                    return default
+                fake.hits[name] = fake.hits.get(name, 0) + 1
+                return handler
+
+        self.routes = Routes()
+
+    def url(self, behaviour: str) -> str:
+        assert behaviour in self.behaviours, behaviour
+        return f"{self.base}/{behaviour}"
+
+    def __exit__(self, *exc):
+        self.stopping.set()
+        super().__exit__(*exc)
+
+
+def _raw(h, data: bytes) -> bool:
+    try:
+        h.wfile.write(data)
+        h.wfile.flush()
+        return True
+    except OSError:
+        h.close_connection = True
+        return False
+
+
+def _trickle(h, data: bytes, stop: threading.Event, interval: float = 1.0) -> None:
+    """One byte every `interval` seconds until the client hangs up or the server stops."""
+    for i in range(len(data)):
+        if not _raw(h, data[i:i + 1]) or stop.wait(interval):
+            break
+    h.close_connection = True
