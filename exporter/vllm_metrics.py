@@ -1,7 +1,7 @@
 """vLLM's /metrics text -> Snapshot.
 
-This module holds the one table of upstream vLLM metric names (every generation, see
-shared/vllm-metrics.md) and a parser that reads only the lines named in it. Reading
+This module holds the one table of upstream vLLM metric names (every generation, each
+entry noting the versions that export it) and a parser that reads only the lines named in it. Reading
 only what we need is what makes it fast: a current vLLM payload is mostly histogram
 buckets we never look at.
 """
@@ -183,7 +183,7 @@ class Snapshot:
         return tuple(sorted({s.model_name for s in self.series}))
 
     def to_json(self) -> dict:
-        """The `parse` output contract of DESIGN.md."""
+        """The `parse` output contract (README, "Command line"): users script against it."""
         return {
             "engine_kind": self.engine_kind,
             "prefix_caching_enabled": self.prefix_caching_enabled,

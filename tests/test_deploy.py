@@ -244,7 +244,7 @@ def test_every_kustomize_images_entry_names_the_tag_the_workflow_pushes_for_this
     assert {(e["newName"], e["newTag"]) for e in entries} == {(PUSHED_IMAGE, version)}
 
 
-SCHEMAS = ROOT.parent / "shared" / "schemas"
+SCHEMAS = ROOT / "tests" / "fixtures" / "schemas"
 CRDS = {("PodMonitor", "monitoring.coreos.com"): "monitoring.coreos.com_podmonitors.yaml",
         ("ServiceMonitor", "monitoring.coreos.com"): "monitoring.coreos.com_servicemonitors.yaml",
         ("PrometheusRule", "monitoring.coreos.com"): "monitoring.coreos.com_prometheusrules.yaml"}
@@ -254,7 +254,7 @@ def crd_schema(kind: str, api_version: str) -> dict:
     group, _, version = api_version.rpartition("/")
     path = SCHEMAS / CRDS[(kind, group)]
     if not path.exists():
-        pytest.fail(f"{path} missing: the upstream CRDs live in shared/schemas")
+        pytest.fail(f"{path} missing: the upstream CRDs live in tests/fixtures/schemas")
     crd = yaml.safe_load(path.read_text())
     (v,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
     return v["schema"]["openAPIV3Schema"]
@@ -332,7 +332,7 @@ def test_rollout_gate_examples_validate_against_the_upstream_crds(example, crd):
     doc = yaml.safe_load((DEPLOY / example).read_text())
     path = SCHEMAS / crd
     if not path.exists():
-        pytest.fail(f"{path} missing: the upstream CRDs live in shared/schemas")
+        pytest.fail(f"{path} missing: the upstream CRDs live in tests/fixtures/schemas")
     crds = [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") == "CustomResourceDefinition"]
     (definition,) = [d for d in crds if d["spec"]["names"]["kind"] == doc["kind"]]
     version = doc["apiVersion"].rpartition("/")[2]

@@ -189,10 +189,7 @@ def test_a_wanted_sample_misplaced_inside_a_skipped_family_is_still_read():
 
 def engine_fixture(name):
     import pathlib
-    for base in (pathlib.Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "engine-metrics",):
-        if (base / name).exists():
-            return (base / name).read_text()
-    pytest.fail(f"shared/fixtures/engine-metrics/{name} not found")
+    return (pathlib.Path(__file__).resolve().parent / "fixtures" / "engine-metrics" / name).read_text()
 
 
 @pytest.mark.parametrize("name, expect", [
