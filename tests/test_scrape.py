@@ -103,3 +103,37 @@ def test_a_gzip_bomb_is_cut_at_the_size_limit():
     with FakeServer({"/bomb": lambda h: reply(h, 200, bomb, [("Content-Encoding", "gzip")])}) as s:
         res = scraper(s.base + "/bomb", limit=1024 * 1024).scrape()
     assert res.result == scrape.TOO_LARGE
+
+
+@pytest.fixture(scope="module")
+def misbehaving():
+    from fakeserver import MisbehavingServer
+    with MisbehavingServer(ok_body=GOOD.encode()) as s:
+        yield s
+
+
+@pytest.mark.parametrize("behaviour, result", [
+    ("ok", scrape.SUCCESS),
+    ("drip", scrape.TIMEOUT),
+    ("drip-head", scrape.TIMEOUT),
+    ("silent", scrape.TIMEOUT),
+    ("endless", scrape.TOO_LARGE),
+    ("redirect", scrape.HTTP_ERROR),
+    ("short", scrape.CONNECTION_ERROR),
+    ("badgzip", scrape.DECODE_ERROR),
+])
+def test_every_misbehaviour_ends_within_the_deadline_as_what_it_is(misbehaving, behaviour, result):
+    """A body that ends before its Content-Length is a broken scrape, never a shorter
+    success (that would read as series gone); nothing outlives the 1 s deadline."""
+    res = Scraper(misbehaving.url(behaviour) + "/metrics", 1.0, 1.0, 1024 * 1024).scrape()
+    assert res.result == result, res.error
+    assert res.duration < 1.5
+    assert (res.body == GOOD) == (result == scrape.SUCCESS)
+
+
+def test_a_gzip_stream_cut_before_its_end_is_a_decode_error():
+    import gzip as gz
+    cut = gz.compress(GOOD.encode())[:-100]
+    with FakeServer({"/cut": lambda h: reply(h, 200, cut, [("Content-Encoding", "gzip")])}) as s:
+        res = scraper(s.base + "/cut").scrape()
+    assert res.result == scrape.DECODE_ERROR and "ends before" in res.error
