@@ -19,13 +19,12 @@ Tokenizers are passed in; reading files and calling servers is the caller's busi
 from __future__ import annotations
 
 import ast
-import json
 import re
 import zlib
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Sequence
 
-from . import cachemodel
+from . import cachemodel, jsonlines
 from .divergence import render
 from .lint import MIN_STATIC_AFTER, _LITERALS as VOLATILE_PATTERNS
 
@@ -74,14 +73,14 @@ def read_requests(lines: Iterable[str]) -> Iterator[Request | SampleError]:
 
 def _from_json(n: int, text: str) -> Request | SampleError:
     try:
-        obj = json.loads(text)
-    except ValueError as exc:
+        obj = jsonlines.loads(text)
+    except jsonlines.JSONInputError as exc:
         return SampleError(f"line {n}: not JSON ({exc})")
     if not isinstance(obj, dict):
         return SampleError(f"line {n}: a JSON object is required")
     t = obj.get("t")
-    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))):
-        return SampleError(f"line {n}: `t` must be a number")
+    if t is not None and jsonlines.finite_number(t) is None:
+        return SampleError(f"line {n}: `t` must be a number, and finite")
     for key in ("session", "replica", "lora", "cache_salt"):
         if obj.get(key) is not None and not isinstance(obj[key], (str, int)):
             return SampleError(f"line {n}: `{key}` must be a string")
@@ -123,7 +122,9 @@ def _from_log(n: int, text: str) -> Request | SampleError:
     if at >= 0:
         raw, _ = _leading_literal(rest[at + len("prompt_token_ids: "):])
         if isinstance(raw, list) and raw:
-            ids = tuple(int(i) for i in raw)
+            if not all(isinstance(i, int) and not isinstance(i, bool) for i in raw):
+                return SampleError(f"line {n}: prompt_token_ids must be a list of integers")
+            ids = tuple(raw)
     lora = _LORA_NAME.search(rest)
     if ids is None and not isinstance(prompt, str):
         return SampleError(f"line {n}: the log line has neither prompt text nor prompt_token_ids (raise --max-log-len?)")
@@ -147,13 +148,13 @@ def _leading_literal(text: str):
             i += 1
         try:
             return ast.literal_eval(text[: i + 1]), text[i + 1:]
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, RecursionError, MemoryError):
             return None, text
     if text.startswith("["):
         end = text.find("]")
         try:
             return ast.literal_eval(text[: end + 1]), text[end + 1:]
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, RecursionError, MemoryError):  # a hostile line: `[[[[...` nests deeper than the parser goes
             return None, text
     return None, text
 
