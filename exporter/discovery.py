@@ -1,11 +1,12 @@
 """Targets from service discovery, and which of them this shard polls. Pure.
 
-Two sources feed the central mode besides the static list: the active targets of one
-job in a Prometheus (`GET /api/v1/targets`), so that whatever Prometheus discovers and
-relabels (kubernetes_sd, consul, EC2, ...) is ours without re-implementing it, and
-Prometheus `file_sd` files (JSON or YAML, the same format and semantics). A target's
-name is its `pod` label where it has one, else its `instance`, else its address; its
-labels come with it (a version label set by relabelling drives the rollout analysis).
+Two sources feed the central mode besides the static list: the active targets of a
+Prometheus whose labels a selector matches (`GET /api/v1/targets`), so that whatever
+Prometheus discovers and relabels (kubernetes_sd, consul, EC2, ...) is ours without
+re-implementing it, and Prometheus `file_sd` files (JSON or YAML, the same format and
+semantics). A target's name is its `pod` label where it has one, else its `instance`,
+else its address (never with credentials); its valid labels come with it (a version
+label set by relabelling drives the rollout analysis), within Prometheus-like limits.
 
 `settle` is the keep-the-last-good-list rule every source follows: a failed refresh
 keeps the previous targets, and an empty answer from a source that had targets is held
@@ -17,15 +18,20 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, replace
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Sequence
 from urllib.parse import urlsplit
 
 import yaml
 
 from .config import RESERVED_LABELS, ShardConfig, Target
+from .scrape import redact_url
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_MAX_LABEL_NAME = 1024
+_IDENTITY_LABELS = ("pod", "instance", "namespace", "job")  # kept first under label_limit: they name the target
+_MAX_UNMATCHED = 10  # pools named in the hint about a selector that matches nothing
 # a Deployment's pod: <deployment>-<pod-template-hash>-<5 chars>; a StatefulSet's: <name>-<ordinal>
 _POD_SUFFIX = re.compile(r"(-[a-z0-9]{6,10}-[a-z0-9]{5}|-\d+)$")
 
@@ -34,19 +40,62 @@ class DiscoveryError(ValueError):
     """A source answered something that is not a target list; the message says what."""
 
 
+@dataclass(frozen=True)
+class Limits:
+    """Prometheus's scrape-config limits, for what one source may bring; 0: none."""
+
+    target_limit: int = 2000
+    label_limit: int = 64
+    label_value_length_limit: int = 1024
+
+
+@dataclass(frozen=True)
+class Selector:
+    """Which targets of a Prometheus are ours: every label of `labels` equal (after
+    relabelling), and the scrape pool only where one is named."""
+
+    labels: tuple[tuple[str, str], ...] = ()
+    scrape_pool: str = ""
+
+    def matches(self, pool: Any, labels: dict[str, str]) -> bool:
+        return (not self.scrape_pool or pool == self.scrape_pool) and all(labels.get(k) == v for k, v in self.labels)
+
+    def __str__(self) -> str:
+        parts = [f"{k}={v!r}" for k, v in self.labels] + ([f"scrape_pool={self.scrape_pool!r}"] if self.scrape_pool else [])
+        return ", ".join(parts) or "every target"
+
+
+@dataclass
+class Found:
+    """One source's answer after selection and limits: its targets, what was dropped
+    (reason -> how many targets or labels), and for a selector that matched nothing,
+    what the answer did hold (`pool (job)` summaries)."""
+
+    targets: list[Target] = field(default_factory=list)
+    dropped: Counter = field(default_factory=Counter)
+    unmatched: tuple[str, ...] = ()
+
+    def add(self, other: "Found") -> None:
+        self.targets.extend(other.targets)
+        self.dropped.update(other.dropped)
+
+
 # --- Prometheus file_sd ---------------------------------------------------------------------
-def from_file_sd(text: str, path: str) -> list[Target]:
+def from_file_sd(text: str, path: str, limits: Limits = Limits()) -> Found:
     """A file_sd file: a list of `{targets: [host:port, ...], labels: {...}}` groups,
     JSON for `.json`, YAML otherwise (as Prometheus reads them)."""
+    kind = "JSON" if path.endswith(".json") else "YAML"
     try:
         data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
-        raise DiscoveryError(f"{path}: not valid {'JSON' if path.endswith('.json') else 'YAML'}: {_first_line(exc)}") from None
+        raise DiscoveryError(f"{path}: not valid {kind}: {_first_line(exc)}") from None
+    except RecursionError:
+        raise DiscoveryError(f"{path}: not valid {kind}: nested too deeply") from None
+    found = Found()
     if data is None:
-        return []
+        return found
     if not isinstance(data, list):
         raise DiscoveryError(f"{path}: must be a list of target groups ({{targets: [...], labels: {{...}}}})")
-    out = []
     for i, group in enumerate(data):
         where = f"{path}: group {i}"
         if not isinstance(group, dict) or set(group) - {"targets", "labels"}:
@@ -56,64 +105,123 @@ def from_file_sd(text: str, path: str) -> list[Target]:
             raise DiscoveryError(f"{where}: `targets` must be a list of host:port strings")
         if not isinstance(labels, dict):
             raise DiscoveryError(f"{where}: `labels` must be a mapping")
-        for name in labels:
+        for name in labels:  # Prometheus refuses the whole file for one bad name
             if not isinstance(name, str) or not _LABEL_NAME.match(name):
-                raise DiscoveryError(f"{where}: {name!r} is not a valid label name")
+                raise DiscoveryError(f"{where}: {_cut(name)!r} is not a valid label name")
+            if not isinstance(labels[name], (str, int, float)) or isinstance(labels[name], bool):
+                raise DiscoveryError(f"{where}: label {name} must have a string value")
         for j, address in enumerate(addresses):
             if not address.strip():
                 raise DiscoveryError(f"{where}: target {j} has no address")
-            out.append(_target({**{k: str(v) for k, v in labels.items()}, "__address__": address.strip()}, where))
-    return out
+            raw = {**{k: str(v) for k, v in labels.items()}, "__address__": address.strip()}
+            found.targets.append(_target(raw, where, limits, found.dropped))
+    return found
 
 
-def _target(labels: dict[str, str], where: str) -> Target:
+def _target(labels: dict[str, str], where: str, limits: Limits, dropped: Counter) -> Target:
     """Prometheus's rules for a target without relabelling: the URL from `__scheme__`,
     `__address__` and `__metrics_path__`; `instance` defaults to the address."""
     address = labels.get("__address__", "")
     if not address or "/" in address:
-        raise DiscoveryError(f"{where}: {address!r} is not a host:port address")
+        raise DiscoveryError(f"{where}: {_cut(address)!r} is not a host:port address")
     scheme = labels.get("__scheme__", "http")
     path = labels.get("__metrics_path__", "/metrics")
     if scheme not in ("http", "https"):
-        raise DiscoveryError(f"{where}: __scheme__ {scheme!r} is not http or https")
+        raise DiscoveryError(f"{where}: __scheme__ {_cut(scheme)!r} is not http or https")
     url = f"{scheme}://{address}{path if path.startswith('/') else '/' + path}"
     kept = {k: v for k, v in labels.items() if not k.startswith("__")}
     kept.setdefault("instance", address)
+    kept = _bounded_labels(_without_userinfo(kept), limits, dropped)
     return Target(name=_name(kept, address), url=url, labels=_own_labels(kept))
 
 
 def _name(labels: dict[str, str], address: str) -> str:
-    return labels.get("pod") or labels.get("instance") or address
+    """A target's name shows in labels, logs and pages: never with credentials."""
+    return (labels.get("pod") or labels.get("instance") or address).rpartition("@")[2]
+
+
+def _without_userinfo(labels: dict[str, str]) -> dict[str, str]:
+    """`instance` is the address, which may carry `user:pass@` (as Prometheus keeps it):
+    a label is shown everywhere, so it never does."""
+    if "@" in labels.get("instance", ""):
+        return {**labels, "instance": labels["instance"].rpartition("@")[2]}
+    return labels
+
+
+def _bounded_labels(labels: dict[str, str], limits: Limits, dropped: Counter) -> dict[str, str]:
+    """The labels we can expose: a valid name, not Prometheus-internal (`__*`), a value
+    within label_value_length_limit, at most label_limit of them (those that name the
+    target first, then by name). What is dropped is counted by reason; the target stays."""
+    out = {}
+    for name in sorted(labels, key=lambda n: (n not in _IDENTITY_LABELS, n)):
+        value = labels[name]
+        if name.startswith("__") or not _LABEL_NAME.match(name) or len(name) > _MAX_LABEL_NAME:
+            dropped["invalid_label_name"] += 1
+        elif limits.label_value_length_limit and len(value) > limits.label_value_length_limit:
+            dropped["label_value_length_limit"] += 1
+        elif limits.label_limit and len(out) >= limits.label_limit:
+            dropped["label_limit"] += 1
+        else:
+            out[name] = value
+    return out
 
 
 def _own_labels(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
     """A discovered label that one of our labels already uses keeps its value under
-    `exported_<name>`, as Prometheus does with clashing target labels."""
-    return tuple(sorted(((f"exported_{k}" if k in RESERVED_LABELS else k), v) for k, v in labels.items()))
+    `exported_<name>`, prefixed again while that is taken too, as Prometheus does with
+    clashing target labels: never two labels of one name."""
+    out: dict[str, str] = {k: v for k, v in labels.items() if k not in RESERVED_LABELS}
+    for k in sorted(set(labels) & RESERVED_LABELS):
+        name = f"exported_{k}"
+        while name in out or name in RESERVED_LABELS:
+            name = f"exported_{name}"
+        out[name] = labels[k]
+    return tuple(sorted(out.items()))
 
 
 # --- Prometheus's targets API ------------------------------------------------------------------
-def from_targets_api(payload: Any, job: str, source: str) -> list[Target]:
-    """The active targets of `job` from `GET /api/v1/targets`: their scrape URL and
-    their labels after relabelling. Targets Prometheus dropped are not ours either."""
+def from_targets_api(payload: Any, selector: Selector, source: str, limits: Limits = Limits()) -> Found:
+    """The active targets `selector` matches in `GET /api/v1/targets`: their scrape URL
+    and their labels after relabelling. Targets Prometheus dropped are not ours either."""
     if not isinstance(payload, dict) or payload.get("status") != "success" or not isinstance(payload.get("data"), dict):
         raise DiscoveryError(f"{source}: not a Prometheus targets API answer (want status=success and data)")
     active = payload["data"].get("activeTargets")
     if not isinstance(active, list):
         raise DiscoveryError(f"{source}: data.activeTargets is missing")
-    out = []
+    found, others = Found(), Counter()
     for i, item in enumerate(active):
         if not isinstance(item, dict) or not isinstance(item.get("labels"), dict):
             raise DiscoveryError(f"{source}: activeTargets[{i}] has no labels")
-        labels = {str(k): str(v) for k, v in item["labels"].items()}
-        if item.get("scrapePool", labels.get("job")) != job and labels.get("job") != job:
+        labels = item["labels"]
+        if not all(isinstance(v, str) for v in labels.values()):
+            raise DiscoveryError(f"{source}: activeTargets[{i}] has a label whose value is not a string")
+        pool = item.get("scrapePool")
+        if not selector.matches(pool, labels):
+            others[f"{_cut(_text(pool), 80)} (job={_cut(labels.get('job', ''), 80)!r})"] += 1
             continue
         url = item.get("scrapeUrl")
-        parts = urlsplit(url) if isinstance(url, str) else None
-        if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
-            raise DiscoveryError(f"{source}: activeTargets[{i}] ({labels.get('instance', '?')}) has no usable scrapeUrl")
-        out.append(Target(name=_name(labels, parts.netloc), url=url, labels=_own_labels(labels)))
-    return out
+        try:
+            parts = urlsplit(url) if isinstance(url, str) else None
+        except ValueError:
+            parts = None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise DiscoveryError(f"{source}: activeTargets[{i}] ({_cut(redact_url(labels.get('instance', '?')))}) has no usable scrapeUrl")
+        kept = _bounded_labels(_without_userinfo(labels), limits, found.dropped)
+        found.targets.append(Target(name=_name(kept, parts.netloc), url=url, labels=_own_labels(kept)))
+    if not found.targets:
+        found.unmatched = tuple(f"{what} x{n}" if n > 1 else what for what, n in sorted(others.items())[:_MAX_UNMATCHED])
+        if len(others) > _MAX_UNMATCHED:
+            found.unmatched += (f"and {len(others) - _MAX_UNMATCHED} more",)
+    return found
+
+
+def limit_targets(targets: Sequence[Target], limit: int, dropped: Counter) -> list[Target]:
+    """At most `limit` targets (0: all), the first by name, so that the same ones stay
+    polled from one refresh to the next; the rest are counted as dropped."""
+    if not limit or len(targets) <= limit:
+        return list(targets)
+    dropped["target_limit"] += len(targets) - limit
+    return sorted(targets, key=lambda t: (t.name, t.url))[:limit]
 
 
 # --- merging and sharding ----------------------------------------------------------------------
@@ -123,9 +231,9 @@ def merge(static: Sequence[Target], discovered: Iterable[Target]) -> tuple[list[
     out, names, warnings = list(static), {t.name for t in static}, []
     for t in discovered:
         if t.name in names:
-            renamed = replace(t, name=f"{t.name}@{urlsplit(t.url).netloc}")
+            renamed = replace(t, name=f"{t.name}@{urlsplit(t.url).netloc.rpartition('@')[2]}")
             if renamed.name in names:
-                warnings.append(f"discovered target {t.name} ({t.url}) is listed twice; the second is ignored")
+                warnings.append(f"discovered target {t.name} ({redact_url(t.url)}) is listed twice; the second is ignored")
                 continue
             t = renamed
         names.add(t.name)
@@ -170,18 +278,31 @@ class SourceState:
     failures: int = 0
     error: str = ""
     empty_since: float | None = None  # an empty answer held since then
+    matched_ever: bool = False  # some answer since start held a target: if never, suspect the selector
+    dropped: tuple[tuple[str, int], ...] = ()  # what the last answer had over the limits, by reason
 
 
 def settle(old: SourceState, now: float, found: Sequence[Target] | None, error: str, accept_empty_after: float) -> SourceState:
     """The state after one refresh: `found` on success, None with `error` on failure."""
     if found is None:
         return replace(old, ok=False, failures=old.failures + 1, error=error)
+    old = replace(old, matched_ever=old.matched_ever or bool(found))
     if not found and old.targets:
         since = old.empty_since if old.empty_since is not None else now
         if now - since < accept_empty_after:
             return replace(old, ok=True, refreshed=True, last_success=now, empty_since=since,
                            error=f"answered no targets; keeping the last {len(old.targets)} until it does for {accept_empty_after:g}s")
     return replace(old, targets=tuple(found), ok=True, refreshed=True, last_success=now, error="", empty_since=None)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else "<no scrapePool>" if value is None else f"<{type(value).__name__}>"
+
+
+def _cut(value: Any, size: int = 200) -> str:
+    """Enough of a hostile value to recognise it in a log line."""
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= size else text[:size] + "..."
 
 
 def _first_line(exc: Exception) -> str:

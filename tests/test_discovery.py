@@ -4,13 +4,18 @@ import json
 
 import pytest
 
-from exporter.config import Target
+from collections import Counter
+
+from exporter.config import RESERVED_LABELS, Target
 from exporter.discovery import (
     DiscoveryError,
+    Limits,
+    Selector,
     SourceState,
     from_file_sd,
     from_targets_api,
     in_shard,
+    limit_targets,
     merge,
     settle,
     shard_key,
@@ -20,10 +25,19 @@ from exporter.discovery import (
 from conftest import FIXTURES
 
 RECORDED = json.loads((FIXTURES / "discovery" / "prometheus-2.42-targets.json").read_text())
+JOB_VLLM = Selector((("job", "vllm"),))
+
+
+def targets_of(payload, selector=JOB_VLLM, limits=Limits()):
+    return from_targets_api(payload, selector, "prometheus", limits).targets
+
+
+def file_sd(text, path="sd.json", limits=Limits()):
+    return from_file_sd(text, path, limits).targets
 
 
 def test_the_active_targets_of_one_job_with_their_labels_and_scrape_urls():
-    targets = from_targets_api(RECORDED, "vllm", "prometheus")
+    targets = targets_of(RECORDED)
     assert sorted(t.url for t in targets) == ["http://127.0.0.1:18001/metrics", "http://127.0.0.1:18002/metrics",
                                              "http://127.0.0.1:18003/qwen/metrics"]
     qwen = next(t for t in targets if t.name == "qwen-0")
@@ -51,14 +65,14 @@ def test_prometheus_hashmod_and_ours_agree():
 ])
 def test_a_malformed_targets_answer_is_a_clear_error(payload, message):
     with pytest.raises(DiscoveryError, match=message):
-        from_targets_api(payload, "vllm", "prometheus")
+        from_targets_api(payload, JOB_VLLM, "prometheus")
 
 
 def test_file_sd_json_and_yaml_read_alike(tmp_path):
     text = (FIXTURES / "discovery" / "file_sd.json").read_text()
-    from_json = from_file_sd(text, "sd.json")
+    from_json = file_sd(text, "sd.json")
     import yaml
-    from_yaml = from_file_sd(yaml.safe_dump(json.loads(text)), "sd.yml")
+    from_yaml = file_sd(yaml.safe_dump(json.loads(text)), "sd.yml")
     assert from_json == from_yaml
     assert [t.url for t in from_json] == ["http://127.0.0.1:18001/metrics", "http://127.0.0.1:18002/metrics",
                                           "http://127.0.0.1:18003/qwen/metrics"]
@@ -82,18 +96,18 @@ def test_a_malformed_file_sd_file_is_a_clear_error(text, path, message):
 
 
 def test_an_empty_file_sd_file_has_no_targets():
-    assert from_file_sd("", "sd.yml") == [] and from_file_sd("[]", "sd.json") == []
+    assert file_sd("", "sd.yml") == [] and file_sd("[]", "sd.json") == []
 
 
 def test_labels_that_ours_use_are_kept_as_exported():
-    (t,) = from_file_sd('[{"targets": ["a:1"], "labels": {"target": "x", "model_name": "m"}}]', "sd.json")
+    (t,) = file_sd('[{"targets": ["a:1"], "labels": {"target": "x", "model_name": "m"}}]')
     assert dict(t.labels)["exported_target"] == "x" and dict(t.labels)["exported_model_name"] == "m"
     assert "target" not in dict(t.labels)
 
 
 def test_merge_keeps_static_names_and_separates_pods_sharing_a_name():
     static = [Target("qwen-0", "http://static:1/metrics")]
-    merged, warnings = merge(static, from_targets_api(RECORDED, "vllm", "prometheus"))
+    merged, warnings = merge(static, targets_of(RECORDED))
     names = [t.name for t in merged]
     assert names[0] == "qwen-0" and merged[0].url == "http://static:1/metrics"
     assert len(set(names)) == len(names) == 4
@@ -136,3 +150,101 @@ def test_settle_keeps_the_last_good_list(steps, targets, ok):
         state = settle(state, t, found, error, 600.0)
     assert list(state.targets) == targets and state.ok == ok
     assert bool(state.error) == (not ok or (found == [] and targets != []))
+
+
+# --- what an operator-managed Prometheus answers (pool podMonitor/<ns>/<name>/<i>, job <ns>/<name>) ---
+def active(pool, url, **labels):
+    """One activeTargets entry as Prometheus's /api/v1/targets gives it."""
+    return {"discoveredLabels": {"__address__": url.split("/")[2]}, "labels": labels, "scrapePool": pool, "scrapeUrl": url,
+            "globalUrl": url, "lastError": "", "lastScrape": "0001-01-01T00:00:00Z", "health": "unknown"}
+
+
+def answer(*targets):
+    return {"status": "success", "data": {"activeTargets": list(targets), "droppedTargets": []}}
+
+
+OPERATOR = answer(
+    active("podMonitor/llm/vllm/0", "http://10.0.0.1:8000/metrics", job="llm/vllm", namespace="llm", pod="vllm-7f9c8d6b5-abcde",
+           container="vllm", endpoint="http", instance="10.0.0.1:8000", version="v1"),
+    active("podMonitor/llm/vllm/0", "http://10.0.0.2:8000/metrics", job="llm/vllm", namespace="llm", pod="vllm-7f9c8d6b5-fghij",
+           container="vllm", endpoint="http", instance="10.0.0.2:8000", version="v2"),
+    active("podMonitor/llm/other/0", "http://10.0.0.3:8000/metrics", job="llm/other", namespace="llm", pod="other-0",
+           instance="10.0.0.3:8000"),
+    active("serviceMonitor/monitoring/node-exporter/0", "http://10.0.0.9:9100/metrics", job="node-exporter", instance="10.0.0.9:9100"),
+)
+
+
+def test_targets_are_selected_by_their_labels_not_by_the_operators_pool_name():
+    targets = targets_of(OPERATOR, Selector((("job", "llm/vllm"),)))
+    assert [(t.name, dict(t.labels)["version"]) for t in targets] == [("vllm-7f9c8d6b5-abcde", "v1"), ("vllm-7f9c8d6b5-fghij", "v2")]
+    assert targets_of(OPERATOR, Selector((("job", "llm/vllm"), ("version", "v2")))) == targets[1:]
+    assert targets_of(OPERATOR, Selector(scrape_pool="podMonitor/llm/vllm/0")) == targets
+    assert targets_of(OPERATOR, Selector((("job", "llm/vllm"),), scrape_pool="podMonitor/llm/other/0")) == []
+
+
+def test_a_selector_that_matches_nothing_says_what_the_answer_held():
+    found = from_targets_api(OPERATOR, JOB_VLLM, "prometheus")
+    assert found.targets == []
+    assert found.unmatched == ("podMonitor/llm/other/0 (job='llm/other')", "podMonitor/llm/vllm/0 (job='llm/vllm') x2",
+                               "serviceMonitor/monitoring/node-exporter/0 (job='node-exporter')")
+    many = answer(*(active(f"pool{i}", f"http://10.0.1.{i}:1/metrics", job=f"j{i}") for i in range(25)))
+    unmatched = from_targets_api(many, JOB_VLLM, "prometheus").unmatched
+    assert len(unmatched) == 11 and unmatched[-1] == "and 15 more"
+    assert from_targets_api(OPERATOR, Selector((("job", "llm/vllm"),)), "prometheus").unmatched == ()
+
+
+# --- labels we can expose ---------------------------------------------------------------------------
+def test_label_names_prometheus_3_may_send_are_dropped_never_merged_into_one():
+    """Prometheus 3 allows UTF-8 label names (`app.kubernetes.io/version`); the text
+    format we expose does not, and sanitising would turn two names into one."""
+    found = from_targets_api(answer(active("p", "http://10.0.0.1:8000/metrics", job="vllm", pod="a", **{
+        "app.kubernetes.io/version": "v1", "app_kubernetes_io_version": "v2", "__meta_y": "x", "": "empty", "1x": "digit",
+        "ok": "yes"})), JOB_VLLM, "prometheus")
+    (t,) = found.targets
+    assert dict(t.labels) == {"app_kubernetes_io_version": "v2", "job": "vllm", "pod": "a", "ok": "yes"}
+    assert found.dropped == Counter(invalid_label_name=4)
+
+
+def test_exported_names_never_collide():
+    (t,) = file_sd('[{"targets": ["a:1"], "labels": {"target": "x", "exported_target": "y", "exported_exported_target": "z"}}]')
+    names = [k for k, _ in t.labels]
+    assert len(names) == len(set(names)) and not set(names) & RESERVED_LABELS
+    assert dict(t.labels)["exported_target"] == "y" and dict(t.labels)["exported_exported_exported_target"] == "x"
+
+
+def test_labels_over_the_limits_are_dropped_and_counted_and_the_target_stays():
+    huge = "v" * (4 * 1024 * 1024)
+    payload = answer(active("p", "http://10.0.0.1:8000/metrics", job="vllm", pod="a", version=huge, team="t",
+                            **{f"l{i:02d}": str(i) for i in range(10)}))
+    found = from_targets_api(payload, JOB_VLLM, "prometheus", Limits(label_limit=8, label_value_length_limit=1024))
+    (t,) = found.targets
+    assert "version" not in dict(t.labels) and len(t.labels) == 8 and t.name == "a"
+    assert [k for k, _ in t.labels] == ["job", "l00", "l01", "l02", "l03", "l04", "l05", "pod"]
+    assert found.dropped == Counter(label_value_length_limit=1, label_limit=5)
+    unlimited = from_targets_api(payload, JOB_VLLM, "prometheus", Limits(label_limit=0, label_value_length_limit=0))
+    assert dict(unlimited.targets[0].labels)["version"] == huge and not unlimited.dropped
+    (f,) = file_sd(json.dumps([{"targets": ["a:1"], "labels": {"version": huge, "pod": "p"}}]))
+    assert dict(f.labels) == {"instance": "a:1", "pod": "p"}
+
+
+def test_the_target_limit_keeps_the_same_targets_every_refresh():
+    targets = [Target(f"pod-{i:05d}", f"http://10.0.{i // 250}.{i % 250}:8000/metrics") for i in range(20_000)]
+    dropped = Counter()
+    kept = limit_targets(list(reversed(targets)), 2000, dropped)
+    assert kept == targets[:2000] and dropped == Counter(target_limit=18_000)
+    assert limit_targets(targets[:5], 2000, dropped) == targets[:5] and limit_targets(targets, 0, Counter()) == targets
+
+
+# --- credentials never name a target ---------------------------------------------------------------
+def test_a_target_is_never_named_by_a_url_with_credentials():
+    payload = answer(active("p", "http://scraper:s3cret@10.0.0.1:8000/metrics", job="vllm"),
+                     active("p", "http://scraper:s3cret@10.0.0.2:8000/metrics", job="vllm", instance="scraper:s3cret@10.0.0.2:8000"))
+    a, b = targets_of(payload)
+    assert (a.name, b.name) == ("10.0.0.1:8000", "10.0.0.2:8000")
+    assert a.url == "http://scraper:s3cret@10.0.0.1:8000/metrics"  # still scraped with them
+    assert "s3cret" not in repr(b.labels)
+    (f,) = file_sd('[{"targets": ["u:s3cret@10.0.0.3:8000"]}]')
+    assert f.name == "10.0.0.3:8000" and "s3cret" not in repr(f.labels)
+    merged, warnings = merge([Target("10.0.0.1:8000", "http://x/metrics")], [a, a])
+    assert [t.name for t in merged][1] == "10.0.0.1:8000@10.0.0.1:8000"
+    assert warnings and not any("s3cret" in w for w in warnings)
