@@ -37,12 +37,15 @@ class Verdict:
     reason: str
     replicas: int = 0
     baseline_replicas: int = 0
+    # set when the question has no answer to wait for (no replica runs the version at
+    # all: a typo, a label never set): inconclusive, but never to be taken as a pass
+    error: str | None = None
 
     def to_json(self) -> dict:
         return {"verdict": self.verdict, "model": self.model, "version": self.version, "baseline_version": self.baseline_version,
                 "hit_ratio": self.hit_ratio, "baseline_hit_ratio": self.baseline_hit_ratio, "query_tokens": self.query_tokens,
                 "baseline_query_tokens": self.baseline_query_tokens, "replicas": self.replicas,
-                "baseline_replicas": self.baseline_replicas, "reason": self.reason}
+                "baseline_replicas": self.baseline_replicas, "reason": self.reason, "error": self.error}
 
 
 def _tokens(ws: WindowStats | None) -> tuple[float, float]:
@@ -98,13 +101,15 @@ def judge(members: Sequence[Member], model: str, version: str, baseline: str | N
     h, q, n = _pool(new)
     ratio = h / q if q > 0 else None
 
-    def verdict(kind: str, reason: str) -> Verdict:
-        return Verdict(kind, model, version, baseline, ratio, base_ratio, q, bq, reason, n, bn)
+    def verdict(kind: str, reason: str, error: str | None = None) -> Verdict:
+        return Verdict(kind, model, version, baseline, ratio, base_ratio, q, bq, reason, n, bn, error)
 
     cold = sum(1 for m in members if m.cold and m.version == version)
     if not new:
-        why = f"{cold} replica(s) of {version} still in their cold start" if cold else f"no replica of {model} runs {version}"
-        return verdict(INCONCLUSIVE, why)
+        if cold:
+            return verdict(INCONCLUSIVE, f"{cold} replica(s) of {version} still in their cold start")
+        why = f"no replica of {model} runs {version}"
+        return verdict(INCONCLUSIVE, why, why)
     if missing or base_ratio is None:
         return verdict(INCONCLUSIVE, missing or f"no baseline ratio for {model}")
     if q < min_query_tokens or bq < min_query_tokens:

@@ -353,7 +353,7 @@ def test_the_analysis_api_answers_json_even_for_bad_queries(rollout_app, query, 
 @pytest.mark.parametrize("metadata, status, verdict", [
     pytest.param({"model": "m", "version": "v42"}, 409, "fail", id="drop-fails-the-check"),
     pytest.param({"model": "m", "version": "v41", "baseline": "v42"}, 200, "pass", id="no-drop-passes"),
-    pytest.param({"model": "m", "version": "v9"}, 200, "inconclusive", id="unknown-version-does-not-block"),
+    pytest.param({"model": "m", "version": "v9"}, 422, "inconclusive", id="a-version-no-pod-runs-fails-the-check"),
 ])
 def test_the_flagger_webhook_fails_only_on_a_drop(rollout_app, metadata, status, verdict):
     body = json.dumps({"name": "vllm", "namespace": "llm", "phase": "Progressing", "metadata": metadata}).encode()

@@ -1,0 +1,223 @@
+"""The rollout-gate examples (deploy/kubernetes/examples/{argo-rollouts,flagger}) against
+the exporter's live HTTP server, judged the way each controller judges them.
+
+Argo Rollouts v1.9.1 (argoproj/argo-rollouts, metricproviders/webmetric/webmetric.go,
+utils/evaluate/evaluate.go, analysis/analysis.go): a status outside 200-299 is an Error
+measurement; the jsonPath's first match is `result`; success and failure conditions both
+false is Inconclusive; the metric is Failed when failed > failureLimit, Inconclusive when
+inconclusive > inconclusiveLimit (the Rollout pauses), Error when consecutive errors >
+consecutiveErrorLimit (default 4), later checks winning, and Successful once `count`
+measurements were taken without any of these.
+
+Flagger v1.44.0 (fluxcd/flagger, pkg/controller/webhook.go, scheduler_hooks.go,
+scheduler.go): every webhook is a POST of {name, namespace, phase, checksum, metadata};
+a status above 202 fails it. A failed `rollout` hook adds a failed check, and
+`threshold` failed checks roll the canary back; a failed `confirm-promotion` hook holds
+promotion (the canary waits in WaitingPromotion) while analysis goes on."""
+import json
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import requests
+import yaml
+from prometheus_client import CollectorRegistry
+
+from exporter import fleet
+from exporter.http import App, Server, analysis_handlers
+from exporter.state import State
+from test_fleet import ws
+
+EXAMPLES = Path(__file__).parent.parent / "deploy" / "kubernetes" / "examples"
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def serve(members):
+    get, flagger = analysis_handlers(
+        lambda model, version, baseline: fleet.analyze(members if model == MODEL else [], model, version, baseline))
+    app = App(State(), CollectorRegistry())
+    app.route("GET", "/api/v1/analysis", get)
+    app.route("POST", "/api/v1/analysis/flagger", flagger)
+    return Server(app, "127.0.0.1", 0, timeout=2.0).start()
+
+
+def local(url: str, server) -> str:
+    """The example's URL, sent to the live server instead of the Service (test_deploy
+    checks that the Service and its port exist in the central variant's build)."""
+    parts = urlsplit(url)
+    return parts._replace(netloc=f"127.0.0.1:{server.port}").geturl()
+
+
+# --- Argo Rollouts -------------------------------------------------------------------------------
+def argo_condition(expr: str, result) -> bool:
+    """The two conditions the template uses, `result == "<word>"`, evaluated as expr does."""
+    left, op, right = expr.partition(" == ")
+    assert left == "result" and op and right.startswith('"') and right.endswith('"'), expr
+    return result == right[1:-1]
+
+
+def argo_measure(metric: dict, url: str) -> str:
+    web = metric["provider"]["web"]
+    try:
+        response = requests.get(url, timeout=web.get("timeoutSeconds", 10))
+    except requests.RequestException:
+        return "Error"
+    if not 200 <= response.status_code < 300:
+        return "Error"
+    try:
+        body = response.json()
+    except ValueError:
+        return "Successful"  # parseResponse: a body that is not JSON passes unevaluated
+    path = web.get("jsonPath", "{$}")
+    assert path.startswith("{$.") and path.endswith("}"), path
+    result = body
+    for key in path[3:-1].split("."):
+        if not isinstance(result, dict) or key not in result:
+            return "Error"
+        result = result[key]
+    success, failure = metric.get("successCondition"), metric.get("failureCondition")
+    if failure and argo_condition(failure, result):
+        return "Failed"
+    if success and argo_condition(success, result):
+        return "Successful"
+    if success and failure:
+        return "Inconclusive"
+    return "Failed" if success else "Successful"
+
+
+def argo_metric_phase(metric: dict, url: str) -> tuple[str, int]:
+    """Measures until the metric completes: (its phase, the measurements taken)."""
+    counts = {"Failed": 0, "Inconclusive": 0}
+    consecutive_errors = taken = 0
+    while True:
+        phase = argo_measure(metric, url)
+        if phase != "Error":
+            taken += 1  # errored measurements are retried and not counted toward count
+        consecutive_errors = consecutive_errors + 1 if phase == "Error" else 0
+        counts[phase] = counts.get(phase, 0) + 1
+        verdict = None
+        if counts["Failed"] > metric.get("failureLimit", 0):
+            verdict = "Failed"
+        if counts["Inconclusive"] > metric.get("inconclusiveLimit", 0):
+            verdict = "Inconclusive"
+        if consecutive_errors > metric.get("consecutiveErrorLimit", 4):
+            verdict = "Error"
+        if verdict:
+            return verdict, taken
+        if taken >= metric["count"]:
+            return "Successful", taken
+
+
+def argo_template():
+    doc = yaml.safe_load((EXAMPLES / "argo-rollouts" / "analysis-template.yaml").read_text())
+    (metric,) = doc["spec"]["metrics"]
+    return metric
+
+
+def argo_url(metric, server, version):
+    url = metric["provider"]["web"]["url"].replace("{{args.model}}", MODEL).replace("{{args.version}}", version)
+    return local(url, server)
+
+
+OLD_HASH, NEW_HASH = "6d4f8b7c9f", "7f9c5d6b84"  # rollouts-pod-template-hash values
+STABLE = [fleet.Member(f"vllm-{OLD_HASH}-{i}", OLD_HASH, ws(88_000, 100_000)) for i in range(3)]
+
+
+@pytest.mark.parametrize("canary, phase, rollout", [
+    pytest.param([fleet.Member("vllm-new-0", NEW_HASH, ws(86_000, 100_000))], "Successful", "proceeds", id="no-drop"),
+    pytest.param([fleet.Member("vllm-new-0", NEW_HASH, ws(3_000, 100_000))], "Failed", "aborts", id="drop"),
+    pytest.param([fleet.Member("vllm-new-0", NEW_HASH, ws(100, 2_000))], "Inconclusive", "pauses", id="too-little-traffic"),
+    pytest.param([], "Inconclusive", "pauses", id="no-pod-runs-the-version"),
+])
+def test_the_argo_template_never_lets_a_rollout_without_evidence_proceed(canary, phase, rollout):
+    """count 10 with inconclusiveLimit 10 ended Successful after ten inconclusive
+    measurements: the Rollout went on unjudged."""
+    metric = argo_template()
+    server = serve(STABLE + canary)
+    try:
+        got, taken = argo_metric_phase(metric, argo_url(metric, server, NEW_HASH))
+    finally:
+        server.stop()
+    assert got == phase, f"the Rollout {rollout} only if the metric is {phase}; it is {got} after {taken} measurements"
+    assert metric["inconclusiveLimit"] < metric["count"]
+
+
+def test_the_analysis_api_says_what_is_wrong_with_a_version_no_pod_runs():
+    server = serve(STABLE)
+    try:
+        response = requests.get(f"http://127.0.0.1:{server.port}/api/v1/analysis",
+                                params={"model": MODEL, "version": "v-typo"}, timeout=5)
+    finally:
+        server.stop()
+    body = response.json()
+    assert response.status_code == 200 and body["verdict"] == fleet.INCONCLUSIVE  # the contract: Argo pauses
+    assert body["error"] == f"no replica of {MODEL} runs v-typo"
+
+
+# --- Flagger -------------------------------------------------------------------------------------
+def flagger_hooks():
+    doc = yaml.safe_load((EXAMPLES / "flagger" / "canary.yaml").read_text())
+    return doc, {h["type"]: h for h in doc["spec"]["analysis"]["webhooks"]}
+
+
+def flagger_call(hook: dict, server, canary: dict) -> tuple[bool, str]:
+    """CallWebhook: POST the payload; a status above 202 fails, its body the error."""
+    payload = {"name": canary["metadata"]["name"], "namespace": canary["metadata"]["namespace"],
+               "phase": "Progressing", "checksum": "5d8f6b", "metadata": hook.get("metadata", {})}
+    timeout = float(hook.get("timeout", "10s").rstrip("s"))
+    response = requests.post(local(hook["url"], server), data=json.dumps(payload),
+                             headers={"Content-Type": "application/json"}, timeout=timeout)
+    return response.status_code <= 202, response.text
+
+
+def flagger_run(server, intervals: int = 6) -> str:
+    """The scheduler's loop, reduced to our hooks: each interval the rollout hooks run,
+    a failure adds a failed check (threshold of them: rollback); at the last step the
+    confirm-promotion hooks decide whether the canary is promoted or waits."""
+    canary, hooks = flagger_hooks()
+    threshold = canary["spec"]["analysis"].get("threshold", 1)
+    failed = 0
+    for _ in range(intervals):
+        ok, _ = flagger_call(hooks["rollout"], server, canary)
+        if not ok:
+            failed += 1
+            if failed >= threshold:
+                return "rolled back"
+            continue
+        ok, _ = flagger_call(hooks["confirm-promotion"], server, canary)
+        if ok:
+            return "promoted"
+    return "waiting for promotion"
+
+
+PRIMARY = [fleet.Member(f"vllm-primary-{i}", "primary", ws(88_000, 100_000)) for i in range(3)]
+
+
+@pytest.mark.parametrize("canary, outcome", [
+    pytest.param([fleet.Member("vllm-0", "canary", ws(86_000, 100_000))], "promoted", id="no-drop"),
+    pytest.param([fleet.Member("vllm-0", "canary", ws(3_000, 100_000))], "rolled back", id="drop"),
+    pytest.param([fleet.Member("vllm-0", "canary", ws(100, 2_000))], "waiting for promotion", id="too-little-traffic"),
+    pytest.param([fleet.Member("vllm-0", "canary", ws(3_000, 100_000), cold=True)], "waiting for promotion", id="cold-canary"),
+    pytest.param([], "rolled back", id="no-pod-runs-the-canary"),
+])
+def test_the_flagger_canary_promotes_only_on_a_pass(canary, outcome):
+    """The one `rollout` hook answered 200 to everything but a drop: a canary no pod was
+    labelled as (no evidence at all) was promoted."""
+    server = serve(PRIMARY + canary)
+    try:
+        assert flagger_run(server) == outcome
+    finally:
+        server.stop()
+
+
+def test_the_flagger_webhook_names_what_is_wrong():
+    canary, hooks = flagger_hooks()
+    server = serve(PRIMARY)
+    try:
+        ok, body = flagger_call(hooks["rollout"], server, canary)
+        assert not ok and json.loads(body)["error"] == f"no replica of {MODEL} runs canary"
+        bad = dict(hooks["rollout"], metadata={**hooks["rollout"]["metadata"], "require": "maybe"})
+        ok, body = flagger_call(bad, server, canary)
+        assert not ok and "metadata.require" in json.loads(body)["error"]
+    finally:
+        server.stop()
