@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import hmac
+import html
 import json
 import logging
 import math
@@ -11,15 +12,15 @@ import time
 import unicodedata
 from typing import Callable, Iterable
 
+from cheroot import wsgi
+from cheroot.ssl.builtin import BuiltinSSLAdapter
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from . import __version__, fleet
 from .deploys import API, DeployEvent
-from .httpserver import Server  # noqa: F401 - the server the app runs under, imported from here
 from .scrape import redact_url
 from .state import State
-from .statuspage import StatusPage
 from .webconfig import BasicAuth, WebSecurity
 
 log = logging.getLogger(__name__)
@@ -83,19 +84,6 @@ class Exposition:
             return self._gzip
 
 
-# Kubernetes' probes cannot answer basic auth without putting a password in the pod
-# spec, and a liveness probe that gets 401 restarts the container: these two answer
-# without credentials. They tell only that the process serves and whether it is ready.
-PROBES = ("/-/healthy", "/-/ready")
-
-
-def _error(path: str, status: int, message: str) -> tuple[int, str, bytes]:
-    """The APIs answer JSON for every status (a rollout tool reads the body); the rest text."""
-    if path.startswith("/api/"):
-        return json_response(status, {"error": message})
-    return status, "text/plain", (message + "\n").encode()
-
-
 class App:
     """Routes: (method, path) -> handler. Later stages add their routes with `route()`."""
 
@@ -105,14 +93,10 @@ class App:
         self.state = state
         self.registry = registry
         self.exposition = Exposition(state, registry, render_interval)
-        self.status_page = StatusPage(state, render_interval)
         self.ready_check = ready or (lambda: (state.ready(), "every target polled at least once"))
         self.basic_auth = BasicAuth(security.users) if security is not None and security.basic_auth else None
         self.deploy_api_open = deploy_api_open
-        # Routes that check their own credentials instead of basic auth, each while its
-        # callable says so: asked on every request, so a reload that drops the deploy
-        # API's token puts that route back behind basic auth at once.
-        self.own_auth: dict[tuple[str, str], Callable[[], bool]] = {}
+        self.own_auth: set[tuple[str, str]] = set()  # routes that check their own credentials
         self.routes: dict[tuple[str, str], Handler] = {}
         self.route("GET", "/metrics", self._metrics)
         self.route("GET", "/-/healthy", lambda env: (200, "text/plain", b"Healthy.\n"))
@@ -128,35 +112,28 @@ class App:
     def __call__(self, environ: dict, start_response) -> Iterable[bytes]:
         method, path = environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "/") or "/"
         handler = self.routes.get((method, path))
-        if self.basic_auth is not None and not self._skips_basic_auth(method, path) \
+        if self.basic_auth is not None and (method, path) not in self.own_auth \
                 and not self.basic_auth.check(environ.get("HTTP_AUTHORIZATION", "")):
-            status, ctype, body = _error(path, 401, "Unauthorized")
-            start_response(_STATUS[401], [("Content-Type", ctype), ("WWW-Authenticate", 'Basic realm="vllm-prefix-cache-exporter"'),
-                                          ("Content-Length", str(len(body)))])
-            return [b"" if method == "HEAD" else body]
+            start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", 'Basic realm="vllm-prefix-cache-exporter"'),
+                                                ("Content-Length", "13")])
+            return [b"Unauthorized\n"]
         if handler is None:
             if any(p == path for _, p in self.routes):
-                status, ctype, body = _error(path, 405, f"method {method} not allowed on {path}")
+                status, ctype, body = 405, "text/plain", f"method {method} not allowed on {path}\n".encode()
             else:
-                status, ctype, body = _error(path, 404, f"{path} not found")
+                status, ctype, body = 404, "text/plain", f"{path} not found\n".encode()
         else:
             try:
                 status, ctype, body = handler(environ)
             except Exception:  # noqa: BLE001 - answer 500, keep serving
                 log.exception("handler for %s %s failed", method, path)
-                status, ctype, body = _error(path, 500, "internal error")
+                status, ctype, body = 500, "text/plain", b"internal error\n"
         headers = [("Content-Type", ctype)]
         if path == "/metrics" and status == 200 and _wants_gzip(environ):
             headers.append(("Content-Encoding", "gzip"))
         headers.append(("Content-Length", str(len(body))))
         start_response(_STATUS.get(status, f"{status} Status"), headers)
         return [b"" if method == "HEAD" else body]
-
-    def _skips_basic_auth(self, method: str, path: str) -> bool:
-        if method in ("GET", "HEAD") and path in PROBES:
-            return True
-        own = self.own_auth.get((method, path))
-        return own is not None and own()
 
     def _metrics(self, environ) -> tuple[int, str, bytes]:
         try:
@@ -169,12 +146,18 @@ class App:
         return (200, "text/plain", b"Ready.\n") if ok else (503, "text/plain", f"Not ready: {why}\n".encode())
 
     def _landing(self, environ) -> tuple[int, str, bytes]:
-        links = [p for m, p in sorted(self.routes) if m == "GET"]
+        links = "".join(f'<li><a href="{p}">{p}</a></li>' for m, p in sorted(self.routes) if m == "GET")
+        rows = "".join(
+            f"<tr><td>{html.escape(v.target.name)}</td><td>{'up' if v.up else 'down'}</td>"
+            f"<td>{html.escape(v.last_error or '')}</td></tr>" for v in self.state.targets())
         warning = ""
         if self.deploy_api_open is not None and self.deploy_api_open():
-            warning = ("POST /api/v1/deploys is open: no deploys.api_token is configured, "
-                       "so anyone who reaches this port can announce deploys.")
-        return 200, "text/html; charset=utf-8", self.status_page.get(links, __version__, warning)
+            warning = ("<p><strong>Warning:</strong> POST /api/v1/deploys is open: no deploys.api_token is configured, "
+                       "so anyone who reaches this port can announce deploys.</p>")
+        page = (f"<!doctype html><html><head><title>vLLM prefix-cache exporter</title></head><body>"
+                f"<h1>vLLM prefix-cache exporter {__version__}</h1>{warning}<ul>{links}</ul>"
+                f"<table><tr><th>target</th><th>state</th><th>last error</th></tr>{rows}</table></body></html>")
+        return 200, "text/html; charset=utf-8", page.encode()
 
     def _status(self, environ) -> tuple[int, str, bytes]:
         return json_response(200, status_json(self.state))
@@ -207,8 +190,6 @@ def deploy_handlers(state: State, add_event: Callable[[DeployEvent], None], toke
             data = json.loads(environ["wsgi.input"].read(length) or b"null")
         except (ValueError, UnicodeDecodeError) as exc:
             return json_response(400, {"error": f"body is not JSON: {exc}"})
-        except RecursionError:  # nested deeper than any webhook body: still the client's error
-            return json_response(400, {"error": "body is not JSON we accept: nested too deeply"})
         errors = _deploy_errors(data, targets())
         if errors:
             return json_response(400, {"error": "; ".join(errors)})
@@ -228,8 +209,6 @@ def _deploy_errors(data, known: set[str]) -> list[str]:
         return ["body must be a JSON object"]
     try:
         json.dumps(data, ensure_ascii=False).encode("utf-8")
-    except RecursionError:
-        return ["body is nested too deeply"]
     except UnicodeEncodeError:
         return ["body holds text that is not valid Unicode (a lone surrogate)"]
     errors = [f"unknown field {k!r}" for k in data if k not in ("version", "target", "description")]
@@ -254,23 +233,7 @@ def _has_control(text: str) -> bool:
 
 
 def _wants_gzip(environ) -> bool:
-    """Accept-Encoding as RFC 9110 12.5.3 reads it: `gzip;q=0` refuses gzip, and `*`
-    accepts it unless gzip is listed on its own."""
-    weights: dict[str, float] = {}
-    for item in environ.get("HTTP_ACCEPT_ENCODING", "").split(","):
-        coding, *params = (part.strip() for part in item.split(";"))
-        weight = 1.0
-        for param in params:
-            name, _, value = param.partition("=")
-            if name.strip().lower() == "q":
-                try:
-                    weight = float(value)
-                except ValueError:
-                    weight = 0.0
-        if coding:
-            weights[coding.lower()] = weight if math.isfinite(weight) else 0.0
-    weight = weights.get("gzip", weights.get("x-gzip", weights.get("*", 0.0)))
-    return weight > 0
+    return "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")
 
 
 def status_json(state: State) -> dict:
@@ -316,8 +279,56 @@ def status_json(state: State) -> dict:
     return out
 
 
-# a version judged against itself cannot drop: it would pass whatever it hits
-_SELF_BASELINE = "baseline names the version under test: a version is judged against another one"
+class _ReadyFirstServer(wsgi.Server):
+    """cheroot hands a freshly accepted connection straight to a worker, which then
+    blocks reading it: 300 clients that connect and send nothing hold every worker until
+    they time out. Here a new connection first waits in the selector, like an idle
+    keep-alive one, and reaches a worker only once it has bytes to read; the selector
+    closes it after `timeout` if it never does."""
+
+    def process_conn(self, conn):
+        manager = getattr(self, "_connections", None)
+        if manager is not None and not getattr(conn, "_waited_for_bytes", False):
+            conn._waited_for_bytes = True
+            manager.put(conn)
+            return
+        super().process_conn(conn)
+
+
+class Server:
+    """cheroot: a bounded pool of worker threads, request and idle timeouts, a real
+    listen backlog, TLS from the web config, IPv4 and IPv6."""
+
+    def __init__(self, app: App, host: str, port: int, security: WebSecurity | None = None,
+                 threads: int = 16, backlog: int = 1024, timeout: float = 10.0):
+        bind = (host or "0.0.0.0", port)
+        self.httpd = _ReadyFirstServer(bind, app, numthreads=threads, max=threads, request_queue_size=backlog,
+                                 timeout=int(max(1, timeout)), shutdown_timeout=1, accepted_queue_size=threads * 16,
+                                 accepted_queue_timeout=int(max(1, timeout)))
+        self.httpd.server_name = "vllm-prefix-cache-exporter"
+        self.httpd.max_request_header_size = 64 * 1024
+        self.httpd.max_request_body_size = 1024 * 1024
+        if security is not None and security.tls is not None:
+            tls = security.tls
+            adapter = BuiltinSSLAdapter(tls.cert_file, tls.key_file)
+            adapter.context = tls.context()
+            self.httpd.ssl_adapter = adapter
+        self.httpd.prepare()  # binds now, so a busy port fails at build time
+        self._thread = threading.Thread(target=self.httpd.serve, name="http", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self.httpd.bind_addr[1]
+
+    def start(self) -> "Server":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Also for a server built and never started: prepare() started its workers."""
+        self.httpd.stop()
+        if self._thread.ident is not None:
+            self._thread.join(5.0)
 
 
 def analysis_handlers(verdict: Callable[[str, str, str | None], fleet.Verdict]) -> tuple[Handler, Handler]:
@@ -334,8 +345,6 @@ def analysis_handlers(verdict: Callable[[str, str, str | None], fleet.Verdict]) 
             return json_response(400, {"verdict": fleet.INCONCLUSIVE, "error": "give ?model=M&version=V[&baseline=B]"})
         if any(_has_control(x) for x in (model, version, baseline or "")):
             return json_response(400, {"verdict": fleet.INCONCLUSIVE, "error": "control characters are not allowed"})
-        if baseline == version:
-            return json_response(400, {"verdict": fleet.INCONCLUSIVE, "error": _SELF_BASELINE})
         return json_response(200, verdict(model, version, baseline).to_json())
 
     def flagger(environ) -> tuple[int, str, bytes]:
@@ -346,14 +355,10 @@ def analysis_handlers(verdict: Callable[[str, str, str | None], fleet.Verdict]) 
             body = json.loads(environ["wsgi.input"].read(int(length_text)) or b"null")
         except (ValueError, UnicodeDecodeError) as exc:
             return json_response(400, {"error": f"body is not JSON: {exc}"})
-        except RecursionError:  # nested deeper than any webhook body: still the client's error
-            return json_response(400, {"error": "body is not JSON we accept: nested too deeply"})
         meta = body.get("metadata") if isinstance(body, dict) else None
         if not isinstance(meta, dict) or not isinstance(meta.get("model"), str) or not isinstance(meta.get("version"), str):
             return json_response(400, {"error": "the webhook's metadata needs `model` and `version` (and may name a `baseline`)"})
         baseline = meta.get("baseline") if isinstance(meta.get("baseline"), str) else None
-        if baseline == meta["version"]:
-            return json_response(400, {"verdict": fleet.INCONCLUSIVE, "error": _SELF_BASELINE})
         require = meta.get("require", "no-fail")
         if require not in ("no-fail", "pass"):
             return json_response(400, {"error": "metadata.require is `no-fail` (a rollout hook) or `pass` (confirm-promotion)"})
