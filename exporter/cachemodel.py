@@ -7,7 +7,9 @@ two tenants with different salts never share a block. The partial last block is 
 cached, and a hit never covers the whole prompt: the last token is always computed, so
 at most (n - 1) // block_size blocks hit. Each replica has its own pool; with a
 capacity, the least recently used blocks are evicted (requests are replayed one after
-the other, so every block is unreferenced between requests).
+the other, so every block is unreferenced between requests). A finished request gives
+its blocks back tail first, as vLLM's KV-cache manager frees them, so its last block is
+evicted before its first: a prompt's cached blocks stay a prefix of it.
 """
 from __future__ import annotations
 
@@ -68,10 +70,13 @@ class BlockPool:
             for h in hashes:
                 if h not in lru:
                     break
-                lru.move_to_end(h)
                 matched += 1
-            for h in hashes[matched:]:
+            # vLLM frees a request's blocks in reverse so that the tail goes first: the
+            # first block ends up the most recently used (a block cached before but not
+            # in the matched run is computed again and counts as used now)
+            for h in reversed(hashes):
                 lru[h] = None
+                lru.move_to_end(h)
             while len(lru) > self.capacity:
                 lru.popitem(last=False)
         return min(matched, limit) * block_size

@@ -99,3 +99,25 @@ def test_routing_is_deterministic_and_observed_needs_replicas():
     assert replay(requests, BS, cachemodel.PREFIX_HASH, 6, None)[0] > 0
     with pytest.raises(ValueError):
         replay(requests, BS, cachemodel.OBSERVED, 2, None)
+
+
+def test_a_request_gives_its_blocks_back_tail_first_as_vllm_frees_them():
+    """vLLM's KV-cache manager frees a finished request's blocks in reverse order, so
+    eviction takes a prompt's last block before its first and the rest still hits."""
+    pool = BlockPool(capacity=3)
+    a, b, c = list(range(0, 33)), list(range(100, 117)), list(range(200, 217))  # 2, 1, 1 full blocks
+    serve(pool, a)
+    serve(pool, b)  # full: a0 a1 b0
+    serve(pool, c)  # evicts a1, a's tail, not a0
+    assert serve(pool, a) == 16
+
+
+def test_a_block_cached_behind_a_miss_counts_as_used_by_that_request():
+    """Hash ids from a trace need not chain: a block held behind a missing one is
+    computed again by the request and is as recent as the request's other blocks."""
+    pool = BlockPool(capacity=3)
+    pool.serve([1, 2], 33, BS)
+    pool.serve([3], 17, BS)
+    assert pool.serve([9, 2], 33, BS) == 0  # 2 is held, but 9 before it is not
+    pool.serve([4], 17, BS)  # evicts 3, the least recently used, not 2
+    assert pool.serve([2], 17, BS) == 16
