@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import zlib
+from bisect import bisect_left
 from collections import OrderedDict
 from typing import Sequence
 
@@ -121,3 +122,95 @@ def replay(requests: Sequence[tuple], block_size: int, policy: str,
             hits += hit
             total += n
     return float(hits), float(total)
+
+
+
+def chained(requests: Sequence[tuple]) -> bool:
+    """Whether every block hash stands behind one and the same parent in every prompt,
+    as chained hashes do (vLLM's, and the hash ids of Mooncake's traces)."""
+    parent: dict[int, object] = {}
+    root = object()
+    setdefault = parent.setdefault
+    for request in requests:
+        hashes = request[0]
+        prev = root
+        for h in hashes:
+            if setdefault(h, prev) != prev:
+                return False
+            prev = h
+    return True
+
+
+def hits_by_capacity(requests: Sequence[tuple], block_size: int, policy: str, replicas: int,
+                     capacities: Sequence[int | None], seed: int = 0) -> list[float]:
+    """Hit tokens of `replay` at every capacity (blocks per replica, None unlimited) in
+    one pass. The hashes must chain (`chained`); otherwise replay each size.
+
+    LRU with a fixed access order is a stack algorithm (Mattson et al., 1970): a pool
+    of C blocks holds the C most recent blocks whatever C is, so one pass that finds
+    each looked-up block's depth in its replica's recency stack answers every size. With
+    chained hashes a block stands at the same position in every prompt that holds it
+    and is used whenever a later block of its chain is; given back tail first, a
+    request's blocks still held form a run from one position to its end, and a
+    block's depth is the blocks held by later requests plus those before it in its own
+    request's run. Depths of a prompt's leading blocks rise, so a pool of C blocks hits
+    the leading blocks of depth below C."""
+    routes = []
+    rng = random.Random(seed)
+    for i, request in enumerate(requests):
+        routes.append(route(policy, i, replicas, request[2], request[0], rng, request[3]))
+    served = [0] * replicas
+    for r in routes:
+        served[r] += 1
+    # per replica: a Fenwick tree of the blocks each request (by local index) still
+    # holds, each request's first position still held, every block's newest request,
+    # and the blocks held in all
+    trees = [[0] * (n + 1) for n in served]
+    starts = [[0] * n for n in served]
+    newest: list[dict[int, int]] = [{} for _ in range(replicas)]
+    held = [0] * replicas
+    local = [0] * replicas
+    finite = sorted((c, k) for k, c in enumerate(capacities) if c is not None)
+    unlimited = [k for k, c in enumerate(capacities) if c is None]
+    hits = [0] * len(capacities)
+    for request, replica in zip(requests, routes):
+        hashes, n = request[0], request[1]
+        tree, start, last = trees[replica], starts[replica], newest[replica]
+        size = len(tree) - 1
+        me = local[replica]
+        local[replica] += 1
+        owners = list(map(last.get, hashes))
+        matched = owners.index(None) if None in owners else len(owners)
+        depths: list[int] = []
+        i = 0
+        while i < matched:
+            owner = owners[i]
+            run = i + 1
+            while run < matched and owners[run] == owner:
+                run += 1
+            c = run - i
+            s, k = 0, owner + 1
+            while k > 0:
+                s += tree[k]
+                k -= k & -k
+            first = held[replica] - s + i - start[owner]  # blocks of later requests, then of its own run
+            depths.extend(range(first, first + c))
+            start[owner] += c
+            k = owner + 1
+            while k <= size:
+                tree[k] -= c
+                k += k & -k
+            i = run
+        k = me + 1
+        while k <= size:
+            tree[k] += len(hashes)
+            k += k & -k
+        held[replica] += len(hashes) - matched
+        last.update(dict.fromkeys(hashes, me))
+        if matched and (len(request) < 5 or request[4]):
+            limit = cacheable_blocks(n, block_size)
+            for cap, k in finite:
+                hits[k] += min(bisect_left(depths, cap), limit) * block_size
+            for k in unlimited:
+                hits[k] += min(matched, limit) * block_size
+    return [float(h) for h in hits]

@@ -121,3 +121,26 @@ def test_a_block_cached_behind_a_miss_counts_as_used_by_that_request():
     assert pool.serve([9, 2], 33, BS) == 0  # 2 is held, but 9 before it is not
     pool.serve([4], 17, BS)  # evicts 3, the least recently used, not 2
     assert pool.serve([2], 17, BS) == 16
+
+
+@pytest.mark.parametrize("policy, replicas", [
+    pytest.param(cachemodel.ROUND_ROBIN, 1, id="one-replica"),
+    pytest.param(cachemodel.ROUND_ROBIN, 3, id="round-robin"),
+    pytest.param(cachemodel.RANDOM, 3, id="random"),
+    pytest.param(cachemodel.SESSION, 3, id="session"),
+    pytest.param(cachemodel.PREFIX_HASH, 3, id="prefix-hash"),
+])
+def test_one_pass_gives_every_capacity_the_hits_of_replaying_it(policy, replicas):
+    requests = multi_turn(turns=6)
+    # some requests only warm the caches, as with --measure-from
+    requests = [r + (i % 7 != 0,) for i, r in enumerate(requests)]
+    capacities = [0, 1, 3, 5, 8, 13, 21, 34, 55, 89, None]
+    assert cachemodel.chained(requests)
+    one_pass = cachemodel.hits_by_capacity(requests, BS, policy, replicas, capacities)
+    assert one_pass == [replay(requests, BS, policy, replicas, c)[0] for c in capacities]
+    assert one_pass == sorted(one_pass) and one_pass[0] == 0 < one_pass[-1]
+
+
+def test_hash_ids_that_do_not_chain_are_told_apart():
+    assert cachemodel.chained([([1, 2, 3], 64, None, None), ([1, 2, 4], 64, None, None)])
+    assert not cachemodel.chained([([1, 2, 3], 64, None, None), ([5, 2, 3], 64, None, None)])
