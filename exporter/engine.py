@@ -83,6 +83,7 @@ class Engine:
         self.last_restart_t: dict[str, float] = {}  # target ('' for all) -> newest restart
         self.alerts: dict[tuple[str, str, str, str], Alert] = {}
         self.rollouts: dict[str, fleet.Rollout] = {}  # model -> its newest rollout
+        self.verdicts: dict[str, fleet.Verdict] = {}  # model -> the gate's verdict at the last evaluation, while versions are judged
         self.fleet_baselines: dict[tuple[str, str], tuple[float, float]] = {}  # (target, model) -> (ratio, pod start)
         self.reconfigure(config)
 
@@ -253,6 +254,7 @@ class Engine:
                     cond = RULES[alertname](facts, settings, rc)
                     new, transition = step(alert, cond, now, settings, lambda a, c, f=facts: self._describe(a, c, f))
                     self._keep(key, new, transition, transitions)
+        self.verdicts = {}
         if rc.rules[DROP_AFTER_DEPLOY].enabled:
             self._evaluate_versions(now, evaluated, transitions)
         for key in [k for k in self.alerts if k not in evaluated]:
@@ -359,6 +361,7 @@ class Engine:
             else:
                 self.rollouts.pop(model, None)  # one version and no rollout of it to judge (or a rollback done)
                 continue
+            self.verdicts[model] = verdict
             key = (DROP_AFTER_DEPLOY, "", model, verdict.version)
             evaluated.add(key)
             alert = self.alerts.get(key) or Alert(DROP_AFTER_DEPLOY, "", model, version=verdict.version)

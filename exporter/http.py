@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import gzip
 import hmac
-import html
 import json
 import logging
 import math
@@ -21,6 +20,7 @@ from . import __version__, fleet
 from .deploys import API, DeployEvent
 from .scrape import redact_url
 from .state import State
+from .statuspage import StatusPage
 from .webconfig import BasicAuth, WebSecurity
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,7 @@ class App:
         self.state = state
         self.registry = registry
         self.exposition = Exposition(state, registry, render_interval)
+        self.status_page = StatusPage(state, render_interval)
         self.ready_check = ready or (lambda: (state.ready(), "every target polled at least once"))
         self.basic_auth = BasicAuth(security.users) if security is not None and security.basic_auth else None
         self.deploy_api_open = deploy_api_open
@@ -146,18 +147,12 @@ class App:
         return (200, "text/plain", b"Ready.\n") if ok else (503, "text/plain", f"Not ready: {why}\n".encode())
 
     def _landing(self, environ) -> tuple[int, str, bytes]:
-        links = "".join(f'<li><a href="{p}">{p}</a></li>' for m, p in sorted(self.routes) if m == "GET")
-        rows = "".join(
-            f"<tr><td>{html.escape(v.target.name)}</td><td>{'up' if v.up else 'down'}</td>"
-            f"<td>{html.escape(v.last_error or '')}</td></tr>" for v in self.state.targets())
+        links = [p for m, p in sorted(self.routes) if m == "GET"]
         warning = ""
         if self.deploy_api_open is not None and self.deploy_api_open():
-            warning = ("<p><strong>Warning:</strong> POST /api/v1/deploys is open: no deploys.api_token is configured, "
-                       "so anyone who reaches this port can announce deploys.</p>")
-        page = (f"<!doctype html><html><head><title>vLLM prefix-cache exporter</title></head><body>"
-                f"<h1>vLLM prefix-cache exporter {__version__}</h1>{warning}<ul>{links}</ul>"
-                f"<table><tr><th>target</th><th>state</th><th>last error</th></tr>{rows}</table></body></html>")
-        return 200, "text/html; charset=utf-8", page.encode()
+            warning = ("POST /api/v1/deploys is open: no deploys.api_token is configured, "
+                       "so anyone who reaches this port can announce deploys.")
+        return 200, "text/html; charset=utf-8", self.status_page.get(links, __version__, warning)
 
     def _status(self, environ) -> tuple[int, str, bytes]:
         return json_response(200, status_json(self.state))

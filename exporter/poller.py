@@ -103,7 +103,7 @@ class TargetPoller:
             was_up = self.engine.tracks[self.target.name].view.ever_up
             events = self.engine.observe(self.target.name, now, snapshot)
             track = self.engine.tracks.get(self.target.name)
-            stats, kept = (track.view.stats, len(track.history)) if track else ({}, 0)
+            stats, kept, samples = (track.view.stats, len(track.history), track.view.samples) if track else ({}, 0, None)
         if events:
             with self.lock:
                 for ev in events:
@@ -124,7 +124,7 @@ class TargetPoller:
         self.state.publish(replace(
             view, up=True, polled=True, last_result=result.result, last_error=None, last_scrape_time=now,
             last_success_time=now, scrape_duration=result.duration, scrapes=_count(view.scrapes, result.result),
-            snapshot=snapshot, stats=stats, samples_kept=kept, rejected=_add(view.rejected, snapshot.rejected),
+            snapshot=snapshot, stats=stats, samples=samples, samples_kept=kept, rejected=_add(view.rejected, snapshot.rejected),
         ))
 
     def _read_fleet_baseline(self, snapshot, now: float) -> None:
@@ -159,17 +159,17 @@ class TargetPoller:
         view = self._view()
         if view.up or not view.polled:
             log.warning("target=%s is down: %s", self.target.name, error)
-        stats, kept = view.stats, view.samples_kept
+        stats, kept, samples = view.stats, view.samples_kept, view.samples
         if self.target.name in self.engine.tracks:
             with self.track_lock:
                 self.engine.ingest_failure(self.target.name, now)
                 track = self.engine.tracks.get(self.target.name)
                 if track is not None:
-                    stats, kept = track.view.stats, len(track.history)
+                    stats, kept, samples = track.view.stats, len(track.history), track.view.samples
         self.state.publish(replace(
             view, up=False, polled=True, last_result=result, last_error=error, last_scrape_time=now,
             scrape_duration=duration, scrapes=_count(view.scrapes, result),
-            snapshot=snapshot or view.snapshot, stats=stats, samples_kept=kept,
+            snapshot=snapshot or view.snapshot, stats=stats, samples=samples, samples_kept=kept,
         ))
 
     def close(self) -> None:
@@ -333,6 +333,7 @@ class Poller:
     def _publish_engine(self) -> None:
         with self.eval_lock:
             alerts = self.engine.active_alerts()
+            verdicts = dict(self.engine.verdicts)
         with self.lock:
             events = list(self.engine.events)[-50:]
             counts: dict[str, dict[str, int]] = {}
@@ -340,6 +341,7 @@ class Poller:
                 counts.setdefault(target, {})[source] = n
             last = self.engine.last_deploy()
         self.state.put("alerts", alerts)
+        self.state.put("fleet", verdicts)
         self.state.put("deploys", {"recent": [e.to_json() for e in events], "counts": counts, "last": last})
 
     def reload(self, config: Config) -> None:

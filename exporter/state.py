@@ -11,7 +11,7 @@ from typing import Any
 
 from .config import Target
 from .vllm_metrics import Snapshot
-from .window import WindowStats
+from .window import Samples, WindowStats
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class TargetView:
     scrapes: tuple[tuple[str, int], ...] = ()  # result -> count, cumulative
     snapshot: Snapshot | None = None
     stats: dict[str, dict[str, WindowStats]] = field(default_factory=dict)  # model -> window -> stats
+    samples: Samples | None = None  # what `stats` came from (immutable): the status page draws the last hour from it
     samples_kept: int = 0
     rejected: tuple[tuple[str, int], ...] = ()  # reason -> samples the parser refused, cumulative
 
