@@ -145,6 +145,10 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
             warmer.trigger(f"{reason} of {target}")
 
     def ready() -> tuple[bool, str]:
+        # no evidence is never ready: a discovery source that has not answered once may hold the whole fleet
+        waiting = [f"{s.name} ({s.error or 'first refresh running'})" for s in state.get("discovery") or () if not s.refreshed]
+        if waiting:
+            return False, "discovery has not answered yet: " + "; ".join(waiting)
         if not state.ready():
             return False, "not every target has been polled yet"
         return warmer.ready()

@@ -107,6 +107,8 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("discovery_last_refresh_successful", "gauge", "1 if the last refresh of the discovery `source` succeeded; while 0 its last good targets are kept (see the log).", "source"),
     _m("discovery_last_success_timestamp_seconds", "gauge", "Unix time of the last successful refresh of the discovery `source`.", "source"),
     _m("discovery_refresh_failures", "counter", "Refreshes of the discovery `source` that failed (unreachable Prometheus, malformed file_sd file, ...).", "source"),
+    _m("discovery_matched_nothing", "gauge", "1 while every answer of the discovery `source` since start held no target of ours: far more often a wrong selector (match_labels, job, scrape_pool) than an empty fleet; the log names what the answer held.", "source"),
+    _m("discovery_dropped", "gauge", "What the last answer of the discovery `source` had over a limit and was dropped, by `reason`: target_limit (targets), label_limit, label_value_length_limit, invalid_label_name (labels).", "source", "reason"),
     # warm-up after a (re)start
     _m("warmup_requests", "counter", "Warm-up requests sent to the local vLLM by `result` (success, http_error, timeout, connection_error, cancelled).", "result"),
     _m("warmup_running", "gauge", "1 while a warm-up runs."),
@@ -179,6 +181,10 @@ class PrefixCacheCollector(Collector):
             f.add("prefixcache_discovery_targets", (src.name,), len(src.targets), target=None)
             f.add("prefixcache_discovery_last_refresh_successful", (src.name,), 1.0 if src.ok else 0.0, target=None)
             f.add("prefixcache_discovery_refresh_failures", (src.name,), src.failures, target=None)
+            if src.refreshed:
+                f.add("prefixcache_discovery_matched_nothing", (src.name,), 0.0 if src.matched_ever else 1.0, target=None)
+            for reason, n in src.dropped:
+                f.add("prefixcache_discovery_dropped", (src.name, reason), n, target=None)
             if src.last_success is not None:
                 f.add("prefixcache_discovery_last_success_timestamp_seconds", (src.name,), src.last_success, target=None)
         warm = self.state.get("warmup")

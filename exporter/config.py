@@ -94,14 +94,23 @@ class FleetBaselineConfig:
 
 @dataclass(frozen=True)
 class PrometheusSDConfig:
-    """Targets from a Prometheus's own service discovery: the active targets of `job`."""
+    """Targets from a Prometheus's own service discovery: its active targets whose labels
+    (after relabelling) equal `match_labels`; `job` is shorthand for match_labels job.
+    The pool is not a selector unless `scrape_pool` names one: prometheus-operator names
+    its pools `podMonitor/<ns>/<name>/<i>`, whatever their `job` label says."""
 
     url: str
-    job: str
-    timeout: float = 10.0
+    job: str = ""
+    timeout: float = 10.0  # one deadline for a whole refresh
     bearer_token: str = ""
     username: str = ""
     password: str = ""
+    match_labels: tuple[tuple[str, str], ...] = ()
+    scrape_pool: str = ""
+
+    @property
+    def wanted_labels(self) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted({**({"job": self.job} if self.job else {}), **dict(self.match_labels)}.items()))
 
 
 @dataclass(frozen=True)
@@ -118,6 +127,10 @@ class DiscoveryConfig:
     refresh_interval: float = 30.0
     accept_empty_after: float = 600.0  # a source that had targets and answers none is believed after this
     shard: ShardConfig = field(default_factory=ShardConfig)
+    # per source, as Prometheus's scrape config limits; 0: none. Over them is dropped and counted
+    target_limit: int = 2000
+    label_limit: int = 64
+    label_value_length_limit: int = 1024
 
     @property
     def enabled(self) -> bool:
@@ -580,21 +593,28 @@ def _analysis(r: _Reader, raw: Any, g: GlobalConfig) -> AnalysisConfig:
 
 def _discovery(r: _Reader, raw: Any) -> DiscoveryConfig:
     d = DiscoveryConfig()
-    data = r.mapping(raw, "discovery", {"prometheus", "file_sd", "refresh_interval", "accept_empty_after", "shard"})
+    data = r.mapping(raw, "discovery", {"prometheus", "file_sd", "refresh_interval", "accept_empty_after", "shard",
+                                        "target_limit", "label_limit", "label_value_length_limit"})
     prometheus = None
     if "prometheus" in data:
         path = "discovery.prometheus"
-        p = r.mapping(data["prometheus"], path, {"url", "job", "timeout", "bearer_token", "bearer_token_file", "basic_auth"})
-        for key in ("url", "job"):
-            if key not in p:
-                r.errors.append(f"{path}.{key}: required")
+        p = r.mapping(data["prometheus"], path, {"url", "job", "match_labels", "scrape_pool", "timeout", "bearer_token",
+                                                 "bearer_token_file", "basic_auth"})
+        if "url" not in p:
+            r.errors.append(f"{path}.url: required")
         auth = r.mapping(p.get("basic_auth"), f"{path}.basic_auth", {"username", "password", "password_file"})
         prometheus = PrometheusSDConfig(
             url=r.value(p, path, "url", _url, ""), job=r.value(p, path, "job", _string, ""),
+            match_labels=_match_labels(r, p.get("match_labels"), f"{path}.match_labels"),
+            scrape_pool=r.value(p, path, "scrape_pool", _string, ""),
             timeout=r.value(p, path, "timeout", parse_duration, 10.0),
             bearer_token=_secret(r, p, path, "bearer_token"),
             username=r.value(auth, f"{path}.basic_auth", "username", _string, ""),
             password=_secret(r, auth, f"{path}.basic_auth", "password"))
+        if not prometheus.wanted_labels and not prometheus.scrape_pool:
+            r.errors.append(f"{path}: say which targets are ours: match_labels (e.g. {{job: llm/vllm}}), job, or scrape_pool")
+        if prometheus.job and dict(prometheus.match_labels).get("job", prometheus.job) != prometheus.job:
+            r.errors.append(f"{path}.job: {prometheus.job!r} contradicts match_labels.job; give one of them")
     files: tuple[str, ...] = ()
     if "file_sd" in data:
         fs = r.mapping(data["file_sd"], "discovery.file_sd", {"files"})
@@ -612,12 +632,32 @@ def _discovery(r: _Reader, raw: Any) -> DiscoveryConfig:
         prometheus=prometheus, file_sd=files,
         refresh_interval=r.value(data, "discovery", "refresh_interval", parse_duration, d.refresh_interval),
         accept_empty_after=r.value(data, "discovery", "accept_empty_after", _duration_or_zero, d.accept_empty_after),
-        shard=shard)
+        shard=shard,
+        target_limit=r.value(data, "discovery", "target_limit", _limit, d.target_limit),
+        label_limit=r.value(data, "discovery", "label_limit", _limit, d.label_limit),
+        label_value_length_limit=r.value(data, "discovery", "label_value_length_limit", _limit, d.label_value_length_limit))
+
+
+def _match_labels(r: _Reader, raw: Any, path: str) -> tuple[tuple[str, str], ...]:
+    """Label name -> the value a target must carry (after Prometheus's relabelling)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or not raw:
+        r.errors.append(f"{path}: must be a non-empty mapping of label name to value")
+        return ()
+    for k, v in raw.items():
+        if not isinstance(k, str) or not _LABEL_NAME.match(k):
+            r.errors.append(f"{path}.{k}: not a valid label name")
+        elif not isinstance(v, str):
+            r.errors.append(f"{path}.{k}: the value must be a string (quote it)")
+    return tuple(sorted((str(k), str(v)) for k, v in raw.items()))
 
 
 def _fleet_baseline(r: _Reader, raw: Any) -> FleetBaselineConfig:
     d = FleetBaselineConfig()
-    data = r.mapping(raw, "fleet_baseline", {"prometheus_url", "query", "timeout"})
+    data = r.mapping(raw, "fleet_baseline", {"prometheus_url", "query", "timeout", "bearer_token", "bearer_token_file",
+                                             "basic_auth"})
+    auth = r.mapping(data.get("basic_auth"), "fleet_baseline.basic_auth", {"username", "password", "password_file"})
     cfg = FleetBaselineConfig(
         prometheus_url=r.value(data, "fleet_baseline", "prometheus_url", _url, d.prometheus_url),
         query=r.value(data, "fleet_baseline", "query", _string, d.query),

@@ -269,11 +269,14 @@ class Poller:
         if self.scheduler.get_job("discover"):
             self.scheduler.remove_job("discover")
         self.discovery = Discovery(config.discovery, self.clock) if config.discovery.enabled else None
+        # published before the first refresh: readiness waits for every source to answer once
+        self.state.put("discovery", self.discovery.snapshot() if self.discovery is not None else [])
         if self.discovery is None:
             self.discovered = []
             return
+        # the first refresh runs on the discovery thread, at once: never on the start-up path
         self.scheduler.add_job(self.discover, "interval", id="discover", name="discover", executor="discovery",
-                               seconds=config.discovery.refresh_interval)
+                               seconds=config.discovery.refresh_interval, next_run_time=_now_datetime())
 
     def discover(self) -> None:
         """One refresh of every discovery source; applies what changed. Never raises."""
@@ -282,9 +285,11 @@ class Poller:
             if discovery is None:
                 return
             found = discovery.refresh()
-            self.state.put("discovery", discovery.snapshot())
             with self.reload_lock:
-                if discovery is not self.discovery or found == self.discovered:
+                if discovery is not self.discovery:
+                    return
+                self.state.put("discovery", discovery.snapshot())
+                if found == self.discovered:
                     return
                 self.discovered = found
                 self._install(self.config, rebuild=False)
@@ -355,13 +360,13 @@ class Poller:
             self.discover()
 
     def start(self) -> None:
-        """The first discovery refresh runs before the first poll, so that readiness and
-        the first evaluation see the discovered targets."""
-        if self.discovery is not None:
-            self.discover()
+        """The first discovery refresh is a job like the others: a slow discovery source
+        never delays start-up (readiness waits for it instead)."""
         self.scheduler.start()
 
     def stop(self) -> None:
+        if self.discovery is not None:
+            self.discovery.close()  # first: a refresh in flight ends now, not at its deadline
         if self.scheduler.running:
             self.scheduler.shutdown(wait=True)
         for p in self.pollers.values():

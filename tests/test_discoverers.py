@@ -86,7 +86,7 @@ def test_targets_from_a_prometheus_and_its_outage_keeps_them(caplog):
     with FakeServer({"/api/v1/targets": route}) as server:
         d = Discovery(prometheus_config(server.base), Clock())
         assert len(d.refresh()) == 3
-        assert "state=active" in seen[0] and "scrapePool=vllm" in seen[0]
+        assert "state=active" in seen[0] and "scrapePool" not in seen[0]  # a pool is not a job (see test_discovery)
         with caplog.at_level(logging.WARNING):
             answer.update(status=503, body="{}")
             assert len(d.refresh()) == 3
@@ -127,3 +127,153 @@ def test_basic_auth_and_bearer_token_are_sent():
         Discovery(DiscoveryConfig(prometheus=PrometheusSDConfig(url=server.base, job="vllm", bearer_token="tok")), Clock()).refresh()
         Discovery(DiscoveryConfig(prometheus=PrometheusSDConfig(url=server.base, job="vllm", username="u", password="p")), Clock()).refresh()
     assert got == ["Bearer tok", "Basic dTpw"]
+
+
+# --- no source can hold us: deadlines, files that are not files, close ----------------------------
+def bounded(fn, seconds):
+    """Runs fn on a thread; fails the test (instead of hanging it) if it does not end in time."""
+    import threading
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(value=fn()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds}s"
+    return box.get("value")
+
+
+def test_a_prometheus_that_drips_its_answer_is_cut_at_the_refresh_deadline():
+    import time
+    from fakeserver import drip
+    with FakeServer({"/api/v1/targets": drip(0.5, 120)}) as server:
+        d = Discovery(DiscoveryConfig(prometheus=PrometheusSDConfig(url=server.base, job="vllm", timeout=1.0)), Clock())
+        started = time.monotonic()
+        assert bounded(d.refresh, 10) == []
+        assert time.monotonic() - started < 3
+        (state,) = d.snapshot()
+        assert not state.ok and not state.refreshed and "1s" in state.error
+        d.close()
+
+
+def test_a_source_that_hangs_is_given_its_deadline_and_is_not_asked_again_on_top_of_itself(tmp_path):
+    """Whatever the layer below does (a file_sd path on a hung mount, a client without a
+    deadline of its own), a refresh ends at the source's deadline."""
+    import threading
+    import time
+    from exporter import discoverers
+    hung, calls = threading.Event(), []
+    d = Discovery(DiscoveryConfig(file_sd=(str(tmp_path / "*.json"),)), Clock())
+    d.files.deadline = 0.5
+    d.files.fetch = lambda: (calls.append(1), hung.wait(30))
+    started = time.monotonic()
+    assert bounded(d.refresh, 5) == [] and time.monotonic() - started < 2
+    assert "no complete answer within the 0.5s deadline" in d.snapshot()[0].error
+    assert bounded(d.refresh, 5) == [] and "still unanswered" in d.snapshot()[0].error and len(calls) == 1
+    hung.set()
+    assert discoverers.FILE_SD_DEADLINE <= 10
+
+
+def test_close_ends_a_refresh_in_flight_at_once():
+    import threading
+    import time
+    from fakeserver import drip
+    with FakeServer({"/api/v1/targets": drip(0.5, 120)}) as server:
+        d = Discovery(DiscoveryConfig(prometheus=PrometheusSDConfig(url=server.base, job="vllm", timeout=60.0)), Clock())
+        refreshing = threading.Thread(target=d.refresh, daemon=True)
+        refreshing.start()
+        time.sleep(0.5)
+        started = time.monotonic()
+        d.close()
+        refreshing.join(5)
+        assert not refreshing.is_alive() and time.monotonic() - started < 2
+        assert d.snapshot()[0].failures == 0  # shutting down is not a failure of the source
+        assert bounded(d.refresh, 2) == []
+
+
+def test_an_answer_cut_short_is_a_failed_refresh_not_a_success():
+    def short(h):
+        h.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n" + RECORDED.encode()[:100])
+        h.wfile.flush()
+        h.close_connection = True
+
+    with FakeServer({"/api/v1/targets": short}) as server:
+        d = Discovery(prometheus_config(server.base), Clock())
+        assert bounded(d.refresh, 10) == []
+        (state,) = d.snapshot()
+        assert not state.ok and state.failures == 1 and state.error
+
+
+def test_a_fifo_or_a_device_matching_the_glob_is_skipped_and_the_healthy_file_beside_it_is_read(tmp_path):
+    write(tmp_path / "a-healthy.json", [group("127.0.0.1:1", pod="a")])
+    os.mkfifo(tmp_path / "b-fifo.json")  # no writer: opening it for reading blocks
+    (tmp_path / "c-zero.json").symlink_to("/dev/zero")  # st_size 0, endless
+    (tmp_path / "d-dir.json").mkdir()
+    d = Discovery(DiscoveryConfig(file_sd=(str(tmp_path / "*.json"),)), Clock())
+    assert names(bounded(d.refresh, 10)) == ["a"]
+    (state,) = d.snapshot()
+    assert not state.ok and state.refreshed
+    for bad in ("b-fifo.json", "c-zero.json", "d-dir.json"):
+        assert f"{bad}: not a regular file" in state.error
+    assert names(bounded(d.refresh, 10)) == ["a"]  # and again: nothing accumulates
+
+
+def test_a_file_over_the_cap_is_refused_whatever_its_size_claims(tmp_path, monkeypatch):
+    from exporter import discoverers
+    monkeypatch.setattr(discoverers, "MAX_SD_FILE", 64)
+    write(tmp_path / "big.json", [group(*(f"127.0.0.1:{p}" for p in range(1, 20)))])
+    write(tmp_path / "small.json", [group("127.0.0.1:1", pod="a")])
+    d = Discovery(DiscoveryConfig(file_sd=(str(tmp_path / "*.json"),)), Clock())
+    assert names(d.refresh()) == ["a"] and "big.json: over 64 bytes" in d.snapshot()[0].error
+
+
+# --- limits and a selector that never matches ---------------------------------------------------
+def test_targets_over_the_limit_are_dropped_counted_and_logged_once(tmp_path, caplog):
+    sd = tmp_path / "sd.json"
+    write(sd, [group(*(f"127.0.0.1:{p}" for p in range(1, 31)))])
+    d = Discovery(DiscoveryConfig(file_sd=(str(sd),), target_limit=10), Clock())
+    with caplog.at_level(logging.WARNING):
+        assert len(d.refresh()) == 10
+        assert len(d.refresh()) == 10
+    (state,) = d.snapshot()
+    assert state.ok and state.dropped == (("target_limit", 20),)
+    assert caplog.text.count("over the limits, dropped 20 for target_limit") == 1
+
+
+def operator_answer():
+    from test_discovery import OPERATOR
+    return json.dumps(OPERATOR)
+
+
+def test_a_selector_that_never_matches_is_said_once_with_what_the_answer_held(caplog):
+    with FakeServer({"/api/v1/targets": text(operator_answer())}) as server:
+        d = Discovery(prometheus_config(server.base, job="vllm"), Clock())
+        with caplog.at_level(logging.WARNING):
+            for _ in range(3):
+                assert d.refresh() == []
+        (state,) = d.snapshot()
+        assert state.ok and state.refreshed and not state.matched_ever
+        (line,) = [r.getMessage() for r in caplog.records if "nothing matches" in r.getMessage()]
+        assert "job='vllm'" in line and "podMonitor/llm/vllm/0 (job='llm/vllm') x2" in line
+        right = Discovery(DiscoveryConfig(prometheus=PrometheusSDConfig(url=server.base, match_labels=(("job", "llm/vllm"),))), Clock())
+        assert names(right.refresh()) == ["vllm-7f9c8d6b5-abcde", "vllm-7f9c8d6b5-fghij"] and right.snapshot()[0].matched_ever
+
+
+def test_the_discovery_metrics_tell_a_wrong_selector_and_what_was_dropped(tmp_path):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from exporter.collector import PrefixCacheCollector
+    from exporter.state import State
+
+    sd = tmp_path / "sd.json"
+    write(sd, [group(*(f"127.0.0.1:{p}" for p in range(1, 6)), version="v" * 2000)])
+    with FakeServer({"/api/v1/targets": text(operator_answer())}) as server:
+        d = Discovery(DiscoveryConfig(prometheus=PrometheusSDConfig(url=server.base, job="vllm"), file_sd=(str(sd),), target_limit=3), Clock())
+        d.refresh()
+    state = State()
+    state.put("discovery", d.snapshot())
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PrefixCacheCollector(state, ["1m"]))
+    metrics = generate_latest(registry).decode()
+    assert 'prefixcache_discovery_matched_nothing{source="prometheus"} 1.0' in metrics
+    assert 'prefixcache_discovery_matched_nothing{source="file_sd"} 0.0' in metrics
+    assert 'prefixcache_discovery_dropped{reason="target_limit",source="file_sd"} 2.0' in metrics
+    assert 'prefixcache_discovery_dropped{reason="label_value_length_limit",source="file_sd"} 5.0' in metrics
