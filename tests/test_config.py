@@ -92,3 +92,41 @@ def test_sizes(text, size):
 
 def test_empty_config_is_valid_and_has_no_targets():
     assert load(None).targets == ()
+
+
+# --- discovery --------------------------------------------------------------------------------
+def test_discovery_selects_by_labels_and_the_old_job_key_still_works():
+    new = load({"discovery": {"prometheus": {"url": "http://prom:9090", "match_labels": {"job": "llm/vllm", "namespace": "llm"}}}})
+    p = new.discovery.prometheus
+    assert p.match_labels == (("job", "llm/vllm"), ("namespace", "llm")) and p.wanted_labels == p.match_labels and p.scrape_pool == ""
+    old = load({"discovery": {"prometheus": {"url": "http://prom:9090", "job": "vllm"}}})
+    assert old.discovery.prometheus.wanted_labels == (("job", "vllm"),)
+    both = load({"discovery": {"prometheus": {"url": "http://prom:9090", "job": "llm/vllm", "match_labels": {"version": "v2"},
+                                              "scrape_pool": "podMonitor/llm/vllm/0"}}})
+    assert both.discovery.prometheus.wanted_labels == (("job", "llm/vllm"), ("version", "v2"))
+    assert both.discovery.prometheus.scrape_pool == "podMonitor/llm/vllm/0"
+
+
+def test_discovery_limits_have_defaults_like_prometheus_scrape_limits():
+    d = load({}).discovery
+    assert (d.target_limit, d.label_limit, d.label_value_length_limit) == (2000, 64, 1024)
+    d = load({"discovery": {"target_limit": 0, "label_limit": 10, "label_value_length_limit": 256}}).discovery
+    assert (d.target_limit, d.label_limit, d.label_value_length_limit) == (0, 10, 256)
+
+
+@pytest.mark.parametrize("prometheus, message", [
+    pytest.param({"url": "http://prom:9090"}, "say which targets are ours", id="no-selector"),
+    pytest.param({"url": "http://prom:9090", "job": "a", "match_labels": {"job": "b"}}, "contradicts match_labels.job", id="two-jobs"),
+    pytest.param({"url": "http://prom:9090", "match_labels": {"app.kubernetes.io/name": "vllm"}}, "not a valid label name", id="bad-name"),
+    pytest.param({"url": "http://prom:9090", "match_labels": {"version": 2}}, "must be a string", id="number-value"),
+    pytest.param({"url": "http://prom:9090", "match_labels": {}}, "non-empty mapping", id="empty"),
+    pytest.param({"job": "vllm"}, "discovery.prometheus.url: required", id="no-url"),
+])
+def test_a_discovery_selector_that_cannot_select_is_a_config_error(prometheus, message):
+    with pytest.raises(ConfigError, match=message):
+        load({"discovery": {"prometheus": prometheus}})
+
+
+def test_a_discovery_limit_must_be_a_whole_number():
+    with pytest.raises(ConfigError, match="discovery.target_limit"):
+        load({"discovery": {"target_limit": -1}})

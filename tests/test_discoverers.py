@@ -277,3 +277,41 @@ def test_the_discovery_metrics_tell_a_wrong_selector_and_what_was_dropped(tmp_pa
     assert 'prefixcache_discovery_matched_nothing{source="file_sd"} 0.0' in metrics
     assert 'prefixcache_discovery_dropped{reason="target_limit",source="file_sd"} 2.0' in metrics
     assert 'prefixcache_discovery_dropped{reason="label_value_length_limit",source="file_sd"} 5.0' in metrics
+
+
+# --- the whole process: a peer that drips never holds start-up, readiness or SIGTERM --------------
+def test_a_dripping_discovery_prometheus_holds_neither_start_up_nor_readiness_nor_sigterm(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import requests
+    from fakeserver import drip
+
+    from conftest import wait_for
+
+    port = free_port()
+    log = tmp_path / "sidecar.log"
+    with FakeServer({"/api/v1/targets": drip(1.0, 600)}) as prom:
+        cfg = tmp_path / "sidecar.yml"
+        cfg.write_text(f"discovery:\n  prometheus: {{url: '{prom.base}', match_labels: {{job: llm/vllm}}, timeout: 30s}}\n")
+        proc = subprocess.Popen([sys.executable, "-m", "exporter", "run", f"--config.file={cfg}",
+                                 f"--web.listen-address=127.0.0.1:{port}"], cwd=Path(__file__).parent.parent,
+                                stderr=open(log, "w"))
+        try:
+            assert wait_for(lambda: "listening on" in log.read_text(), timeout=15), log.read_text()
+            ready = requests.get(f"http://127.0.0.1:{port}/-/ready", timeout=5)
+            assert ready.status_code == 503 and "discovery has not answered yet: prometheus" in ready.text
+            assert requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).status_code == 200
+            time.sleep(1)  # a refresh is in flight, dripping
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=15)
+            assert time.monotonic() - started < 8, log.read_text()
+            assert proc.returncode == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
