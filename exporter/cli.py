@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 from prometheus_client import CollectorRegistry
 
-from . import __version__, config as config_mod, console, divergence, lint as lint_mod, simulator, whatif as whatif_mod
+from . import __version__, config as config_mod, console, divergence, jsonlines, lint as lint_mod, simulator, whatif as whatif_mod
 from .collector import PrefixCacheCollector
 from .config import Config, ConfigError, ShardConfig, Target
 from .discoverers import Discovery
@@ -451,23 +451,41 @@ def cmd_backtest(args) -> int:
             print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        source = sys.stdin if args.recording == "-" else open(args.recording, encoding="utf-8")
+        # bytes: a line that is not UTF-8 is one bad line, not the end of the replay
+        source = sys.stdin.buffer if args.recording == "-" else open(args.recording, "rb")
     except OSError as exc:
         print(f"error: cannot read {args.recording}: {exc.strerror}", file=sys.stderr)
         return EXIT_ERROR
-    bad = []
+    tally = {"bad": 0, "records": 0}
 
     def warn(msg: str) -> None:
-        bad.append(msg)
-        print(f"warning: {msg}", file=sys.stderr)
+        tally["bad"] += 1
+        if tally["bad"] <= MAX_WARNED_LINES:
+            print(f"warning: {msg}", file=sys.stderr)
+
+    def record_read() -> None:
+        tally["records"] += 1
 
     count = 0
-    with source:
-        for transition in backtest(source, cfg, warn):
-            write_line(sys.stdout, transition.to_json())
-            count += 1
-    print(f"backtest: {count} transition(s); {len(bad)} bad line(s) skipped", file=sys.stderr)
+    try:
+        with source:
+            for transition in backtest(source, cfg, warn, on_record=record_read):
+                write_line(sys.stdout, transition.to_json())
+                count += 1
+    except OSError as exc:
+        print(f"error: cannot read {args.recording}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_ERROR
+    bad = tally["bad"]
+    if bad > MAX_WARNED_LINES:
+        print(f"warning: {bad - MAX_WARNED_LINES} more bad line(s) not shown", file=sys.stderr)
+    print(f"backtest: {count} transition(s); {bad} bad line(s) skipped", file=sys.stderr)
+    if bad and not tally["records"]:
+        print(f"error: {args.recording} holds no recording line ({bad} bad line(s)): is it a recording?", file=sys.stderr)
+        return EXIT_ERROR
     return EXIT_OK
+
+
+MAX_WARNED_LINES = 20  # a binary file is thousands of bad lines: the first few say what is wrong
 
 
 def cmd_record(args) -> int:
@@ -535,11 +553,10 @@ def cmd_record(args) -> int:
 
 def _read_request(path: str) -> dict:
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        data = jsonlines.loads(jsonlines.read_regular_file(path))
     except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
-    except ValueError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except jsonlines.JSONInputError as exc:
         raise ValueError(f"{path}: not JSON: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("messages"), list) or not data["messages"]:
         raise ValueError(f"{path}: not an OpenAI chat-completions request (needs a non-empty `messages` list)")
@@ -651,11 +668,10 @@ def cmd_lint(args) -> int:
     findings, broken = [], False
     for path in args.files:
         try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
+            text = jsonlines.read_regular_file(path)  # a FIFO or a device is refused, never waited on
             findings += [f for f in lint_mod.lint(path, text) if not lint_mod.allowed(f, allow)]
-        except (OSError, UnicodeDecodeError) as exc:
-            print(f"error: cannot read {path}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+        except OSError as exc:
+            print(f"error: cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
             broken = True
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)

@@ -2,11 +2,11 @@
 prefix cache. Pure: file text in, findings out."""
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Sequence
 
+from . import jsonlines
 from .divergence import PATTERNS, REQUEST_ID, TIMESTAMP, TOOLS_ORDER, USER, UUID, render, tool_names
 
 # About one 16-token block of static text: less than that after the volatile part
@@ -87,8 +87,8 @@ def lint(path: str, text: str) -> list[LintFinding]:
     """A request JSON file (an object with `messages`) or a prompt template."""
     if path.endswith(".json"):
         try:
-            data = json.loads(text)
-        except ValueError as exc:
+            data = jsonlines.loads(text)
+        except jsonlines.JSONInputError as exc:
             raise ValueError(f"{path}: not JSON: {exc}") from None
         if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
             raise ValueError(f"{path}: not a chat-completions request (no `messages` list)")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import Iterable, Iterator, TextIO
+from typing import IO, Iterable, Iterator, TextIO
 
+from . import jsonlines
 from .config import Config, Target
 from .deploys import RECORDING, DeployEvent
 from .engine import Engine
@@ -26,23 +27,28 @@ class Scrape:
     labels: tuple[tuple[str, str], ...] | None = None  # the target's labels, where the recording has them
 
 
-def read_lines(lines: Iterable[str]) -> Iterator[tuple[int, Scrape | DeployEvent | RecordingError]]:
-    """(line number, record) for every line; a bad line yields a RecordingError."""
-    for n, line in enumerate(lines, 1):
+def read_lines(lines: IO[bytes] | Iterable[str]) -> Iterator[tuple[int, Scrape | DeployEvent | RecordingError]]:
+    """(line number, record) for every line of a binary stream (or of strings); a bad
+    line (not UTF-8, too long, not JSON, nested too deep, no finite `t`) yields a
+    RecordingError and the replay goes on."""
+    for n, line in jsonlines.lines(lines):
+        if isinstance(line, jsonlines.JSONInputError):
+            yield n, RecordingError(f"line {n}: {line}")
+            continue
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-        except ValueError as exc:
-            yield n, RecordingError(f"line {n}: not JSON ({exc.msg})")
+            obj = jsonlines.loads(line)
+        except jsonlines.JSONInputError as exc:
+            yield n, RecordingError(f"line {n}: not JSON ({exc})")
             continue
         yield n, _record(n, obj)
 
 
 def _record(n: int, obj) -> Scrape | DeployEvent | RecordingError:
-    if not isinstance(obj, dict) or not isinstance(obj.get("t"), (int, float)) or isinstance(obj.get("t"), bool):
-        return RecordingError(f"line {n}: an object with a numeric `t` is required")
-    t = float(obj["t"])
+    t = jsonlines.finite_number(obj.get("t")) if isinstance(obj, dict) else None
+    if t is None:
+        return RecordingError(f"line {n}: an object with a numeric `t` is required (finite: Unix seconds)")
     if obj.get("event") == "deploy":
         target = obj.get("target")
         version = obj.get("version")
@@ -65,11 +71,13 @@ def _record(n: int, obj) -> Scrape | DeployEvent | RecordingError:
 GONE_AFTER_POLLS = 3  # a target with no line for this many poll intervals has gone, as a pod does
 
 
-def backtest(lines: Iterable[str], config: Config, warn=lambda msg: None, engine: Engine | None = None) -> Iterator[Transition]:
+def backtest(lines: IO[bytes] | Iterable[str], config: Config, warn=lambda msg: None, engine: Engine | None = None,
+             on_record=lambda: None) -> Iterator[Transition]:
     """Replay a recording; yields every alert transition. Rules run after each time step.
     Targets appear with their first line (with its `labels`, if any) and are forgotten
     when they have had no line for GONE_AFTER_POLLS poll intervals, as discovered pods
-    come and go. Pass an `engine` to look at its state (alerts, events) afterwards."""
+    come and go. Pass an `engine` to look at its state (alerts, events) afterwards;
+    `on_record` is called for each line that was a record, `warn` for each that was not."""
     engine = engine or Engine(replace(config, targets=()))
     gone_after = GONE_AFTER_POLLS * config.global_.poll_interval
     step_t: float | None = None
@@ -82,6 +90,7 @@ def backtest(lines: Iterable[str], config: Config, warn=lambda msg: None, engine
         if record.t < last_t:
             warn(f"line {n}: t={record.t} goes back in time; skipped")
             continue
+        on_record()
         if step_t is not None and record.t > step_t:
             yield from engine.evaluate(step_t)
             _forget(engine, seen, record.t - gone_after)

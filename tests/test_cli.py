@@ -174,3 +174,51 @@ def test_record_with_a_config_writes_discovered_targets_with_their_labels(tmp_pa
         assert proc.returncode == 2 and "give --target" in proc.stderr
     finally:
         fleet.stop()
+
+
+def recording_line(t, body_file="v1-0.10.0_production-stack-issue-617.txt"):
+    return json.dumps({"t": t, "target": "vllm-0", "body": (UPSTREAM / body_file).read_text()})
+
+
+@pytest.mark.parametrize("line, why", [
+    pytest.param('{"t": 1e400, "target": "a", "body": "x"}', "1e400 is out of range", id="t-overflows"),
+    pytest.param('{"t": Infinity, "target": "a", "body": "x"}', "Infinity is not a JSON number", id="t-infinity"),
+    pytest.param('{"t": NaN, "target": "a", "body": "x"}', "NaN is not a JSON number", id="t-nan"),
+    pytest.param('{"t": 1, "target": "a", "body": ' + "[" * 100000 + "]" * 100000 + "}", "nested more than", id="deep"),
+    pytest.param("\udcff\udcfe{}", "not UTF-8", id="binary"),
+])
+def test_backtest_skips_and_counts_a_hostile_line_and_goes_on(tmp_path, capsys, line, why):
+    rec = tmp_path / "rec.jsonl"
+    rec.write_bytes(line.encode("utf-8", "surrogateescape") + b"\n" + recording_line(1764480000.0).encode() + b"\n")
+    assert main(["backtest", str(rec)]) == 0
+    err = capsys.readouterr().err
+    assert f"line 1: " in err and why in err and "1 bad line(s) skipped" in err and "Traceback" not in err
+
+
+def test_backtest_of_a_file_that_is_no_recording_is_an_error(tmp_path, capsys):
+    rec = tmp_path / "rec.bin"
+    rec.write_bytes(bytes(range(256)) * 400)
+    assert main(["backtest", str(rec)]) == 1
+    err = capsys.readouterr().err
+    assert "holds no recording line" in err and "more bad line(s) not shown" in err and err.count("\n") < 30
+
+
+def test_whatif_lint_and_diagnose_refuse_deeply_nested_json(tmp_path, capsys):
+    deep = "[" * 100000 + "]" * 100000
+    sample = tmp_path / "sample.jsonl"
+    sample.write_text('{"prompt_token_ids": ' + deep + "}\n" + '{"prompt": "' + "static text " * 40 + '"}\n')
+    assert main(["whatif", str(sample)]) == 0
+    assert "line 1: not JSON (nested more than" in capsys.readouterr().err
+    request = tmp_path / "a.json"
+    request.write_text('{"messages": ' + deep + "}")
+    assert main(["lint", str(request)]) == 2
+    assert "nested more than" in capsys.readouterr().err
+    assert main(["diagnose", str(request), str(request), "--offline"]) == 2
+    assert "nested more than" in capsys.readouterr().err
+
+
+def test_lint_of_a_fifo_is_an_error_not_a_hang(tmp_path):
+    fifo = tmp_path / "template.txt"
+    os.mkfifo(fifo)
+    proc = run_cli("lint", str(fifo), timeout=30)  # no writer ever opens it
+    assert proc.returncode == 2 and "not a regular file" in proc.stderr
