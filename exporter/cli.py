@@ -636,7 +636,8 @@ def cmd_whatif(args) -> int:
         tokenizer = _whatif_tokenizer(args) if any(r.is_text for r in requests_) else None
         policies = tuple(dict.fromkeys(args.routing)) if args.routing else default_policies(requests_)
         replicas = args.replicas or len({r.replica for r in requests_ if r.replica}) or 1
-        analysis = whatif_mod.analyze(requests_, replicas, policies, args.cache_blocks, args.block_size, tokenizer, args.measure_from)
+        analysis = whatif_mod.analyze(requests_, replicas, policies, args.cache_blocks, args.block_size, tokenizer, args.measure_from,
+                                      cache_tokens=args.cache_tokens, curve=args.capacity_curve or bool(args.svg))
     except (whatif_mod.SampleError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -646,13 +647,23 @@ def cmd_whatif(args) -> int:
     print(json.dumps(analysis.to_json()) if args.json else whatif_mod.report(analysis))
     if bad:
         print(f"whatif: {bad} bad line(s) skipped", file=sys.stderr)
+    if args.svg:
+        try:
+            from .capacitycurve import svg
+            with open(args.svg, "w", encoding="utf-8") as out:
+                out.write(svg(analysis.curve, f"whatif: {os.path.basename(args.requests)}"))
+        except OSError as exc:
+            print(f"error: cannot write {args.svg}: {exc.strerror}", file=sys.stderr)
+            return EXIT_ERROR
     return EXIT_OK
 
 
 def default_policies(requests_) -> tuple[str, ...]:
     """Every policy; `observed` first when the sample says which replica served each request."""
-    from .cachemodel import OBSERVED, POLICIES
-    rest = tuple(p for p in POLICIES if p != OBSERVED)
+    from .cachemodel import OBSERVED, POLICIES, SESSION
+    # a block-hash trace has no session key: session routing would be round robin by another name
+    sessionless = any(r.is_hashes for r in requests_) and not all(r.session for r in requests_)
+    rest = tuple(p for p in POLICIES if p != OBSERVED and not (p == SESSION and sessionless))
     return ((OBSERVED,) + rest) if all(r.replica for r in requests_) else rest
 
 
@@ -798,8 +809,14 @@ def build_parser() -> argparse.ArgumentParser:
     wi.add_argument("--replicas", type=int, default=None, help="replicas to spread the sample over (default: those it names, else 1)")
     wi.add_argument("--routing", action="append", choices=cachemodel_policies(), default=None,
                     help="routing policy, repeatable (default: all; observed first when every request names its replica)")
-    wi.add_argument("--cache-blocks", dest="cache_blocks", type=int, default=None, help="KV-cache blocks per replica (default: unlimited)")
-    wi.add_argument("--block-size", dest="block_size", type=int, default=16, help="tokens per block")
+    size = wi.add_mutually_exclusive_group()
+    size.add_argument("--cache-blocks", dest="cache_blocks", type=int, default=None, help="KV-cache blocks per replica (default: unlimited)")
+    size.add_argument("--cache-tokens", dest="cache_tokens", type=int, default=None, help="KV-cache tokens per replica (default: unlimited)")
+    wi.add_argument("--block-size", dest="block_size", type=int, default=None,
+                    help="tokens per block (default 16); a block-hash trace must say its tokens per hash id (Mooncake's: 512)")
+    wi.add_argument("--capacity-curve", dest="capacity_curve", action="store_true",
+                    help="the hit ratio at cache sizes per replica from 10^5 to 10^9 tokens and unlimited, per policy")
+    wi.add_argument("--svg", default=None, metavar="FILE", help="draw the capacity curve into FILE (implies --capacity-curve)")
     group = wi.add_mutually_exclusive_group()
     group.add_argument("--target", help="a vLLM server whose /tokenize gives exact token ids for text")
     group.add_argument("--tokenizer", help="a tokenizer.json (needs the `whatif` extra: tokenizers)")

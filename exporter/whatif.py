@@ -24,7 +24,7 @@ import zlib
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Sequence
 
-from . import cachemodel, jsonlines
+from . import cachemodel, capacitycurve, hashtrace, jsonlines
 from .divergence import render
 from .lint import MIN_STATIC_AFTER, _LITERALS as VOLATILE_PATTERNS
 
@@ -44,10 +44,16 @@ class Request:
     body: dict | None = None
     lora: str | None = None
     salt: str | None = None
+    hash_ids: tuple[int, ...] | None = None  # a block-hash trace's line (hashtrace.py)
+    input_length: int | None = None
 
     @property
     def is_text(self) -> bool:
-        return self.tokens is None
+        return self.tokens is None and self.hash_ids is None
+
+    @property
+    def is_hashes(self) -> bool:
+        return self.hash_ids is not None
 
 
 # --- input -------------------------------------------------------------------------------
@@ -86,6 +92,14 @@ def _from_json(n: int, text: str) -> Request | SampleError:
             return SampleError(f"line {n}: `{key}` must be a string")
     common = dict(line=n, t=None if t is None else float(t), session=_text(obj.get("session")), replica=_text(obj.get("replica")),
                   lora=_text(obj.get("lora")), salt=_text(obj.get("cache_salt")))
+    if hashtrace.is_record(obj):
+        try:
+            stamp, ids, length = hashtrace.fields(obj)
+        except ValueError as exc:
+            return SampleError(f"line {n}: {exc}")
+        if common["t"] is None and stamp is not None:
+            common["t"] = stamp / 1000
+        return Request(hash_ids=ids, input_length=length, **common)
     if "prompt_token_ids" in obj:
         ids = obj["prompt_token_ids"]
         if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
@@ -101,7 +115,7 @@ def _from_json(n: int, text: str) -> Request | SampleError:
         if not isinstance(obj["prompt"], str) or not obj["prompt"]:
             return SampleError(f"line {n}: `prompt` must be a non-empty string")
         return Request(prompt=obj["prompt"], **common)
-    return SampleError(f"line {n}: one of `prompt_token_ids`, `body` or `prompt` is required")
+    return SampleError(f"line {n}: one of `prompt_token_ids`, `body`, `prompt` or `hash_ids` with `input_length` is required")
 
 
 def _text(value) -> str | None:
@@ -297,6 +311,9 @@ class Analysis:
     policy: str = cachemodel.ROUND_ROBIN  # the routing the waterfall ends with
     tokenizer: str = "token ids"
     exact: bool = True
+    notes: list[str] = field(default_factory=list)
+    hash_trace: bool = False
+    curve: dict | None = None  # capacitycurve.sweep, when asked for
 
     def to_json(self) -> dict:
         out = {"requests": self.requests, "prompt_tokens": self.prompt_tokens, "block_size": self.block_size,
@@ -305,6 +322,12 @@ class Analysis:
                "best_policy": self.best_policy, "ideal": self.ideal, "policy": self.policy, "tokenizer": self.tokenizer, "exact": self.exact}
         if self.observed is not None:
             out["observed"] = self.observed
+        if self.notes:
+            out["notes"] = self.notes
+        if self.hash_trace:
+            out["input"] = "block_hashes"
+        if self.curve is not None:
+            out["capacity_curve"] = self.curve
         return out
 
 
@@ -320,11 +343,28 @@ def _prepared(requests: Sequence[Request], tok: Tokenizer | None, block_size: in
               measure_from: float | None = None):
     out = []
     for r in requests:
-        ids = _encode(r, tok) if tok is not None else list(r.tokens or ())
         counted = measure_from is None or (r.t is not None and r.t >= measure_from)
-        out.append((cachemodel.block_hashes(ids, block_size, r.lora, r.salt), len(ids), r.session,
-                    replica_index.get(r.replica) if r.replica is not None else None, counted))
+        observed = replica_index.get(r.replica) if r.replica is not None else None
+        if r.hash_ids is not None:
+            out.append((hashtrace.full_blocks(r.hash_ids, r.input_length, block_size), r.input_length, r.session, observed, counted))
+            continue
+        ids = _encode(r, tok) if tok is not None else list(r.tokens or ())
+        out.append((cachemodel.block_hashes(ids, block_size, r.lora, r.salt), len(ids), r.session, observed, counted))
     return out
+
+
+def _hash_trace(requests: Sequence[Request]) -> bool:
+    """Whether the sample is a block-hash trace; a sample of both kinds cannot be replayed."""
+    first = requests[0].is_hashes
+    odd = next((r for r in requests if r.is_hashes != first), None)
+    if odd is not None:
+        kinds = ("token ids or text", "block hashes")
+        raise SampleError(f"line {odd.line}: {kinds[odd.is_hashes]} in a sample of {kinds[first]} (line {requests[0].line}): "
+                          "a block-hash trace and requests cannot be replayed together")
+    return first
+
+
+NOT_AVAILABLE = "needs prompt text, which a block-hash trace does not have"
 
 
 def _ratio(prepared, block_size: int, policy: str, replicas: int, cache_blocks: int | None) -> float:
@@ -333,12 +373,40 @@ def _ratio(prepared, block_size: int, policy: str, replicas: int, cache_blocks: 
 
 
 def analyze(requests: Sequence[Request], replicas: int = 1, policies: Sequence[str] = (cachemodel.ROUND_ROBIN,),
-            cache_blocks: int | None = None, block_size: int = 16, tokenizer: Tokenizer | None = None,
-            measure_from: float | None = None) -> Analysis:
+            cache_blocks: int | None = None, block_size: int | None = 16, tokenizer: Tokenizer | None = None,
+            measure_from: float | None = None, cache_tokens: int | None = None, curve: bool = False) -> Analysis:
     """`measure_from`: requests before this `t` only warm the caches, as the traffic
-    before a sample warms a live server's."""
+    before a sample warms a live server's. `block_size` None: 16 for requests, while a
+    block-hash trace must be told. `cache_tokens`: per replica, instead of `cache_blocks`.
+    `curve`: sweep the cache size per replica (capacitycurve.py)."""
     if not requests:
         raise SampleError("no requests to analyse")
+    hashes = _hash_trace(requests)
+    if block_size is None:
+        if hashes:
+            raise SampleError("a block-hash trace needs --block-size, the tokens each hash id stands for "
+                              f"(Mooncake's FAST'25 traces use {hashtrace.MOONCAKE_BLOCK_SIZE})")
+        block_size = 16
+    if block_size <= 0:
+        raise SampleError("the block size must be positive")
+    if cache_tokens is not None:
+        if cache_blocks is not None:
+            raise SampleError("give the cache size in tokens or in blocks, not both")
+        if cache_tokens < block_size:
+            raise SampleError(f"a cache of {cache_tokens} tokens holds no block of {block_size}")
+        cache_blocks = cache_tokens // block_size
+    notes: list[str] = []
+    if hashes:
+        if all(r.t is not None for r in requests):
+            requests = sorted(requests, key=lambda r: r.t)  # the trace's timestamps order the replay
+        misfit, first_misfit = hashtrace.misfits([(r.line, r.hash_ids, r.input_length) for r in requests], block_size)
+        if misfit:
+            notes.append(f"warning: {misfit} line(s) (the first: line {first_misfit}) hold a number of hash ids that does not "
+                         f"fit input_length at {block_size} tokens a hash id: is --block-size right?")
+        if not all(r.session for r in requests):
+            if cachemodel.SESSION in policies:
+                raise SampleError("session routing needs a session key, which a block-hash trace does not have")
+            notes.append("session routing left out: a block-hash trace has no session key")
     if any(r.is_text for r in requests) and tokenizer is None:
         raise SampleError("the sample holds text: a tokenizer is needed (--target, --tokenizer, or the approximation)")
     names = sorted({r.replica for r in requests if r.replica is not None})
@@ -357,9 +425,17 @@ def analyze(requests: Sequence[Request], replicas: int = 1, policies: Sequence[s
     analysis = Analysis(sum(1 for p in as_is if p[4]), prompt_tokens, block_size, replicas, cache_blocks, results, ceiling, capacity,
                         observed=observed, tokenizer=tokenizer.name if tokenizer else "token ids",
                         exact=tokenizer.exact if tokenizer and any(r.is_text for r in requests) else True)
+    analysis.notes = notes
     losses = []
-    candidates = [p for p in cachemodel.POLICIES if p != cachemodel.OBSERVED]
+    candidates = [p for p in cachemodel.POLICIES if p != cachemodel.OBSERVED
+                  and not (p == cachemodel.SESSION and hashes and not all(r.session for r in requests))]
     volatile_fixed_reqs = requests
+    if hashes:
+        analysis.hash_trace = True
+        analysis.tokenizer = f"block hashes, {block_size} tokens a hash id (--block-size; Mooncake's FAST'25 traces use {hashtrace.MOONCAKE_BLOCK_SIZE})"
+        # the text fixes cannot be measured without text: unknown, which is not zero
+        losses.append({"kind": "volatile_content", "points": None, "available": False, "example": None, "why": NOT_AVAILABLE})
+        losses.append({"kind": "history_rewritten", "points": None, "available": False, "example": None, "why": NOT_AVAILABLE})
     if any(r.is_text for r in requests):
         kept, history_examples = _with_history_kept(requests)
         moved_all = [_with_volatile_moved(r) for r in kept]
@@ -385,16 +461,20 @@ def analyze(requests: Sequence[Request], replicas: int = 1, policies: Sequence[s
              for p in candidates}
     analysis.best_policy = max(fixed, key=lambda p: (fixed[p], p == main))
     analysis.fixed = fixed[analysis.best_policy]
+    if curve:
+        swept = [p for p in policies if p != cachemodel.OBSERVED] or [cachemodel.ROUND_ROBIN]
+        analysis.curve = capacitycurve.sweep(as_is, block_size, swept, replicas, cache_blocks)
     return analysis
 
 
 def report(a: Analysis) -> str:
     pct = lambda v: f"{v * 100:5.1f}%"
-    cache = f"{a.cache_blocks} blocks" if a.cache_blocks else "unlimited cache"
+    cache = f"{a.cache_blocks} blocks ({capacitycurve.human(a.cache_blocks * a.block_size)} tokens)" if a.cache_blocks else "unlimited cache"
     lines = [f"whatif: {a.requests} requests, {a.prompt_tokens} prompt tokens, block size {a.block_size}, "
              f"{a.replicas} replica(s), {cache} per replica; tokens: {a.tokenizer}"]
     if not a.exact:
         lines.append("APPROXIMATION: text was tokenized without the model's tokenizer; give --target or --tokenizer for exact ids")
+    lines += a.notes
     lines.append("hit ratio by routing policy: " + "  ".join(f"{p} {pct(v)}" for p, v in a.policies.items()))
     lines.append("waterfall (points of token-weighted hit ratio):")
     losses = {l["kind"]: l for l in a.losses}
@@ -403,6 +483,9 @@ def report(a: Analysis) -> str:
         for kind, label in (("volatile_content", "volatile content before static content"), ("history_rewritten", "history rewritten between turns")):
             l = losses[kind]
             lines.append(f"  - {label:<44} {-l['points']:+6.1f}" + (f"  e.g. {l['example']}" if l["example"] else ""))
+    for kind, label in (("volatile_content", "volatile content before static content"), ("history_rewritten", "history rewritten between turns")):
+        if kind in losses and losses[kind]["points"] is None:
+            lines.append(f"  - {label:<44} not available: {losses[kind]['why']}")
     lines.append(f"  = ceiling (1 replica, unlimited cache){'':<17} {pct(a.ceiling)}")
     for kind, label in (("capacity", "capacity"), ("routing", "routing")):
         l = losses[kind]
@@ -410,5 +493,10 @@ def report(a: Analysis) -> str:
     lines.append(f"  = this sample gets ({a.policy}){'':<24} {pct(a.policies[a.policy])}")
     if a.observed is not None:
         lines.append(f"observed routing (the replicas in the sample): {pct(a.observed)}")
-    lines.append(f"fixed (volatile content moved after the static part, routing {a.best_policy}): {pct(a.fixed)}")
+    if not a.hash_trace:
+        lines.append(f"fixed (volatile content moved after the static part, routing {a.best_policy}): {pct(a.fixed)}")
+    else:
+        lines.append(f"best routing ({a.best_policy}): {pct(a.fixed)}; moving volatile content {NOT_AVAILABLE.replace('needs', 'needs the')}")
+    if a.curve is not None:
+        lines += capacitycurve.report_lines(a.curve)
     return "\n".join(lines)

@@ -156,3 +156,121 @@ def test_a_local_tokenizer_json_gives_exact_ids(tmp_path):
     assert data["exact"] is True and data["prompt_tokens"] == expected
     missing = run(str(sample), f"--tokenizer={tmp_path / 'nope.json'}")
     assert missing.returncode == 2 and "cannot load" in missing.stderr
+
+
+# --- block-hash traces (Mooncake's FAST'25 format) ----------------------------------------------
+MOONCAKE = FIXTURES / "mooncake" / "conversation_trace_head400.jsonl"
+
+
+def mooncake_requests():
+    items = list(whatif.read_requests(MOONCAKE.read_text().splitlines()))
+    assert all(isinstance(i, whatif.Request) and i.is_hashes for i in items) and len(items) == 400
+    return items
+
+
+def test_the_unlimited_single_replica_ratio_of_a_mooncake_trace_is_the_count_of_leading_ids_seen_before():
+    """Counted here without the model: in timestamp order, a request hits the longest run
+    of its leading full-block ids that earlier requests held, never its last token."""
+    rows = sorted((json.loads(line) for line in MOONCAKE.read_text().splitlines()), key=lambda r: r["timestamp"])
+    seen, hit, total = set(), 0, 0
+    for row in rows:
+        n = row["input_length"]
+        ids = row["hash_ids"][: n // 512]
+        run = 0
+        while run < len(ids) and ids[run] in seen:
+            run += 1
+        hit += min(run, (n - 1) // 512) * 512
+        total += n
+        seen.update(ids)
+    a = whatif.analyze(mooncake_requests(), 1, ("round_robin",), None, 512)
+    assert a.prompt_tokens == total and hit > 0
+    assert a.ceiling == a.policies["round_robin"] == hit / total
+    spread = whatif.analyze(mooncake_requests(), 4, ("round_robin",), None, 512)
+    assert 0 < spread.policies["round_robin"] < a.ceiling
+
+
+def test_the_replay_follows_the_timestamps_not_the_line_order():
+    lines = MOONCAKE.read_text().splitlines()
+    # requests of the same millisecond keep the order of their lines: cut between two stamps
+    stamps = [json.loads(line)["timestamp"] for line in lines]
+    cut = next(i for i in range(200, len(lines)) if stamps[i] != stamps[i - 1])
+    shuffled = lines[cut:] + lines[:cut]
+    parse = lambda ls: [r for r in whatif.read_requests(ls)]
+    assert whatif.analyze(parse(shuffled), 4, ("round_robin",), 20_000, 512).policies == \
+        whatif.analyze(parse(lines), 4, ("round_robin",), 20_000, 512).policies
+
+
+def test_a_block_hash_trace_on_the_command_line(tmp_path):
+    svg = tmp_path / "curve.svg"
+    proc = run(str(MOONCAKE), "--block-size=512", "--replicas=4", "--cache-tokens=1000000", "--svg", str(svg), "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert set(data) >= {"requests", "prompt_tokens", "block_size", "policies", "ceiling", "losses"}
+    assert data["input"] == "block_hashes" and data["block_size"] == 512 and data["cache_blocks"] == 1_000_000 // 512
+    # no session key in the trace: session routing is left out, and said so
+    assert set(data["policies"]) == {"round_robin", "random", "prefix_hash"}
+    assert any("no session key" in note for note in data["notes"])
+    losses = {l["kind"]: l for l in data["losses"]}
+    for kind in ("volatile_content", "history_rewritten"):
+        assert losses[kind]["points"] is None and losses[kind]["available"] is False  # unknown, never zero
+    curve = data["capacity_curve"]
+    assert curve["sizes_tokens"][0] == 100_000 and curve["sizes_tokens"][-2] == 10 ** 9 and curve["sizes_tokens"][-1] is None
+    for policy, ratios in curve["policies"].items():
+        assert ratios == sorted(ratios), policy  # more cache never hits less
+        assert ratios[-1] >= ratios[0] and 0 <= ratios[0] and ratios[-1] <= 1
+        reach = curve["reaches_90_percent"][policy]
+        assert ratios[curve["sizes_tokens"].index(reach)] >= 0.9 * ratios[-1]
+    assert curve["configured_tokens"] == (1_000_000 // 512) * 512
+    assert svg.read_text().startswith("<svg")
+    text = run(str(MOONCAKE), "--block-size=512", "--capacity-curve")
+    assert text.returncode == 0, text.stderr
+    assert "Mooncake's FAST'25 traces use 512" in text.stdout and "not available" in text.stdout
+    assert "90% of the unlimited ratio from" in text.stdout and "session routing left out" in text.stdout
+
+
+def test_the_curve_at_the_configured_size_is_the_ratio_the_policies_get():
+    a = whatif.analyze(mooncake_requests(), 4, ("round_robin", "prefix_hash"), None, 512, cache_tokens=10 ** 6, curve=True)
+    sizes = a.curve["sizes_tokens"]
+    at = sizes.index(10 ** 6)
+    b = whatif.analyze(mooncake_requests(), 4, ("round_robin", "prefix_hash"), 10 ** 6 // 512, 512)
+    assert a.policies == b.policies
+    for policy in ("round_robin", "prefix_hash"):
+        assert a.curve["policies"][policy][at] == a.policies[policy]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    pytest.param((), "needs --block-size", id="no-block-size"),
+    pytest.param(("--block-size=512", "--routing=session"), "session routing needs a session key", id="session"),
+    pytest.param(("--block-size=512", "--cache-tokens=100"), "holds no block", id="cache-smaller-than-a-block"),
+    pytest.param(("--block-size=512", "--cache-tokens=1000", "--cache-blocks=2"), "not allowed with", id="tokens-and-blocks"),
+])
+def test_a_block_hash_trace_without_what_it_needs_is_a_usage_error(args, fragment):
+    proc = run(str(MOONCAKE), *args)
+    assert proc.returncode == 2 and fragment in proc.stderr
+
+
+def test_a_sample_mixing_hash_lines_and_requests_names_the_first_odd_line(tmp_path):
+    lines = MOONCAKE.read_text().splitlines()[:3]
+    sample = tmp_path / "mixed.jsonl"
+    sample.write_text("\n".join(lines[:2] + ['{"prompt_token_ids": [1, 2, 3]}'] + lines[2:] + ['{"prompt": "hi"}']) + "\n")
+    proc = run(str(sample), "--block-size=512")
+    assert proc.returncode == 2 and "line 3: token ids or text in a sample of block hashes" in proc.stderr
+
+
+@pytest.mark.parametrize("line, fragment", [
+    pytest.param('{"hash_ids": [1, 2]}', "`input_length` is missing", id="no-length"),
+    pytest.param('{"input_length": 600}', "`hash_ids` is missing", id="no-ids"),
+    pytest.param('{"input_length": 0, "hash_ids": []}', "positive integer", id="zero-length"),
+    pytest.param('{"input_length": 600, "hash_ids": [1, "2"]}', "64-bit integers", id="string-id"),
+    pytest.param('{"input_length": 600, "hash_ids": [18446744073709551616]}', "64-bit integers", id="too-big"),
+    pytest.param('{"input_length": 600, "hash_ids": [1], "timestamp": "x"}', "`timestamp` must be a number", id="bad-timestamp"),
+])
+def test_bad_block_hash_lines_are_errors_with_their_line_number(line, fragment):
+    (item,) = list(whatif.read_requests([line]))
+    assert isinstance(item, whatif.SampleError) and str(item).startswith("line 1:") and fragment in str(item)
+
+
+def test_a_block_size_the_hash_ids_do_not_fit_is_warned_about():
+    a = whatif.analyze(mooncake_requests(), 1, ("round_robin",), None, 16)
+    assert any("does not fit input_length at 16 tokens a hash id" in note and "line 1" in note for note in a.notes)
+    assert not any("does not fit" in note for note in whatif.analyze(mooncake_requests(), 1, ("round_robin",), None, 512).notes)
