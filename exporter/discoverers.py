@@ -40,6 +40,7 @@ class PrometheusSource:
         self.selector = Selector(cfg.wanted_labels, cfg.scrape_pool)
         self.api = PrometheusAPI(cfg.url, cfg.timeout, cfg.bearer_token, cfg.username, cfg.password)
         self.where = redact_url(self.api.base_url + "/api/v1/targets")
+        self.narrows = bool(cfg.scrape_pool)  # the server then answers only that pool
 
     def fetch(self) -> tuple[Found, list[str]]:
         params = {"state": "active"}
@@ -62,6 +63,8 @@ class FileSource:
     """file_sd files, each re-read only when it changed; a file that turns malformed
     keeps its last good targets, as Prometheus does. Only regular files are read (a FIFO
     or a device behind a matching name would block or never end), each up to its cap."""
+
+    narrows = False
 
     def __init__(self, patterns: tuple[str, ...], limits: Limits):
         self.patterns = patterns
@@ -225,11 +228,14 @@ class Discovery:
             log.warning("discovery %s: over the limits, dropped %s (target_limit=%d, label_limit=%d, label_value_length_limit=%d)",
                         name, ", ".join(f"{n} for {reason}" for reason, n in new.dropped),
                         self.cfg.target_limit, self.cfg.label_limit, self.cfg.label_value_length_limit)
-        if found is not None and not new.matched_ever and name not in self._hinted:
+        source = self.sources[name]
+        # said when the answer held targets, none ours (an empty Prometheus is more often one that just started),
+        # or when the server narrowed the answer to a pool that held nothing
+        if found is not None and not new.matched_ever and name not in self._hinted and (found.unmatched or source.narrows):
             self._hinted.add(name)
             log.warning("discovery %s: answered, but nothing matches %s; the answer held %s. A source that never matched "
                         "is far more often a wrong selector than an empty fleet (prefixcache_discovery_matched_nothing)",
-                        name, self.sources[name].describe(), ", ".join(found.unmatched) or "no target at all")
+                        name, source.describe(), ", ".join(found.unmatched) or "no target (the server kept only that scrape_pool)")
         if {t.name for t in new.targets} != {t.name for t in old.targets}:
             log.info("discovery %s: %d target(s) (was %d)", name, len(new.targets), len(old.targets))
         with self.lock:

@@ -257,6 +257,18 @@ def test_a_selector_that_never_matches_is_said_once_with_what_the_answer_held(ca
         assert names(right.refresh()) == ["vllm-7f9c8d6b5-abcde", "vllm-7f9c8d6b5-fghij"] and right.snapshot()[0].matched_ever
 
 
+def test_an_empty_prometheus_is_not_called_a_wrong_selector_unless_it_narrowed_the_answer_to_a_pool(caplog):
+    empty = json.dumps({"status": "success", "data": {"activeTargets": [], "droppedTargets": []}})
+    with FakeServer({"/api/v1/targets": text(empty)}) as server, caplog.at_level(logging.WARNING):
+        Discovery(prometheus_config(server.base), Clock()).refresh()  # a Prometheus that just started
+        assert "nothing matches" not in caplog.text
+        pool = Discovery(DiscoveryConfig(prometheus=PrometheusSDConfig(url=server.base, scrape_pool="vllm")), Clock())
+        pool.refresh()
+        assert "nothing matches scrape_pool='vllm'" in caplog.text and "the server kept only that scrape_pool" in caplog.text
+        assert "scrapePool=vllm" in server.requests[-1][1]
+        assert pool.snapshot()[0].matched_ever is False
+
+
 def test_the_discovery_metrics_tell_a_wrong_selector_and_what_was_dropped(tmp_path):
     from prometheus_client import CollectorRegistry, generate_latest
 
@@ -315,3 +327,93 @@ def test_a_dripping_discovery_prometheus_holds_neither_start_up_nor_readiness_no
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+# --- a real Prometheus whose scrape config is shaped like prometheus-operator's ----------------------
+def operator_scrape_config(pool_ns, name, sd_file, version_relabelling=True):
+    """What prometheus-operator generates for a PodMonitor `name` in `pool_ns` with one
+    podMetricsEndpoints entry on port `http` (pkg/prometheus/promcfg.go, v0.93.0): the pool
+    is podMonitor/<ns>/<name>/0, `job` is relabelled to <ns>/<name>; then the PodMonitor's
+    own relabelings (here: version from the pod label app.kubernetes.io/version).
+    kubernetes_sd's pod labels come from a file_sd file with the same __meta_ names."""
+    relabel = [
+        {"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"], "regex": name, "action": "keep"},
+        {"source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": "http", "action": "keep"},
+        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+        {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+        {"target_label": "job", "replacement": f"{pool_ns}/{name}"},
+        {"target_label": "endpoint", "replacement": "http"},
+    ]
+    if version_relabelling:
+        relabel.append({"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_version"], "target_label": "version"})
+    return {"job_name": f"podMonitor/{pool_ns}/{name}/0", "file_sd_configs": [{"files": [str(sd_file)]}], "relabel_configs": relabel}
+
+
+@pytest.mark.slow
+def test_operator_shaped_prometheus_every_pod_is_found_with_its_version_by_match_labels(tmp_path, caplog):
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import requests
+    import yaml
+
+    from exporter import simulator
+
+    from conftest import wait_for
+    from prom import Prometheus
+
+    fleet = simulator.Fleet([], clock=time.time).start()
+    pods = {"vllm-7f9c8d6b5-abcde": ("vllm", "v1"), "vllm-7f9c8d6b5-fghij": ("vllm", "v1"), "vllm-5d4c3b2a1-klmno": ("vllm", "v2"),
+            "embedder-0": ("embedder", "e1")}
+    for i, pod in enumerate(pods):
+        fleet.add(simulator.Replica(pod, simulator.Scenario(), start=time.time() - 900, seed=i))
+    sd = tmp_path / "pods.json"
+    sd.write_text(json.dumps([{"targets": [f"127.0.0.1:{fleet.port}"], "labels": {
+        "__metrics_path__": f"/{pod}/metrics", "__meta_kubernetes_namespace": "llm", "__meta_kubernetes_pod_name": pod,
+        "__meta_kubernetes_pod_container_name": app, "__meta_kubernetes_pod_container_port_name": "http",
+        "__meta_kubernetes_pod_label_app_kubernetes_io_name": app, "__meta_kubernetes_pod_label_app_kubernetes_io_version": version}}
+        for pod, (app, version) in pods.items()]))
+    prom = Prometheus(tmp_path, [operator_scrape_config("llm", "vllm", sd), operator_scrape_config("llm", "embedder", sd)])
+    port = free_port()
+    sidecar_cfg = tmp_path / "sidecar.yml"
+    sidecar = None
+    try:
+        prom.start()
+        new = Discovery(DiscoveryConfig(prometheus=PrometheusSDConfig(url=prom.url, match_labels=(("job", "llm/vllm"),), timeout=5.0)), Clock())
+        with caplog.at_level(logging.WARNING):
+            assert wait_for(lambda: len(new.refresh()) == 3, timeout=20)
+            # a config of before (job: vllm, the job named like the pool) finds nothing here, and says why
+            old = Discovery(DiscoveryConfig(prometheus=PrometheusSDConfig(url=prom.url, job="vllm", timeout=5.0)), Clock())
+            assert old.refresh() == [] and old.snapshot()[0].ok and old.snapshot()[0].matched_ever is False
+        assert {t.name: dict(t.labels)["version"] for t in new.refresh()} == {p: v for p, (app, v) in pods.items() if app == "vllm"}
+        assert {t.url for t in new.refresh()} == {f"http://127.0.0.1:{fleet.port}/{p}/metrics" for p, (app, _) in pods.items() if app == "vllm"}
+        # the whole sidecar, configured as the central variant is
+        sidecar_cfg.write_text(yaml.safe_dump({
+            "global": {"poll_interval": "1s", "connect_timeout": "500ms", "read_timeout": "1s", "jitter": "0s"},
+            "discovery": {"refresh_interval": "1s", "prometheus": {"url": prom.url, "match_labels": {"job": "llm/vllm"}, "timeout": "5s"}}}))
+        sidecar = subprocess.Popen([sys.executable, "-m", "exporter", "run", f"--config.file={sidecar_cfg}",
+                                    f"--web.listen-address=127.0.0.1:{port}"], cwd=Path(__file__).parent.parent,
+                                   stderr=open(tmp_path / "sidecar.log", "w"))
+        base = f"http://127.0.0.1:{port}"
+        assert wait_for(lambda: requests.get(base + "/-/ready", timeout=5).status_code == 200, timeout=60), (tmp_path / "sidecar.log").read_text()
+        assert wait_for(lambda: sum(t["up"] for t in requests.get(base + "/api/v1/status", timeout=5).json()["targets"]) == 3, timeout=30), \
+            requests.get(base + "/api/v1/status", timeout=5).text[:2000]
+        metrics = requests.get(base + "/metrics", timeout=5).text
+        for pod, (app, version) in pods.items():
+            up = [line for line in metrics.splitlines() if line.startswith("prefixcache_target_up{") and f'target="{pod}"' in line]
+            if app == "vllm":
+                assert len(up) == 1 and f'version="{version}"' in up[0] and 'job="llm/vllm"' in up[0] and up[0].endswith(" 1.0"), up
+            else:
+                assert not up
+        assert 'prefixcache_discovery_matched_nothing{source="prometheus"} 0.0' in metrics
+    finally:
+        if sidecar is not None:
+            sidecar.terminate()
+            sidecar.wait(timeout=20)
+        prom.stop()
+        fleet.stop()
+    hint = [r.getMessage() for r in caplog.records if "nothing matches" in r.getMessage()]
+    assert len(hint) == 1 and "podMonitor/llm/vllm/0 (job='llm/vllm') x3" in hint[0] and "job='vllm'" in hint[0]
