@@ -85,7 +85,11 @@ class FleetBaselineConfig:
 
     prometheus_url: str = ""  # "" turns it off
     query: str = 'model_name:vllm_prefix_cache_hit_ratio:rate1h{model_name="$model"}'
-    timeout: float = 10.0
+    timeout: float = 10.0  # one deadline for a whole answer
+    # the same auth settings as discovery.prometheus: often the same Prometheus
+    bearer_token: str = ""
+    username: str = ""
+    password: str = ""
 
     @property
     def enabled(self) -> bool:
@@ -661,7 +665,10 @@ def _fleet_baseline(r: _Reader, raw: Any) -> FleetBaselineConfig:
     cfg = FleetBaselineConfig(
         prometheus_url=r.value(data, "fleet_baseline", "prometheus_url", _url, d.prometheus_url),
         query=r.value(data, "fleet_baseline", "query", _string, d.query),
-        timeout=r.value(data, "fleet_baseline", "timeout", parse_duration, d.timeout))
+        timeout=r.value(data, "fleet_baseline", "timeout", parse_duration, d.timeout),
+        bearer_token=_secret(r, data, "fleet_baseline", "bearer_token"),
+        username=r.value(auth, "fleet_baseline.basic_auth", "username", _string, ""),
+        password=_secret(r, auth, "fleet_baseline.basic_auth", "password"))
     if "$model" not in cfg.query:
         r.errors.append("fleet_baseline.query: must select the model with $model")
     return cfg

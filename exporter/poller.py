@@ -24,7 +24,7 @@ from .state import State, TargetView
 from .vllm_metrics import parse
 from .deploys import DeployEvent
 from .engine import Engine
-from .fleetbaseline import BaselineError, FleetBaselineReader
+from .fleetbaseline import FleetBaselineReader
 from .rules import INACTIVE
 
 log = logging.getLogger(__name__)
@@ -128,20 +128,15 @@ class TargetPoller:
         ))
 
     def _read_fleet_baseline(self, snapshot, now: float) -> None:
-        """The fleet's ratio for each model before this pod started (bounded by the
-        reader's timeout; a failure only costs the comparison, and says so once)."""
+        """The fleet's ratio for each model before this pod started, asked off the poll:
+        a slow or failing Prometheus only costs (or delays) the comparison, never a poll."""
         at = snapshot.process_start_time if snapshot.process_start_time is not None else now
-        for model in sorted({s.model_name for s in snapshot.series})[:MAX_BASELINE_MODELS]:
-            try:
-                ratio = self.baseline_reader.read(model, at)
-            except BaselineError as exc:
-                log.warning("target=%s fleet baseline for %s: %s; no comparison with the fleet", self.target.name, model, exc)
-                continue
-            if ratio is None:
-                log.info("target=%s fleet baseline for %s: Prometheus has no ratio before %.0f", self.target.name, model, at)
-                continue
-            log.info("target=%s fleet baseline for %s: %.1f%% before the pod started", self.target.name, model, ratio * 100)
-            with self.lock:
+        models = sorted({s.model_name for s in snapshot.series})[:MAX_BASELINE_MODELS]
+        self.baseline_reader.read_in_background(self.target.name, models, at, self._set_fleet_baseline)
+
+    def _set_fleet_baseline(self, model: str, ratio: float, at: float) -> None:
+        with self.lock:
+            if self.target.name in self.engine.tracks:
                 self.engine.set_fleet_baseline(self.target.name, model, ratio, at)
 
     def _over_limit(self, snapshot) -> str:

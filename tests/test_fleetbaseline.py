@@ -101,3 +101,70 @@ def test_the_reader_reads_the_recording_rule_from_a_real_prometheus(prometheus_f
     ratio = reader.read(MODEL, time.time())
     assert ratio is not None and 0.0 < ratio <= 1.0
     assert reader.read("no/such-model", time.time()) is None
+
+
+def sidecar_with_a_fleet_baseline(prometheus_url, vllm, **baseline):
+    import threading
+
+    from exporter.config import Target
+    from exporter.poller import TargetPoller
+    from exporter.state import State, TargetView
+
+    cfg = load({"targets": [{"name": "vllm-new", "url": vllm}],
+                "fleet_baseline": {"prometheus_url": prometheus_url, "timeout": "1s", **baseline}})
+    state, engine = State(), Engine(cfg)
+    (target,) = cfg.targets
+    state.set_targets([TargetView(target=target)])
+    return TargetPoller(target, cfg, state, engine, threading.Lock()), state, engine
+
+
+def test_a_dripping_prometheus_never_holds_the_first_poll():
+    """Prometheus sends its headers, then a byte a second: the pod's first poll still
+    publishes it up at once (readiness depends on it), the question is asked aside."""
+    import threading
+
+    from fakeserver import MisbehavingServer
+
+    replica = Replica("vllm-new", Scenario(), start=time.time() - 60, seed=3)
+    with MisbehavingServer() as prom, FakeServer({"/metrics": lambda h: (replica.advance(time.time()), text(replica.render())(h))}) as vllm:
+        poller, state, engine = sidecar_with_a_fleet_baseline(prom.url("drip"), vllm.base + "/metrics")
+        polling = threading.Thread(target=poller.poll, daemon=True)
+        started = time.monotonic()
+        polling.start()
+        polling.join(5.0)
+        took = time.monotonic() - started
+        assert not polling.is_alive() and took < 0.9, took
+        assert state.target("vllm-new").up
+        deadline = time.monotonic() + 3
+        while not prom.hits.get("drip") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert prom.hits.get("drip") == 1  # asked all the same, aside
+        poller.close()
+
+
+def test_the_baseline_is_asked_with_the_same_credentials_as_discovery(tmp_path):
+    import base64
+    import json
+
+    replica = Replica("vllm-new", Scenario(), start=time.time() - 60, seed=3)
+    seen = []
+    body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {}, "value": [START, "0.77"]}]}}).encode()
+
+    def query(h):
+        from fakeserver import reply
+        seen.append(h.headers.get("Authorization"))
+        reply(h, 200, body)
+
+    (tmp_path / "password").write_text("s3cret\n")
+    with FakeServer({"/api/v1/query": query}) as prom, \
+            FakeServer({"/metrics": lambda h: (replica.advance(time.time()), text(replica.render())(h))}) as vllm:
+        poller, state, engine = sidecar_with_a_fleet_baseline(
+            prom.base, vllm.base + "/metrics", basic_auth={"username": "reader", "password_file": str(tmp_path / "password")})
+        poller.poll()
+        deadline = time.monotonic() + 5
+        while not engine.fleet_baselines and time.monotonic() < deadline:
+            time.sleep(0.05)
+        poller.close()
+    assert [ratio for ratio, _ in engine.fleet_baselines.values()] == [0.77]
+    assert seen and seen[0] == "Basic " + base64.b64encode(b"reader:s3cret").decode()
