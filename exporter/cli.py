@@ -163,8 +163,8 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
     analysis_get, flagger_post = analysis_handlers(lambda model, version, baseline: poller.analyze(clock(), model, version, baseline))
     app.route("GET", "/api/v1/analysis", analysis_get)
     app.route("POST", "/api/v1/analysis/flagger", flagger_post)
-    if cfg.deploys.api_token:
-        app.own_auth.add(("POST", "/api/v1/deploys"))  # its bearer token stands in for basic auth
+    # while a deploy token is configured (asked per request: reloads change it), it stands in for basic auth
+    app.own_auth[("POST", "/api/v1/deploys")] = lambda: bool(holder["sidecar"].config.deploys.api_token)
     server = Server(app, host, port, security)
     sidecar = holder["sidecar"] = Sidecar(cfg, state, registry, poller, app, server, notifier, warmer)
     return sidecar
@@ -221,16 +221,33 @@ def config_warnings(cfg: Config) -> list[str]:
 
 
 def cmd_parse(args) -> int:
+    # bytes as the sidecar gets them: lines end at \n only (text mode would also end them at
+    # a bare \r), the body must be UTF-8, and no larger than the sidecar's default limit
+    limit = config_mod.GlobalConfig.body_size_limit
     try:
-        text = sys.stdin.read() if args.file == "-" else open(args.file, encoding="utf-8", errors="replace").read()
+        if args.file == "-":
+            raw = sys.stdin.buffer.read(limit + 1)
+        else:
+            with open(args.file, "rb") as fh:
+                raw = fh.read(limit + 1)
     except OSError as exc:
         print(f"error: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
+        return EXIT_ERROR
+    if len(raw) > limit:
+        print(f"error: {args.file} is larger than {limit} bytes, which the sidecar refuses as too_large", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        print(f"error: {args.file} is not UTF-8 at byte {exc.start} (the sidecar counts such a body as decode_error)", file=sys.stderr)
         return EXIT_ERROR
     snap = parse(text)
     json.dump(strict_json(snap.to_json()), sys.stdout, indent=None, allow_nan=False)
     sys.stdout.write("\n")
     for w in snap.warnings:
         print(f"warning: {w}", file=sys.stderr)
+    if snap.warnings_dropped:
+        print(f"warning: {snap.warnings_dropped} more warning(s) not shown", file=sys.stderr)
     if not snap.series:
         print("error: no vLLM prefix-cache series found", file=sys.stderr)
         return EXIT_ERROR

@@ -56,8 +56,8 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("scrape_duration_seconds", "gauge", "Duration of the last poll of the vLLM target's /metrics.", "target"),
     _m("last_scrape_success_timestamp_seconds", "gauge", "Unix time of the last successful poll of the target.", "target"),
     _m("scrapes", "counter", f"Polls of the vLLM target by result ({', '.join(POLL_RESULTS)}).", "target", "result"),
-    _m("parse_warnings", "gauge", "Lines of the last /metrics body the parser could not use (see the log).", "target"),
-    _m("rejected_samples", "counter", "Samples of the target the parser refused, by `reason` (non_finite_counter, negative_counter): a counter of +Inf, NaN or below zero would poison every window.", "target", "reason"),
+    _m("parse_warnings", "gauge", "Warnings about the last /metrics body: lines the parser could not use, counters stepping back (the log and status page show the first 100).", "target"),
+    _m("rejected_samples", "counter", "Samples of the target refused, by `reason`: non_finite_counter, negative_counter (a counter of +Inf, NaN or below zero would poison every window), non_finite_start_time (a NaN start time would be a restart every poll), counter_step_back (a counter a little below its last value with no restart: held, never a reset), flapping_start_time (start times that go back or change every few polls: one URL in front of several processes; not restarts, no cold-start grace).", "target", "reason"),
     _m("collect_errors", "counter", "Renders of this /metrics that failed (the request got HTTP 500; see the log)."),
     _m("rule_evaluation_errors", "counter", "Rule evaluations that failed with an internal error (see the log)."),
     _m("clock_steps_back", "counter", "Polls that saw the wall clock step back (NTP, VM migration); logged."),
@@ -224,7 +224,7 @@ class PrefixCacheCollector(Collector):
         f.add("prefixcache_history_samples", (), v.samples_kept, target=t)
         snap = v.snapshot
         if snap is not None:
-            f.add("prefixcache_parse_warnings", (), len(snap.warnings), target=t)
+            f.add("prefixcache_parse_warnings", (), snap.warning_count, target=t)
             if snap.engine_kind is not None:
                 f.add("prefixcache_target_engine_info", (snap.engine_kind,), 1.0, target=t)
             if snap.prefix_caching_enabled is not None:

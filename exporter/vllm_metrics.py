@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+
+# the parsed result, re-exported: callers import it from here with the names
+from .snapshot import MAX_WARNINGS, CounterPair, Histogram, SeriesSnapshot, Snapshot  # noqa: F401
 
 # --- the one table of upstream names ------------------------------------------------
 # Each entry: exposition name -> (role, field). Roles tell the parser how to file the
@@ -112,120 +114,11 @@ BY_SOURCE = ("local_compute", "local_cache_hit", "external_kv_transfer")
 _UNIT_FROM_HELP = {GPU_PREFIX_QUERIES, GPU_PREFIX_HITS}
 
 
-# Why the parser refuses a sample it otherwise reads (counted per target).
-REJECT_REASONS = ("non_finite_counter", "negative_counter")
-
-
-# --- the parsed result ---------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class CounterPair:
-    """None where the text carries only one half of the pair."""
-
-    queries: float | None
-    hits: float | None
-    unit: str  # "tokens" or "blocks"
-
-
-@dataclass(frozen=True, slots=True)
-class Histogram:
-    """Cumulative buckets sorted by upper bound; `+Inf` is math.inf."""
-
-    buckets: tuple[tuple[float, float], ...]
-    count: float | None
-    sum: float | None
-
-    @property
-    def bounds(self) -> tuple[float, ...]:
-        return tuple(le for le, _ in self.buckets)
-
-
-@dataclass(frozen=True, slots=True)
-class SeriesSnapshot:
-    model_name: str
-    engine: str | None
-    prefix_cache: CounterPair | None
-    external_prefix_cache: CounterPair | None
-    ttft: Histogram | None
-    kv_cache_usage: float | None
-    preemptions: float | None
-    prompt_tokens: float | None
-    prompt_tokens_cached: float | None = None
-    generation_tokens: float | None = None
-    requests_running: float | None = None
-    requests_waiting: float | None = None
-    hit_rate_since_start: float | None = None  # V0 gauge, block ratio since start
-    created: float | None = None  # `_created` of the queries counter
-    prompt_tokens_by_source: tuple[tuple[str, float], ...] | None = None  # 0.16 on, admitted prefill
-    prompt_tokens_recomputed: float | None = None  # 0.16-0.19
-    prefill_kv_computed: tuple[float, float] | None = None  # (sum, count) of the 0.13+ histogram
-    engine_hit_rate: float | None = None  # SGLang's cache_hit_rate gauge: the last prefill batch
-    lmcache_lookups: tuple[float | None, float | None, float | None] | None = None  # (requests, tokens, hit tokens), max over workers
-
-    @property
-    def key(self) -> tuple[str, str | None]:
-        return (self.model_name, self.engine)
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    prefix_caching_enabled: bool | None
-    block_size: int | None
-    series: tuple[SeriesSnapshot, ...]
-    warnings: tuple[str, ...]
-    process_start_time: float | None = None
-    engine_kind: str | None = None  # "vllm" or "sglang": whose names the text uses
-    cache_config: tuple[tuple[str, str], ...] | None = None
-    lora_config: tuple[tuple[str, str], ...] | None = None
-    rejected: tuple[tuple[str, int], ...] = ()  # reason -> samples refused (non-finite or negative counters)
-
-    @property
-    def model_names(self) -> tuple[str, ...]:
-        return tuple(sorted({s.model_name for s in self.series}))
-
-    def to_json(self) -> dict:
-        """The `parse` output contract (README, "Command line"): users script against it."""
-        return {
-            "engine_kind": self.engine_kind,
-            "prefix_caching_enabled": self.prefix_caching_enabled,
-            "block_size": self.block_size,
-            "process_start_time": self.process_start_time,
-            "cache_config": dict(self.cache_config) if self.cache_config is not None else None,
-            "lora_config": dict(self.lora_config) if self.lora_config is not None else None,
-            "series": [_series_json(s) for s in self.series],
-            "warnings": list(self.warnings),
-            "rejected_samples": dict(self.rejected),
-        }
-
-
-def _series_json(s: SeriesSnapshot) -> dict:
-    def pair(p: CounterPair | None):
-        return None if p is None else {"queries": p.queries, "hits": p.hits, "unit": p.unit}
-
-    ttft = None
-    if s.ttft is not None:
-        ttft = {
-            "count": s.ttft.count,
-            "sum": s.ttft.sum,
-            "buckets": [["+Inf" if math.isinf(le) else le, c] for le, c in s.ttft.buckets],
-        }
-    return {
-        "model_name": s.model_name,
-        "engine": s.engine,
-        "prefix_cache": pair(s.prefix_cache),
-        "external_prefix_cache": pair(s.external_prefix_cache),
-        "ttft": ttft,
-        "kv_cache_usage": s.kv_cache_usage,
-        "preemptions": s.preemptions,
-        "prompt_tokens": s.prompt_tokens,
-        "prompt_tokens_cached": s.prompt_tokens_cached,
-        "hit_rate_since_start": s.hit_rate_since_start,
-        "created": s.created,
-        "prompt_tokens_by_source": dict(s.prompt_tokens_by_source) if s.prompt_tokens_by_source is not None else None,
-        "prompt_tokens_recomputed": s.prompt_tokens_recomputed,
-        "prefill_kv_computed": {"sum": s.prefill_kv_computed[0], "count": s.prefill_kv_computed[1]} if s.prefill_kv_computed else None,
-        "engine_hit_rate": s.engine_hit_rate,
-        "lmcache_lookups": dict(zip(("requests", "tokens", "hits"), s.lmcache_lookups)) if s.lmcache_lookups else None,
-    }
+# Why a sample is refused (counted per target): the parser refuses counters of +Inf, NaN
+# or below zero, and start times (process_start_time_seconds, `_created`) that are not a
+# finite time; the window refuses a counter that steps back a little without a restart,
+# and the restart detector start times that flap between processes behind one URL.
+REJECT_REASONS = ("non_finite_counter", "negative_counter", "non_finite_start_time", "counter_step_back", "flapping_start_time")
 
 
 # --- the parser ----------------------------------------------------------------------
@@ -334,9 +227,24 @@ class _SeriesBuilder:
         self.created: dict[str, float] = {}
 
 
+class _Warnings:
+    """A list's `append` that keeps the first MAX_WARNINGS and counts every one."""
+
+    __slots__ = ("kept", "total")
+
+    def __init__(self) -> None:
+        self.kept: list[str] = []
+        self.total = 0
+
+    def append(self, warning: str) -> None:
+        self.total += 1
+        if len(self.kept) < MAX_WARNINGS:
+            self.kept.append(warning)
+
+
 def parse(text: str) -> Snapshot:
     """Parse one /metrics body. Never raises: what cannot be read becomes a warning."""
-    warnings: list[str] = []
+    warnings = _Warnings()
     series: dict[tuple[str, str | None], _SeriesBuilder] = {}
     infos: dict[str, list[dict[str, str]]] = {}
     helps: dict[str, str] = {}
@@ -383,6 +291,11 @@ def parse(text: str) -> Snapshot:
             continue
         if kind == "info":
             infos.setdefault(field_name, []).append(labels)
+            continue
+        if kind in ("process", "created") and not (0.0 <= value < math.inf):
+            # NaN != NaN: kept, it would be a changed start time, a restart, on every poll
+            rejected["non_finite_start_time"] = rejected.get("non_finite_start_time", 0) + 1
+            warnings.append(f"line {lineno}: {name} has the value {value_text[:40]}; a start time must be a finite time; sample dropped")
             continue
         if kind == "process":
             process_start = value
@@ -445,7 +358,8 @@ def parse(text: str) -> Snapshot:
         prefix_caching_enabled=enabled,
         block_size=block_size,
         series=tuple(built),
-        warnings=tuple(warnings),
+        warnings=tuple(warnings.kept),
+        warnings_dropped=warnings.total - len(warnings.kept),
         process_start_time=process_start,
         cache_config=tuple(sorted(cache_config.items())) if cache_config is not None else None,
         lora_config=tuple(sorted((k, v) for k, v in lora.items() if k not in ("running_lora_adapters", "waiting_lora_adapters"))) if lora is not None else None,
@@ -568,9 +482,12 @@ def _cache_settings(cache_config: dict[str, str] | None, v0_gauges: list[float],
         size = cache_config.get("block_size")
         if size is not None:
             try:
-                block_size = int(float(size))
-            except ValueError:
-                warnings.append(f"cache_config_info: bad block_size {size!r}")
+                block_size = int(float(size))  # "inf" and "1e999" raise OverflowError, "nan" ValueError
+            except (ValueError, OverflowError):
+                block_size = None
+            if block_size is None or block_size <= 0 or block_size != float(size):
+                warnings.append(f"cache_config_info: bad block_size {size[:40]!r}; a positive whole number of tokens is expected")
+                block_size = None
     if enabled is None and v0_gauges:
         # V0 reports -1 in its hit-rate gauge when prefix caching is off
         enabled = not any(value < 0 for value in v0_gauges)

@@ -222,3 +222,32 @@ def test_lint_of_a_fifo_is_an_error_not_a_hang(tmp_path):
     os.mkfifo(fifo)
     proc = run_cli("lint", str(fifo), timeout=30)  # no writer ever opens it
     assert proc.returncode == 2 and "not a regular file" in proc.stderr
+
+
+def test_parse_splits_lines_as_the_sidecar_does(tmp_path, capsys):
+    """A bare \\r ends no line in the sidecar's parser; `parse` of the same bytes agrees."""
+    text = ('vllm:prefix_cache_queries_total{model_name="m"} 100\r'
+            'vllm:prefix_cache_hits_total{model_name="m"} 50\n'
+            'vllm:prefix_cache_queries_total{model_name="n"} 10\r\nvllm:prefix_cache_hits_total{model_name="n"} 5\r\n')
+    path = tmp_path / "metrics.txt"
+    path.write_bytes(text.encode())
+    from exporter.vllm_metrics import parse
+    main(["parse", str(path)])
+    assert json.loads(capsys.readouterr().out)["series"] == parse(text).to_json()["series"]
+
+
+def test_parse_of_a_binary_or_oversized_file_is_an_error_as_for_the_sidecar(tmp_path, capsys):
+    path = tmp_path / "metrics.bin"
+    path.write_bytes(b'vllm:prefix_cache_queries_total{model_name="\xff"} 1\n')
+    assert main(["parse", str(path)]) == 1
+    assert "not UTF-8 at byte 44" in capsys.readouterr().err
+
+
+def test_parse_with_a_hostile_block_size_prints_json_not_a_traceback(tmp_path, capsys):
+    path = tmp_path / "metrics.txt"
+    path.write_text('vllm:cache_config_info{block_size="1e999"} 1\nvllm:prefix_cache_queries_total{model_name="m"} 1\n'
+                    'vllm:prefix_cache_hits_total{model_name="m"} 1\n' + 'vllm:prefix_cache_hits_total{model_name="m"} x\n' * 500)
+    assert main(["parse", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["block_size"] is None and json.loads(out)["warnings_total"] == 501
+    assert "401 more warning(s) not shown" in err and err.count("\n") < 110

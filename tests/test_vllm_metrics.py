@@ -272,3 +272,30 @@ def test_admitted_prefill_counters_are_parsed():
     assert s.prompt_tokens == 11263.0 and s.prompt_tokens_cached == 7840.0
     assert any("unknown source 'bogus'" in w for w in snap.warnings)
     assert snap.to_json()["series"][0]["prompt_tokens_by_source"]["local_cache_hit"] == 7840.0
+
+
+@pytest.mark.parametrize("size", ["inf", "1e999", "-inf", "nan", "0", "-16", "16.5", "x"])
+def test_a_block_size_that_is_no_whole_number_is_a_warning_not_a_crash(size):
+    snap = parse(f'vllm:cache_config_info{{block_size="{size}",enable_prefix_caching="True"}} 1.0\n'
+                 'vllm:prefix_cache_queries_total{model_name="m"} 10\nvllm:prefix_cache_hits_total{model_name="m"} 5\n')
+    assert snap.block_size is None and snap.prefix_caching_enabled is True
+    assert any("bad block_size" in w for w in snap.warnings)
+
+
+@pytest.mark.parametrize("line", ["process_start_time_seconds NaN", "process_start_time_seconds +Inf",
+                                  'vllm:prefix_cache_queries_created{model_name="m"} NaN'])
+def test_a_start_time_that_is_no_time_is_dropped_and_counted(line):
+    snap = parse(line + '\nvllm:prefix_cache_queries_total{model_name="m"} 10\nvllm:prefix_cache_hits_total{model_name="m"} 5\n')
+    assert snap.process_start_time is None and snap.series[0].created is None
+    assert dict(snap.rejected) == {"non_finite_start_time": 1}
+    assert any("a start time must be a finite time" in w for w in snap.warnings)
+
+
+def test_warnings_of_a_body_of_bad_lines_are_a_capped_sample_and_a_count():
+    bad = 'vllm:prefix_cache_queries_total{model_name="m"} x\n' * 50000
+    snap = parse(bad + 'vllm:prefix_cache_queries_total{model_name="m"} 10\nvllm:prefix_cache_hits_total{model_name="m"} 5\n')
+    assert len(snap.warnings) == 100 and snap.warning_count == 50000 and snap.warnings_dropped == 49900
+    out = snap.to_json()
+    assert out["warnings_total"] == 50000 and len(out["warnings"]) == 100
+    noted = snap.noted(["a counter stepped back"], {"counter_step_back": 1})
+    assert noted.warning_count == 50001 and len(noted.warnings) == 100 and dict(noted.rejected) == {"counter_step_back": 1}
