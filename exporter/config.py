@@ -406,8 +406,15 @@ def _targets(r: _Reader, raw: Any) -> tuple[Target, ...]:
 
 
 # our metrics' labels and the labels every alert carries: a target label must not shadow them
+# (test_config checks it against every label of collector.METRICS; discovery renames them exported_*)
 RESERVED_LABELS = {"target", "model_name", "engine", "window", "quantile", "result", "unit", "alertname", "state", "le",
-                   "severity", "cause", "source", "baseline_version", "alertmanager"}
+                   "severity", "cause", "source", "baseline_version", "alertmanager", "reason"}
+
+
+def is_reserved_label(name: str) -> bool:
+    """A label of our own metrics or alerts: a target label (static or discovered) of
+    that name would overwrite it silently."""
+    return name in RESERVED_LABELS
 MAX_SECRET_FILE = 64 * 1024
 
 
