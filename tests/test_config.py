@@ -37,11 +37,20 @@ def test_every_error_is_reported_at_once_with_its_key_path():
     assert len(errors) == 15
 
 
-@pytest.mark.parametrize("label", ["severity", "cause", "alertname", "model_name"])
+@pytest.mark.parametrize("label", ["severity", "cause", "alertname", "model_name", "reason"])
 def test_target_labels_may_not_override_alert_labels(label):
     with pytest.raises(ConfigError) as exc:
         load({"targets": [{"name": "a", "url": "http://127.0.0.1:1/metrics", "labels": {label: "x"}}]})
     assert exc.value.errors == [f"targets[0].labels.{label}: reserved by the exporter"]
+
+
+def test_every_label_of_our_metrics_is_reserved():
+    """A target label named like one of ours (`reason` on rejected_samples) would be
+    overwritten silently on that metric: every label name of the table is reserved."""
+    from exporter.collector import METRICS
+    from exporter.config import is_reserved_label
+    ours = {label for d in METRICS.values() if d.target_labels and "target" in d.labels for label in d.labels}
+    assert {label for label in ours if not is_reserved_label(label)} == set()
 
 
 @pytest.mark.parametrize("content, error", [
