@@ -274,3 +274,15 @@ def test_a_block_size_the_hash_ids_do_not_fit_is_warned_about():
     a = whatif.analyze(mooncake_requests(), 1, ("round_robin",), None, 16)
     assert any("does not fit input_length at 16 tokens a hash id" in note and "line 1" in note for note in a.notes)
     assert not any("does not fit" in note for note in whatif.analyze(mooncake_requests(), 1, ("round_robin",), None, 512).notes)
+
+
+@pytest.mark.parametrize("length, ids, second_hit", [
+    pytest.param(1024, [1, 2], 512, id="whole-blocks-the-last-token-is-computed"),
+    pytest.param(1000, [1, 2], 512, id="the-partial-last-block-is-never-cached"),
+    pytest.param(1025, [1, 2, 3], 1024, id="two-full-blocks-and-one-token"),
+    pytest.param(400, [1], 0, id="shorter-than-a-block"),
+])
+def test_a_repeated_block_hash_request_hits_its_full_blocks_but_never_the_last_token(length, ids, second_hit):
+    line = json.dumps({"timestamp": 0, "input_length": length, "hash_ids": ids})
+    a = whatif.analyze(list(whatif.read_requests([line, line])), 1, ("round_robin",), None, 512)
+    assert a.prompt_tokens == 2 * length and a.ceiling == second_hit / (2 * length)
