@@ -1,12 +1,16 @@
-"""Delivery of alert states to Alertmanager (API v2), one queue per Alertmanager.
+"""Delivery of alert states to Alertmanager (API v2), one queue and one sender thread
+per Alertmanager, so one that hangs delays only its own alerts.
 
 Each queue holds the latest payload per alert, so an outage of any length loses no
 transition: what is pending when the Alertmanager comes back is the current truth, a
 resolution included. Firing alerts are re-sent every resend interval with an endsAt a
-few intervals ahead, so Alertmanager resolves them by itself if we die.
+few intervals ahead, so Alertmanager resolves them by itself if we die. Each POST has
+one deadline for its whole answer and a cap on its size; a redirect is a failure (a
+sign-in page that answers 200 has not received any alert).
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -15,9 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable, Sequence
 
-import requests
-
 from .config import AlertmanagerConfig
+from .peerhttp import Endpoint, PeerError, basic_auth, exchange
 from .scrape import redact_url
 from .rules import FIRING, RESOLVED, Alert, Transition
 
@@ -25,6 +28,7 @@ log = logging.getLogger(__name__)
 
 _BATCH = 500
 _MAX_BACKOFF = 30.0
+_MAX_ANSWER = 64 * 1024  # Alertmanager answers a POST with nothing or a short error
 RESOLVED_RESEND_FOR = 900.0  # as Prometheus: resolved alerts are re-sent for 15 minutes
 
 
@@ -62,6 +66,10 @@ class _Queue:
     dropped: int = 0
     last_success: float | None = None
     last_error: str | None = None
+    endpoint: Endpoint | None = None
+    send_lock: threading.Lock = field(default_factory=threading.Lock)  # one POST at a time: never one batch twice
+    wake: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
 
 
 @dataclass(frozen=True)
@@ -83,19 +91,15 @@ class Notifier:
         self.generator_url = generator_url
         self.clock = clock
         self.queues = [_Queue(u.rstrip("/") + "/api/v2/alerts") for u in cfg.urls]
+        for q in self.queues:
+            q.endpoint = Endpoint(q.url, cfg.ca_file)
         self.lock = threading.Lock()
-        self._send_lock = threading.Lock()  # one delivery at a time: stop() and the thread never POST one batch twice
-        self.session = requests.Session()
-        self.session.headers["Content-Type"] = "application/json"
+        self.headers = {"Content-Type": "application/json"}
         if cfg.username:
-            self.session.auth = (cfg.username, cfg.password)
+            self.headers["Authorization"] = basic_auth(cfg.username, cfg.password)
         if cfg.bearer_token:
-            self.session.headers["Authorization"] = f"Bearer {cfg.bearer_token}"
-        if cfg.ca_file:
-            self.session.verify = cfg.ca_file
-        self._wake = threading.Event()
+            self.headers["Authorization"] = f"Bearer {cfg.bearer_token}"
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="alertmanager", daemon=True)
 
     # --- input, from the evaluation job --------------------------------------------------
     def transitions(self, transitions: Sequence[Transition]) -> None:
@@ -112,7 +116,7 @@ class Notifier:
                     for q in self.queues:
                         q.resolved[key] = (body, now, now)
                     self._put(key, body, now, firing=False)
-        self._wake.set()
+        self._wake_all()
 
     def resend(self, firing: Sequence[Alert]) -> None:
         """Queue a fresh copy of every firing alert not queued for a resend interval."""
@@ -129,7 +133,11 @@ class Notifier:
                     elif now - queued >= self.cfg.resend_interval and key not in q.pending:
                         q.resolved[key] = (body, resolved_at, now)
                         self._put_one(q, key, body, now, False)
-        self._wake.set()
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        for q in self.queues:
+            q.wake.set()
 
     def _put(self, key, body: dict, now: float, firing: bool) -> None:
         for q in self.queues:
@@ -148,84 +156,110 @@ class Notifier:
 
     # --- delivery ------------------------------------------------------------------------
     def start(self) -> "Notifier":
-        if self.queues:
-            self._thread.start()
+        for q in self.queues:
+            q.thread = threading.Thread(target=self._run, args=(q,), name=f"alertmanager {redact_url(q.url)}", daemon=True)
+            q.thread.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Deliver what is pending for at most `timeout` seconds, then stop."""
+        """Deliver what is pending, to every Alertmanager at once, for at most `timeout`
+        seconds in all, then stop: one that hangs costs its own alerts, never the others'
+        or the shutdown's."""
         deadline = time.monotonic() + timeout
-        while self.queues and time.monotonic() < deadline and any(q.pending for q in self.queues) \
-                and all(q.failures == 0 for q in self.queues if q.pending):
-            self.deliver_once(deadline=deadline)
         self._stop.set()
-        self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join(max(0.1, deadline - time.monotonic()))
-        self.session.close()
+        self._wake_all()
+        flushers = [threading.Thread(target=self._flush, args=(q, deadline), name="alertmanager flush", daemon=True)
+                    for q in self.queues]
+        for f in flushers:
+            f.start()
+        for thread in flushers + [q.thread for q in self.queues if q.thread is not None]:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
-    def _run(self) -> None:
+    def _flush(self, q: _Queue, deadline: float) -> None:
+        while time.monotonic() < deadline and q.pending and q.failures == 0:
+            if not self._deliver_queue(q, deadline):
+                return
+
+    def _run(self, q: _Queue) -> None:
         while not self._stop.is_set():
             try:
-                self.deliver_once()
+                self._deliver_queue(q, None)
             except Exception:  # noqa: BLE001 - the sender must outlive any bug
                 log.exception("alertmanager delivery failed")
-            self._wake.wait(0.5)
-            self._wake.clear()
+            q.wake.wait(0.5)
+            q.wake.clear()
 
     def deliver_once(self, deadline: float | None = None) -> None:
-        with self._send_lock:
-            self._deliver(deadline)
-
-    def _deliver(self, deadline: float | None) -> None:
+        """One batch to each Alertmanager, one after the other (the threads of start() send
+        to each on its own)."""
         for q in self.queues:
-            now = self.clock()
-            with self.lock:
-                if not q.pending or now < q.retry_at:
-                    continue
-                batch = list(q.pending.items())[:_BATCH]
-            timeout = self.cfg.timeout if deadline is None else max(0.1, min(self.cfg.timeout, deadline - time.monotonic()))
-            error, permanent = self._post(q.url, [body for _, body in batch], timeout)
-            with self.lock:
-                if permanent:
-                    # Alertmanager refused the payload itself (4xx): sending it again cannot
-                    # succeed and would block every later alert behind it
-                    for key, body in batch:
-                        if q.pending.get(key) is body:
-                            del q.pending[key]
-                    q.rejected += 1
-                    q.failures = 0
-                    q.retry_at = 0.0
-                    q.last_error = error
-                    log.error("alertmanager %s rejected %d alert(s), dropped them: %s", redact_url(q.url), len(batch), error)
-                elif error is None:
-                    for key, body in batch:
-                        if q.pending.get(key) is body:
-                            del q.pending[key]
-                    q.ok += 1
-                    q.sent += len(batch)
-                    q.failures = 0
-                    q.retry_at = 0.0
-                    q.last_success, q.last_error = self.clock(), None
-                else:
-                    q.failed += 1
-                    q.failures += 1
-                    q.retry_at = self.clock() + min(_MAX_BACKOFF, 0.5 * 2 ** (q.failures - 1))
-                    if q.last_error != error:
-                        log.warning("alertmanager %s: %s; %d alert(s) kept for retry", redact_url(q.url), error, len(q.pending))
-                    q.last_error = error
+            self._deliver_queue(q, deadline)
 
-    def _post(self, url: str, alerts: list[dict], timeout: float) -> tuple[str | None, bool]:
-        """(error or None, whether retrying cannot help)."""
+    def _deliver_queue(self, q: _Queue, deadline: float | None) -> bool:
+        """False when the send lock was not free before `deadline` (a POST in flight)."""
+        wait = -1 if deadline is None else max(0.0, deadline - time.monotonic())
+        if not q.send_lock.acquire(timeout=wait):
+            return False
         try:
-            resp = self.session.post(url, json=alerts, timeout=timeout)
-        except requests.RequestException as exc:
-            return f"{type(exc).__name__}", False
-        if 200 <= resp.status_code < 300:
+            self._deliver(q, deadline)
+        finally:
+            q.send_lock.release()
+        return True
+
+    def _deliver(self, q: _Queue, deadline: float | None) -> None:
+        now = self.clock()
+        with self.lock:
+            if not q.pending or now < q.retry_at:
+                return
+            batch = list(q.pending.items())[:_BATCH]
+        timeout = self.cfg.timeout if deadline is None else max(0.1, min(self.cfg.timeout, deadline - time.monotonic()))
+        error, permanent = self._post(q, [body for _, body in batch], timeout)
+        with self.lock:
+            if permanent:
+                # Alertmanager refused the payload itself (4xx): sending it again cannot
+                # succeed and would block every later alert behind it
+                for key, body in batch:
+                    if q.pending.get(key) is body:
+                        del q.pending[key]
+                q.rejected += 1
+                q.failures = 0
+                q.retry_at = 0.0
+                q.last_error = error
+                log.error("alertmanager %s rejected %d alert(s), dropped them: %s", redact_url(q.url), len(batch), error)
+            elif error is None:
+                for key, body in batch:
+                    if q.pending.get(key) is body:
+                        del q.pending[key]
+                q.ok += 1
+                q.sent += len(batch)
+                q.failures = 0
+                q.retry_at = 0.0
+                q.last_success, q.last_error = self.clock(), None
+            else:
+                q.failed += 1
+                q.failures += 1
+                q.retry_at = self.clock() + min(_MAX_BACKOFF, 0.5 * 2 ** (q.failures - 1))
+                if q.last_error != error:
+                    log.warning("alertmanager %s: %s; %d alert(s) kept for retry", redact_url(q.url), error, len(q.pending))
+                q.last_error = error
+
+    def _post(self, q: _Queue, alerts: list[dict], timeout: float) -> tuple[str | None, bool]:
+        """(error or None, whether retrying cannot help), within `timeout` seconds in all."""
+        try:
+            answer = exchange(q.endpoint, "POST", body=json.dumps(alerts).encode(), headers=self.headers,
+                              timeout=timeout, size_limit=_MAX_ANSWER, error_body_limit=200)
+        except PeerError as exc:
+            return f"{type(exc).__name__}: {exc}", False
+        status = answer.status
+        if 200 <= status < 300:
             return None, False
-        error = f"HTTP {resp.status_code}: {resp.text[:200].strip()}"
+        if 300 <= status < 400:
+            # a proxy's sign-in page or a moved Alertmanager: nothing was delivered, and a
+            # POST must not turn into a GET that answers 200
+            return f"HTTP {status}: redirect to {redact_url(answer.headers.get('location', '?'))[:200]}, not followed", False
+        error = f"HTTP {status}: {answer.body.decode('utf-8', 'replace').strip()}"
         # 408 and 429 are the server asking us to come back later
-        return error, 400 <= resp.status_code < 500 and resp.status_code not in (408, 429)
+        return error, 400 <= status < 500 and status not in (408, 429)
 
     def stats(self) -> list[QueueStats]:
         with self.lock:

@@ -140,8 +140,9 @@ class MisbehavingServer(FakeServer):
         stop = self.stopping
 
         def drip_body(h):
-            _raw(h, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
-            _trickle(h, b"{" * 100000, stop)
+            # small enough for any size cap: only the deadline can cut it
+            _raw(h, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n")
+            _trickle(h, b"{" * 1000, stop)
 
         def drip_head(h):
             _trickle(h, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Pad: " + b"a" * 100000, stop)

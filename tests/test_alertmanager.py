@@ -49,7 +49,7 @@ def am():
 
 
 def notifier(url, clock, **cfg):
-    return Notifier(AlertmanagerConfig(urls=(url,), resend_interval=60.0, timeout=2.0, **cfg), "http://sidecar:9464/", clock)
+    return Notifier(AlertmanagerConfig(urls=(url,), **{"resend_interval": 60.0, "timeout": 2.0, **cfg}), "http://sidecar:9464/", clock)
 
 
 def test_payload_follows_the_v2_postable_alert():
@@ -206,3 +206,73 @@ def test_stop_and_the_delivery_thread_never_post_one_batch_twice():
         stopper.start()
         stopper.join(5.0)
     assert seen == ["PrefixCacheHitRateLow"]
+
+
+# --- misbehaving Alertmanagers -----------------------------------------------------------------------
+def wait_until(predicate, timeout=5.0):
+    import time
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return predicate()
+
+
+def test_a_dripping_alertmanager_delays_only_its_own_alerts_and_never_the_stop():
+    import time
+
+    from fakeserver import MisbehavingServer
+    with MisbehavingServer() as server:
+        cfg = AlertmanagerConfig(urls=(server.url("drip"), server.url("ok")), resend_interval=60.0, timeout=30.0)
+        n = Notifier(cfg, "http://sidecar:9464/", Clock()).start()
+        n.transitions([Transition(1000.0, alert(), FIRING)])
+        # the healthy one gets its alert at once, while the dripping one holds its POST
+        assert wait_until(lambda: n.stats()[1].notifications_ok == 1, timeout=3.0), n.stats()
+        assert n.stats()[0].pending == 1 and server.hits.get("drip") == 1
+        started = time.monotonic()
+        n.stop(1.0)
+        assert time.monotonic() - started < 1.5  # not the drip's 30 s deadline, nor its send lock
+
+
+def test_a_post_has_one_deadline_for_its_whole_answer():
+    import time
+
+    from fakeserver import MisbehavingServer
+    with MisbehavingServer() as server:
+        for behaviour in ("drip", "drip-head", "silent"):
+            n = notifier(server.url(behaviour), Clock(), timeout=1.0)
+            n.transitions([Transition(1000.0, alert(), FIRING)])
+            started = time.monotonic()
+            n.deliver_once()
+            assert time.monotonic() - started < 1.5, behaviour
+            s = n.stats()[0]
+            assert s.notifications_failed == 1 and s.pending == 1 and "1s deadline" in s.last_error, behaviour
+
+
+def test_an_endless_answer_is_cut_at_the_size_cap_not_read_whole():
+    """A 200 whose body never ends (a misrouted stream): the old client read it all,
+    RSS grew by GBs; it is a failure once over the cap, and the alert stays queued."""
+    import time
+
+    from fakeserver import endless_chunks
+    with FakeServer({"/api/v2/alerts": endless_chunks(b" " * 65536, 64 * 1024 * 1024)}) as server:
+        n = notifier(server.base, Clock())
+        n.transitions([Transition(1000.0, alert(), FIRING)])
+        started = time.monotonic()
+        n.deliver_once()
+        assert time.monotonic() - started < 1.0
+    s = n.stats()[0]
+    assert s.notifications_ok == 0 and s.pending == 1 and "byte limit" in s.last_error
+
+
+def test_a_redirect_is_a_failure_not_a_delivery():
+    """A 302 to a sign-in page was followed as a GET, answered 200 and counted delivered:
+    the alert was lost and success recorded."""
+    from fakeserver import MisbehavingServer
+    with MisbehavingServer() as server:
+        n = notifier(server.url("redirect"), Clock())
+        n.transitions([Transition(1000.0, alert(), FIRING)])
+        n.deliver_once()
+        assert "signin" not in server.hits
+    s = n.stats()[0]
+    assert s.notifications_ok == 0 and s.notifications_failed == 1 and s.pending == 1
+    assert s.last_error.startswith("HTTP 302: redirect to /signin")
