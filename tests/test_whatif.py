@@ -35,6 +35,12 @@ def test_vllm_request_log_lines_of_each_version():
     pytest.param('{"prompt_token_ids": [1, "2"]}', "non-empty list of integers", id="string-id"),
     pytest.param('{"body": {"messages": []}}', "non-empty `messages`", id="empty-messages"),
     pytest.param('{"session": "x"}', "one of `prompt_token_ids`", id="no-prompt"),
+    pytest.param('{"hash_ids": [1, 2]}', "`input_length` is missing", id="no-length"),
+    pytest.param('{"input_length": 600}', "`hash_ids` is missing", id="no-ids"),
+    pytest.param('{"input_length": 0, "hash_ids": []}', "positive integer", id="zero-length"),
+    pytest.param('{"input_length": 600, "hash_ids": [1, "2"]}', "64-bit integers", id="string-hash-id"),
+    pytest.param('{"input_length": 600, "hash_ids": [18446744073709551616]}', "64-bit integers", id="too-big"),
+    pytest.param('{"input_length": 600, "hash_ids": [1], "timestamp": "x"}', "`timestamp` must be a number", id="bad-timestamp"),
 ])
 def test_bad_lines_are_errors_with_their_line_number(line, fragment):
     (item,) = list(whatif.read_requests(["", line]))
@@ -255,19 +261,6 @@ def test_a_sample_mixing_hash_lines_and_requests_names_the_first_odd_line(tmp_pa
     sample.write_text("\n".join(lines[:2] + ['{"prompt_token_ids": [1, 2, 3]}'] + lines[2:] + ['{"prompt": "hi"}']) + "\n")
     proc = run(str(sample), "--block-size=512")
     assert proc.returncode == 2 and "line 3: token ids or text in a sample of block hashes" in proc.stderr
-
-
-@pytest.mark.parametrize("line, fragment", [
-    pytest.param('{"hash_ids": [1, 2]}', "`input_length` is missing", id="no-length"),
-    pytest.param('{"input_length": 600}', "`hash_ids` is missing", id="no-ids"),
-    pytest.param('{"input_length": 0, "hash_ids": []}', "positive integer", id="zero-length"),
-    pytest.param('{"input_length": 600, "hash_ids": [1, "2"]}', "64-bit integers", id="string-id"),
-    pytest.param('{"input_length": 600, "hash_ids": [18446744073709551616]}', "64-bit integers", id="too-big"),
-    pytest.param('{"input_length": 600, "hash_ids": [1], "timestamp": "x"}', "`timestamp` must be a number", id="bad-timestamp"),
-])
-def test_bad_block_hash_lines_are_errors_with_their_line_number(line, fragment):
-    (item,) = list(whatif.read_requests([line]))
-    assert isinstance(item, whatif.SampleError) and str(item).startswith("line 1:") and fragment in str(item)
 
 
 def test_a_block_size_the_hash_ids_do_not_fit_is_warned_about():
