@@ -11,8 +11,10 @@ EVICTION_PRESSURE = "eviction_pressure"
 CACHING_DISABLED = "caching_disabled"
 LOAD_BALANCER_SCATTER = "load_balancer_scatter"
 INSTRUMENTATION = "instrumentation"  # the engine's own counters disagree: its bookkeeping, not its cache
+TRAFFIC_MIX = "traffic_mix"  # as many tokens hit as before; more arrive that share no prefix (a new tenant, a batch job)
 UNKNOWN = "unknown"
-CAUSES = (PROMPT_PREFIX_CHANGE, COLD_START, EVICTION_PRESSURE, CACHING_DISABLED, LOAD_BALANCER_SCATTER, INSTRUMENTATION, UNKNOWN)
+CAUSES = (PROMPT_PREFIX_CHANGE, COLD_START, EVICTION_PRESSURE, CACHING_DISABLED, LOAD_BALANCER_SCATTER, INSTRUMENTATION,
+          TRAFFIC_MIX, UNKNOWN)
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,9 @@ class Evidence:
     peer_ratios: tuple[float, ...] = ()  # the same model on the other targets
     peers_had_events: bool = False
     requests: float | None = None  # requests that got a first token in the short window
+    # (hit tokens/s, query tokens/s) since the drop and before it (the baseline's time)
+    token_rates: tuple[float, float] | None = None
+    baseline_token_rates: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,11 @@ class Settings:
     scatter_low: float = 0.1
     scatter_high: float = 0.65
     scatter_spread: float = 0.15
+    # hit tokens/s at least this share of before while query tokens/s grew this much:
+    # the cache serves what it served, the new traffic shares no prefix (a Poisson
+    # minute of a few hundred requests moves the hits by well under 20%)
+    mix_hits_held: float = 0.8
+    mix_queries_grew: float = 1.2
 
 
 def classify(e: Evidence, s: Settings = Settings()) -> tuple[str, str]:
@@ -51,6 +61,9 @@ def classify(e: Evidence, s: Settings = Settings()) -> tuple[str, str]:
         climbing = e.ratio is not None and e.ratio_earlier is not None and e.ratio >= e.ratio_earlier
         return COLD_START, (f"restart {e.now - restarts[-1].t:.0f}s ago ({restarts[-1].description}); "
                             f"the cache is {'refilling' if climbing else 'still cold'}")
+    mix = traffic_mix(e, s)
+    if mix:
+        return TRAFFIC_MIX, mix
     kv_full = e.kv_usage_max is not None and e.kv_usage_max >= s.kv_usage_high
     preempted = _preempted_share(e)
     pressure = kv_full or preempted >= s.preempted_share
@@ -80,6 +93,22 @@ def classify(e: Evidence, s: Settings = Settings()) -> tuple[str, str]:
     return UNKNOWN, "no deploy, restart, eviction pressure or fleet-wide pattern explains it"
 
 
+def traffic_mix(e: Evidence, s: Settings = Settings()) -> str:
+    """Why the fall is a change of the traffic mix, or "": the cache serves as many tokens
+    per second as before while only the queries grew. A broken prompt prefix or evicted
+    blocks lose hits; new traffic that shares no prefix with the old only dilutes them."""
+    if e.token_rates is None or e.baseline_token_rates is None:
+        return ""
+    (hits, queries), (hits_before, queries_before) = e.token_rates, e.baseline_token_rates
+    if hits_before <= 0 or queries_before <= 0:
+        return ""
+    if hits < s.mix_hits_held * hits_before or queries < s.mix_queries_grew * queries_before:
+        return ""
+    return (f"hit tokens/s held ({hits:.0f} against {hits_before:.0f} before) while query tokens/s grew "
+            f"{queries / queries_before - 1:.0%} ({queries_before:.0f} -> {queries:.0f}): new traffic that shares no "
+            "prefix with the old, not a broken prompt")
+
+
 def _preempted_share(e: Evidence) -> float:
     """Preempted requests as a share of the requests served; all of it when the request
     count is unknown and there were preemptions."""
@@ -92,6 +121,11 @@ def _preempted_share(e: Evidence) -> float:
 
 
 def severity_for(cause: str, default: str) -> str:
-    """A cold start after a restart is expected: it never pages."""
-    return "info" if cause == COLD_START else default
+    """A cold start after a restart is expected: it never pages. A change of the traffic
+    mix is nobody's breakage: at most a warning."""
+    if cause == COLD_START:
+        return "info"
+    if cause == TRAFFIC_MIX and default == "critical":
+        return "warning"
+    return default
 

@@ -35,6 +35,16 @@ def evidence(**kw):
     pytest.param(dict(ratio=0.33, peer_ratios=(0.31,), peers_had_events=True), causes.UNKNOWN, id="peers-had-deploys"),
     pytest.param(dict(events=(ev("api", 5000),)), causes.UNKNOWN, id="deploy-too-long-ago"),
     pytest.param(dict(), causes.UNKNOWN, id="nothing-explains-it"),
+    pytest.param(dict(events=(ev("api", 20),), ratio=0.56, token_rates=(5900.0, 10500.0), baseline_token_rates=(5800.0, 6500.0)),
+                 causes.TRAFFIC_MIX, id="hits-held-queries-grew-after-a-deploy"),
+    pytest.param(dict(ratio=0.45, token_rates=(5600.0, 12500.0), baseline_token_rates=(5800.0, 6500.0)),
+                 causes.TRAFFIC_MIX, id="hits-held-queries-grew-without-a-deploy"),
+    pytest.param(dict(events=(ev("api", 20),), token_rates=(250.0, 10500.0), baseline_token_rates=(5800.0, 6500.0)),
+                 causes.PROMPT_PREFIX_CHANGE, id="hits-collapsed-while-queries-grew"),
+    pytest.param(dict(events=(ev("api", 20),), ratio=0.6, token_rates=(3900.0, 6500.0), baseline_token_rates=(5800.0, 6500.0)),
+                 causes.PROMPT_PREFIX_CHANGE, id="hits-fell-at-the-same-traffic"),
+    pytest.param(dict(events=(ev("restart", 60),), token_rates=(5900.0, 10500.0), baseline_token_rates=(5800.0, 6500.0)),
+                 causes.COLD_START, id="a-restart-outranks-the-mix"),
 ])
 def test_classify(kw, cause):
     got, why = classify(evidence(**kw))
@@ -44,3 +54,9 @@ def test_classify(kw, cause):
 def test_cold_start_never_pages():
     assert causes.severity_for(causes.COLD_START, "critical") == "info"
     assert causes.severity_for(causes.PROMPT_PREFIX_CHANGE, "critical") == "critical"
+
+
+def test_a_traffic_mix_is_at_most_a_warning():
+    assert causes.severity_for(causes.TRAFFIC_MIX, "critical") == "warning"
+    assert causes.severity_for(causes.TRAFFIC_MIX, "warning") == "warning"
+    assert causes.severity_for(causes.TRAFFIC_MIX, "info") == "info"
