@@ -31,6 +31,7 @@ from .rules import (
     Facts,
     Transition,
     evidence,
+    hits_reference,
     step,
 )
 from .vllm_metrics import Snapshot
@@ -85,6 +86,8 @@ class Engine:
         self.rollouts: dict[str, fleet.Rollout] = {}  # model -> its newest rollout
         self.verdicts: dict[str, fleet.Verdict] = {}  # model -> the gate's verdict at the last evaluation, while versions are judged
         self.fleet_baselines: dict[tuple[str, str], tuple[float, float]] = {}  # (target, model) -> (ratio, pod start)
+        # (target, model) -> (last lookup hit, TTFT p50 before it) while its hits stand still
+        self.hits_references: dict[tuple[str, str], tuple[float, float]] = {}
         self.reconfigure(config)
 
     # --- configuration ---------------------------------------------------------------
@@ -233,6 +236,7 @@ class Engine:
             mine = [e for e in by_target.get(name, []) + by_target.get("", []) if 0 <= now - e.t <= horizon]
             events_of[name] = tuple(sorted(mine, key=lambda e: e.t))
         evaluated: set[tuple[str, str, str, str]] = set()
+        references: dict[tuple[str, str], tuple[float, float]] = {}  # rebuilt: gone targets and models drop out
         for name, track in list(self.tracks.items()):
             view = track.view
             for model in [""] + sorted(view.stats):
@@ -242,7 +246,8 @@ class Engine:
                              windows=window_names, events=events_of[name], peer_ratios=tuple(r for _, r in peers),
                              peers_had_events=any(events_of.get(other) for other, _ in peers),
                              block_size=view.snapshot.block_size if view.snapshot else None,
-                             ever_up=view.ever_up, fleet_baseline=self.fleet_baselines.get((name, model)))
+                             ever_up=view.ever_up, fleet_baseline=self.fleet_baselines.get((name, model)),
+                             hits_reference=self._hits_reference(name, model, view, references) if model else None)
                 for alertname, settings in rc.rules.items():
                     if not settings.enabled or (alertname == TARGET_DOWN) != (model == ""):
                         continue
@@ -250,10 +255,12 @@ class Engine:
                     evaluated.add(key)
                     alert = self.alerts.get(key) or Alert(alertname, name, model)
                     facts = replace(base, active_since=alert.active_at if alert.state in (PENDING, FIRING) else None,
-                                    anchor=alert.anchor if alert.state in (PENDING, FIRING) else None)
+                                    anchor=alert.anchor if alert.state in (PENDING, FIRING) else None,
+                                    anchor_baseline=alert.baseline if alert.state in (PENDING, FIRING) else None)
                     cond = RULES[alertname](facts, settings, rc)
                     new, transition = step(alert, cond, now, settings, lambda a, c, f=facts: self._describe(a, c, f))
                     self._keep(key, new, transition, transitions)
+        self.hits_references = references
         self.verdicts = {}
         if rc.rules[DROP_AFTER_DEPLOY].enabled:
             self._evaluate_versions(now, evaluated, transitions)
@@ -265,6 +272,20 @@ class Engine:
             elif alert.state == PENDING:
                 transitions.append(Transition(now, replace(alert, state=INACTIVE), INACTIVE))
         return transitions
+
+    def _hits_reference(self, name: str, model: str, view: TrackView,
+                        references: dict[tuple[str, str], tuple[float, float]]) -> tuple[float, float] | None:
+        """TTFT from before the lookup hits stopped, kept while they stand still: once the
+        last hit has left the history, the rules still know how fast a working cache was."""
+        shortest = min(self.config.global_.windows, key=lambda w: w[1])[0]
+        ws = view.stats.get(model, {}).get(shortest)
+        if ws is None or ws.hit_increase != 0:
+            return None  # hits are counted (or not known): nothing to remember
+        ref = hits_reference(view.samples, model, view.snapshot.block_size if view.snapshot else None) \
+            or self.hits_references.get((name, model))
+        if ref is not None:
+            references[(name, model)] = ref
+        return ref
 
     # --- versions of a model side by side --------------------------------------------------
     def _started(self, name: str, view: TrackView) -> float | None:
@@ -462,7 +483,8 @@ class Engine:
         annotations = {"summary": cond.summary, "description": description.strip(),
                        "runbook_url": runbook, "dashboard_url": rc.dashboard_url}
         return replace(alert, labels=tuple(sorted(labels.items())), annotations=tuple(sorted(annotations.items())),
-                       anchor=cond.anchor if cond.anchor is not None else alert.anchor)
+                       anchor=cond.anchor if cond.anchor is not None else alert.anchor,
+                       baseline=cond.baseline if cond.baseline is not None else alert.baseline)
 
     def active_alerts(self) -> list[Alert]:
         return sorted(self.alerts.values(), key=lambda a: a.key)

@@ -102,6 +102,10 @@ class Facts:
     active_since: float | None = None  # when this alert became pending, while it is active
     anchor: float | None = None  # the event time an active alert measures against
     fleet_baseline: tuple[float, float] | None = None  # (the fleet's ratio for the model before this pod started, its start)
+    anchor_baseline: float | None = None  # the ratio before `anchor`, kept by the active alert
+    # (when the lookup hits last grew, TTFT p50 before that) while they stand still: kept
+    # by the engine, so the evidence outlives the history it was read from
+    hits_reference: tuple[float, float] | None = None
 
     def window(self, seconds: float) -> WindowStats:
         name = self.windows.get(seconds)
@@ -127,6 +131,7 @@ class Condition:
     description: str = ""
     cause: tuple[str, str] | None = None  # classified later when None
     anchor: float | None = None  # the event this condition compared against
+    baseline: float | None = None  # the ratio before that event
 
     @property
     def true(self) -> bool:
@@ -159,7 +164,9 @@ def _in_cold_start(f: Facts, grace: float) -> DeployEvent | None:
 def rule_drop_after_deploy(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
     deploys = [e for e in f.events if not e.is_restart and 0 <= f.now - e.t <= rc.event_lookback]
     if not deploys:
-        return _against_fleet(f, s, rc) if f.fleet_baseline is not None else FALSE
+        if f.fleet_baseline is not None:
+            return _against_fleet(f, s, rc)
+        return _past_look_back(f, s, rc) if f.anchor is not None and f.anchor_baseline is not None else FALSE
     # an active alert keeps measuring against the deploy that raised it: a rollback
     # announced later must not become the baseline of the incident it ends
     anchored = [e for e in deploys if f.anchor is not None and e.t == f.anchor]
@@ -184,7 +191,29 @@ def rule_drop_after_deploy(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condit
     return Condition("true" if dropped else "false", after_ratio,
                      f"Prefix-cache hit rate of {f.model} on {f.target} fell from {before_ratio:.0%} to {after_ratio:.0%} after deploy {who}",
                      f"Token-weighted hit ratio {before_ratio:.1%} in the {s.baseline:.0f}s before the event at {ev.t:.0f}, "
-                     f"{after_ratio:.1%} since. Uncached prompt tokens are prefilled again: TTFT and cost rise.", anchor=ev.t)
+                     f"{after_ratio:.1%} since. Uncached prompt tokens are prefilled again: TTFT and cost rise.",
+                     anchor=ev.t, baseline=before_ratio)
+
+
+def _past_look_back(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
+    """The deploy an active alert measures against has left the look-back (and maybe the
+    history) while the ratio is still down: the incident is not over, so the alert keeps
+    measuring against the ratio it kept from before the deploy until the ratio is back."""
+    if _in_cold_start(f, rc.cold_start_grace):
+        return FALSE  # the cache was emptied since: the cold-start rules take over
+    before_ratio = f.anchor_baseline
+    after = f.window(s.after)
+    after_ratio = _ratio(after)
+    if f.query_tokens(after) < s.min_query_tokens or after_ratio is None:
+        return Condition(INCONCLUSIVE, None, f"Not enough traffic to tell whether {f.target} recovered",
+                         f"{f.query_tokens(after):.0f} query tokens in the last {s.after:.0f}s; {s.min_query_tokens:.0f} needed.")
+    down = not _recovered(before_ratio, after_ratio, s) and not _hits_not_counted(f, after, replace(s, window=60.0))
+    return Condition("true" if down else "false", after_ratio,
+                     f"Prefix-cache hit rate of {f.model} on {f.target} is still {after_ratio:.0%}, against {before_ratio:.0%} "
+                     f"before the deploy at {f.anchor:.0f}",
+                     f"Token-weighted hit ratio {after_ratio:.1%} over the last {s.after:.0f}s against {before_ratio:.1%} before "
+                     f"the deploy at {f.anchor:.0f}, longer ago than the {rc.event_lookback:.0f}s look-back: the alert holds "
+                     "until the ratio is back.", anchor=f.anchor, baseline=before_ratio)
 
 
 def _against_fleet(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
@@ -260,19 +289,35 @@ def _cache_works_by_other_evidence(f: Facts, ws: WindowStats, s: RuleSettings) -
     of the time before they stopped."""
     if ws.admitted_hit_increase is not None:
         return f"admitted prefill counted {ws.admitted_hit_increase:.0f} cached tokens" if ws.admitted_hit_increase > 0 else ""
-    last = last_hit_time(f.samples, f.model)
-    if last is None or last >= f.now:
+    ref = f.hits_reference or hits_reference(f.samples, f.model, f.block_size)
+    if ref is None or ref[0] >= f.now:
         return ""
-    since = stats_between(f.samples, f.model, last, f.now, 0.0, f.block_size)
-    before = stats_between(f.samples, f.model, last - s.window, last, 0.0, f.block_size)
-    p_now, p_before = since.ttft_quantiles.get(0.5), before.ttft_quantiles.get(0.5)
-    enough = (since.ttft_count_increase or 0) >= 10 and (before.ttft_count_increase or 0) >= 10
-    if not enough or since.hit_increase != 0 or not since.query_increase or p_now is None or p_before is None \
-            or (before.hit_increase or 0) <= 0:
+    last, p_before = ref
+    # the recent TTFT, not all of it since the hits stopped: a cache that goes cold an
+    # hour after its hit counter stopped shows at once
+    since = stats_between(f.samples, f.model, max(last, f.now - max(s.window, 60.0)), f.now, 0.0, f.block_size)
+    p_now = since.ttft_quantiles.get(0.5)
+    if (since.ttft_count_increase or 0) < 10 or since.hit_increase != 0 or not since.query_increase or p_now is None:
         return ""
     if p_now <= 1.2 * p_before:
         return f"TTFT p50 stayed at {p_now * 1000:.0f} ms ({p_before * 1000:.0f} ms while hits were counted)"
     return ""
+
+
+REFERENCE_SECONDS = 300.0  # TTFT before the hits stopped: long enough for a few hundred requests
+
+
+def hits_reference(samples: Sequence[TargetSample], model: str, block_size: int | None) -> tuple[float, float] | None:
+    """(when the lookup hits last grew, TTFT p50 over the REFERENCE_SECONDS before), or
+    None where the history holds no such time with enough requests."""
+    last = last_hit_time(samples, model)
+    if last is None:
+        return None
+    before = stats_between(samples, model, last - REFERENCE_SECONDS, last, 0.0, block_size)
+    p_before = before.ttft_quantiles.get(0.5)
+    if (before.ttft_count_increase or 0) < 10 or (before.hit_increase or 0) <= 0 or p_before is None:
+        return None
+    return last, p_before
 
 
 def _hits_not_counted(f: Facts, ws: WindowStats, s: RuleSettings) -> bool:
@@ -366,8 +411,15 @@ def evidence(f: Facts, rc: RulesConfig) -> causes.Evidence:
     long_ws = f.window(max(f.windows)) if f.windows else now_ws
     deploys = [e for e in f.events if not e.is_restart and 0 <= f.now - e.t <= rc.event_lookback]
     baseline = None
+    rates, baseline_rates = token_rates(now_ws), token_rates(long_ws)
     if deploys:
-        baseline = _ratio(stats_between(f.samples, f.model, deploys[-1].t - 300.0, deploys[-1].t, 0.0, f.block_size))
+        ev = next((e for e in deploys if e.t == f.anchor), deploys[-1])
+        before = stats_between(f.samples, f.model, ev.t - 300.0, ev.t, 0.0, f.block_size)
+        baseline = _ratio(before)
+        # the traffic since the event against the traffic before it, as the deploy rule compares
+        edge = max((x.t for x in f.samples if x.t <= ev.t), default=ev.t)
+        since = stats_between(f.samples, f.model, max(edge - 1e-6, f.now - 300.0), f.now, 0.0, f.block_size)
+        rates, baseline_rates = token_rates(since), token_rates(before)
     return causes.Evidence(
         now=f.now,
         caching_enabled=f.snapshot.prefix_caching_enabled if f.snapshot else None,
@@ -378,7 +430,21 @@ def evidence(f: Facts, rc: RulesConfig) -> causes.Evidence:
         preemptions=now_ws.preemption_increase,
         events=f.events, peer_ratios=f.peer_ratios, peers_had_events=f.peers_had_events,
         requests=now_ws.ttft_count_increase,
+        token_rates=rates, baseline_token_rates=baseline_rates,
     )
+
+
+def token_rates(ws: WindowStats) -> tuple[float, float] | None:
+    """(hit, query) tokens per second of a window, from the counters its ratio is judged
+    by; None where the window's span is unknown."""
+    if not ws.query_rate or not ws.query_increase:
+        return None
+    span = ws.query_increase / ws.query_rate
+    if ws.admitted_hit_increase is not None and ws.admitted_prompt_increase:
+        return max(0.0, ws.admitted_hit_increase) / span, ws.admitted_prompt_increase / span
+    if ws.hit_increase is None:
+        return None
+    return max(0.0, ws.hit_increase) / span, ws.query_increase / span
 
 
 # --- the state machine ----------------------------------------------------------------------
@@ -397,6 +463,7 @@ class Alert:
     annotations: tuple[tuple[str, str], ...] = ()
     value: float | None = None
     anchor: float | None = None  # the event an active alert measures against
+    baseline: float | None = None  # the ratio before `anchor`, for as long as the alert is active
     version: str = ""  # a fleet alert about one version of a model (target is then "")
 
     @property

@@ -1,7 +1,9 @@
 """The issue's scenarios: simulator recordings through `backtest`."""
+import functools
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -306,3 +308,81 @@ def test_a_harmless_recorded_rollout_stays_quiet():
 def test_bad_labels_in_a_recording_are_reported(line, message):
     ((_, record),) = list(read_lines([line]))
     assert isinstance(record, RecordingError) and message in str(record)
+
+
+# --- alerts an on-call trusts: a traffic mix is no broken prompt, evidence keeps holding -------------
+_VOCAB = [f" w{i}" for i in range(4096)]
+
+
+def tenant_recording(deploy=300.0, join=310.0, leave=660.0, duration=1080.0, rate=3.0, words=1300, interval=5.0):
+    """A harmless deploy, then a tenant whose prompts share no prefix with anyone's joins:
+    query tokens/s rise ~60%, hit tokens/s hold (the cache is big enough for both), the
+    ratio falls from ~90% to ~56%; the tenant leaves again later."""
+    import random
+    replica = simulator.Replica("vllm-0", Scenario(request_rate=5.0, kv_blocks=64000), start=START - 900.0, seed=100)
+    rng = random.Random(7)
+    out, t, arrival = [], START, START + join
+    while t <= START + duration:
+        if t - interval < START + deploy <= t:
+            out.append(json.dumps({"t": START + deploy, "event": "deploy", "target": None, "version": "v42"}))
+        while arrival <= min(t, START + leave):
+            replica.advance(arrival)
+            prompt = "".join(rng.choices(_VOCAB, k=words))
+            replica.serve_chat({"messages": [{"role": "user", "content": prompt}], "max_tokens": 200}, arrival)
+            arrival += rng.expovariate(rate)
+        replica.advance(t)
+        out.append(json.dumps({"t": t, "target": "vllm-0", "body": replica.render()}))
+        t += interval
+    return out
+
+
+def test_a_tenant_joining_after_a_harmless_deploy_is_a_traffic_mix_warning_never_a_prompt_page():
+    transitions, engine, warnings = run(tenant_recording())
+    assert warnings == []
+    assert not [t for t in transitions if t["labels"]["severity"] == "critical"]
+    assert not [t for t in transitions if t["labels"]["cause"] == "prompt_prefix_change"]
+    drop = [t for t in transitions if t["alertname"] == "PrefixCacheHitRateDropAfterDeploy"]
+    assert [t["state"] for t in drop] == ["pending", "firing", "resolved"]
+    assert drop[1]["labels"]["cause"] == "traffic_mix" and drop[1]["labels"]["severity"] == "warning"
+    assert "hit tokens/s held" in drop[1]["annotations"]["description"]
+    assert drop[2]["t"] > START + 660  # only once the tenant has left
+    assert engine.firing() == []  # everything that fired resolved
+
+
+@functools.lru_cache(maxsize=1)
+def _stuck_counter_then_cold(cold: float = 300.0 + 3700.0):
+    """vLLM 0.10 (no admitted-prefill counters): the hit counter stops at 300 s while the
+    cache works, TTFT unchanged, for over an hour; then the cache really goes cold."""
+    scenario = Scenario(request_rate=5.0, events=(Event(at(300), "counter_bug", simulator.HITS_NOT_WIRED),
+                                                  Event(at(cold), "hits_broken", True)))
+    transitions, _, _ = run(lines(scenario, duration=cold + 300, replicas=1, generation="v0.10"))
+    return cold, transitions
+
+
+def test_a_hit_counter_stuck_for_an_hour_with_ttft_unchanged_stays_an_instrumentation_warning():
+    cold, transitions = _stuck_counter_then_cold()
+    before = [t for t in transitions if t["t"] < START + cold]
+    assert transitions_of(before) == [("PrefixCacheCountersDisagree", "vllm-0", "pending"),
+                                      ("PrefixCacheCountersDisagree", "vllm-0", "firing")]
+    assert before[1]["labels"]["cause"] == "instrumentation" and before[1]["labels"]["severity"] == "warning"
+    # it resolves once the cache really goes cold: then the counters no longer lie
+    resolved = [t for t in transitions if t["alertname"] == "PrefixCacheCountersDisagree" and t["state"] == "resolved"]
+    assert resolved and resolved[0]["t"] > START + cold
+
+
+def test_a_cache_that_really_goes_cold_after_its_counter_stuck_pages_within_3_minutes():
+    cold, transitions = _stuck_counter_then_cold()
+    stuck = [t for t in transitions if t["alertname"] == "PrefixCacheHitsStuckAtZero" and t["state"] == "firing"]
+    assert stuck and START + cold < stuck[0]["t"] <= START + cold + 180
+    assert stuck[0]["labels"]["severity"] == "critical"
+
+
+def test_a_drop_after_deploy_holds_past_its_look_back_while_the_ratio_stays_down_and_resolves_when_fixed():
+    deploy, fixed = 300.0, 2400.0  # the look-back (30 min) ends at 2100 s
+    scenario = replace(simulator.incident(at(deploy), request_rate=5.0),
+                       events=(Event(at(deploy), "prompt", "timestamp"), Event(at(fixed), "prompt", "static")))
+    transitions, _, _ = run(lines(scenario, duration=fixed + 600, replicas=1, deploys=[(deploy, None, "v42")]))
+    drop = [t for t in transitions if t["alertname"] == "PrefixCacheHitRateDropAfterDeploy"]
+    assert [t["state"] for t in drop] == ["pending", "firing", "resolved"]
+    assert drop[1]["labels"]["cause"] == "prompt_prefix_change"
+    assert START + fixed < drop[2]["t"] <= START + fixed + 360
