@@ -1,7 +1,8 @@
 """Where did the hit rate go: a what-if analysis of a request sample. Pure.
 
-Requests (token ids, chat bodies or prompt text, in arrival order) are replayed through
-vLLM's block-hash cache model (cachemodel.py) under each routing policy, and the points
+Requests (token ids, chat bodies or prompt text, in arrival order), or the lines of a
+block-hash trace (hashtrace.py, in timestamp order), are replayed through vLLM's
+block-hash cache model (cachemodel.py) under each routing policy, and the points
 of token-weighted hit ratio the sample misses are split into a waterfall:
 
   ideal        1 replica, unlimited cache, volatile content after the static part,
