@@ -248,3 +248,16 @@ def test_a_target_is_never_named_by_a_url_with_credentials():
     merged, warnings = merge([Target("10.0.0.1:8000", "http://x/metrics")], [a, a])
     assert [t.name for t in merged][1] == "10.0.0.1:8000@10.0.0.1:8000"
     assert warnings and not any("s3cret" in w for w in warnings)
+
+
+def test_a_file_of_nested_brackets_is_refused_before_yaml_takes_quadratic_time_over_it():
+    import time
+    started = time.monotonic()
+    for text in ("[" * 100_000, "{a: " * 20_000, "- [" * 10_000):
+        with pytest.raises(DiscoveryError, match="nested more than 64 deep"):
+            from_file_sd(text, "sd.yml")
+    with pytest.raises(DiscoveryError, match="not valid JSON"):
+        from_file_sd("[" * 100_000, "sd.json")
+    assert time.monotonic() - started < 2
+    flow = "[" + ", ".join(f"{{targets: ['10.0.0.{i}:8000'], labels: {{pod: p{i}}}}}" for i in range(200)) + "]"
+    assert len(file_sd(flow, "sd.yml")) == 200  # many brackets, shallow: read as before
