@@ -371,6 +371,22 @@ def _limit(value: Any) -> int:
     return value
 
 
+_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _from_environment(r: _Reader, path: str, text: str) -> str:
+    """`${VAR}` in a target's name or label values, from the environment: one config
+    file for every replica, each naming itself by its pod (the downward API's POD_NAME,
+    POD_NAMESPACE), so that no two sidecars in a fleet call their target the same."""
+    def value(match: re.Match) -> str:
+        found = os.environ.get(match.group(1))
+        if not found:
+            r.errors.append(f"{path}: {match.group(0)} is not set in the environment")
+            return match.group(0)
+        return found
+    return _ENV_REFERENCE.sub(value, text)
+
+
 def _targets(r: _Reader, raw: Any) -> tuple[Target, ...]:
     if raw is None:
         return ()
@@ -384,7 +400,7 @@ def _targets(r: _Reader, raw: Any) -> tuple[Target, ...]:
         for key in ("name", "url"):
             if key not in data:
                 r.errors.append(f"{path}.{key}: required")
-        name = r.value(data, path, "name", _string, f"target-{i}")
+        name = _from_environment(r, f"{path}.name", r.value(data, path, "name", _string, f"target-{i}"))
         url = r.value(data, path, "url", _url, "")
         labels = ()
         if "labels" in data:
@@ -397,7 +413,7 @@ def _targets(r: _Reader, raw: Any) -> tuple[Target, ...]:
                         r.errors.append(f"{path}.labels.{k}: not a valid label name")
                     elif k in RESERVED_LABELS:
                         r.errors.append(f"{path}.labels.{k}: reserved by the exporter")
-                labels = tuple(sorted((str(k), str(v)) for k, v in lab.items()))
+                labels = tuple(sorted((str(k), _from_environment(r, f"{path}.labels.{k}", str(v))) for k, v in lab.items()))
         if name in names:
             r.errors.append(f"{path}.name: duplicate target name {name!r}")
         names.add(name)

@@ -77,3 +77,129 @@ def test_an_alertmanager_outage_still_delivers_the_alert(tmp_path):
             proc.wait(timeout=60)
             reader.join(10)
             am.stop()
+
+
+# --- one identity per pod, inhibitions scoped to it ------------------------------------------------
+ROOT = __import__("pathlib").Path(__file__).parent.parent
+FIXTURES = ROOT / "tests" / "fixtures" / "kubernetes"
+
+
+def _inhibited(am_url, alerts: dict, want: set, seconds=20) -> dict:
+    """Posts `alerts` (name -> labels) to a real Alertmanager and waits until the set of
+    inhibited ones is `want` (or the time is up): name -> inhibited."""
+    import requests
+    alerts = {name: {k: v for k, v in labels.items() if v} for name, labels in alerts.items()}  # as Alertmanager keeps them
+    r = requests.post(am_url + "/api/v2/alerts", json=[{"labels": labels} for labels in alerts.values()], timeout=5)
+    assert r.status_code == 200, r.text
+
+    def states():
+        got = requests.get(am_url + "/api/v2/alerts", timeout=5).json()
+        by_labels = {tuple(sorted(a["labels"].items())): bool(a["status"]["inhibitedBy"]) for a in got}
+        return {name: by_labels.get(tuple(sorted(labels.items()))) for name, labels in alerts.items()}
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and ({n for n, i in states().items() if i} != want or None in states().values()):
+        time.sleep(0.5)
+    return states()
+
+
+def _attached_config(tmp_path, monkeypatch, pod, namespace):
+    """The attach components' config as the 5-minute recipe builds it, loaded in a pod
+    the downward API named `pod` in `namespace`."""
+    import yaml
+
+    from exporter.config import load
+    from test_deploy import RECIPES, USER_VLLM, build_overlay
+    tmp_path.mkdir()
+    docs = build_overlay(tmp_path, own=(str(USER_VLLM),), namespace=namespace, **RECIPES["five-minutes-attach-sidecar"])
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and "config.yml" in d.get("data", {})]
+    monkeypatch.setenv("POD_NAME", pod)
+    monkeypatch.setenv("POD_NAMESPACE", namespace)
+    return load(yaml.safe_load(cm["data"]["config.yml"]))
+
+
+def _sidecar_alerts(config, scenario, down: bool):
+    """The engine of one attached sidecar on a simulated vLLM: its firing alerts' labels,
+    as exporter.alertmanager sends them."""
+    from exporter.alertmanager import payload
+    from exporter.engine import Engine
+    from exporter.simulator import Replica
+    from exporter.vllm_metrics import parse
+    engine = Engine(config)
+    (target,) = config.targets
+    start = 10_000.0
+    replica = Replica(target.name, scenario, start=start - 900.0, seed=1)
+    t = start
+    while t <= start + 900:
+        replica.advance(t)
+        if down and t > start + 300:
+            engine.ingest_failure(target.name, t)
+        else:
+            engine.ingest(target.name, t, parse(replica.render()))
+        engine.evaluate(t)
+        t += 5.0
+    return {a.alertname: payload(a, time.time(), 60.0, "")["labels"] for a in engine.firing()}
+
+
+def test_one_pods_target_down_never_silences_another_pods_alerts(tmp_path, monkeypatch):
+    """Every attached sidecar named its target `vllm`: with the example's `equal: [target]`
+    one pod's PrefixCacheTargetDown silenced every other pod's hit-rate alerts, in other
+    namespaces too. Now a target is its pod, with its namespace."""
+    from exporter.simulator import Event, Scenario
+    broken = Scenario(events=(Event(900 + 10, "hits_broken", True),))
+    down = _sidecar_alerts(_attached_config(tmp_path / "a", monkeypatch, "vllm-7d9c-a", "llm"), Scenario(), down=True)
+    stuck = _sidecar_alerts(_attached_config(tmp_path / "b", monkeypatch, "vllm-7d9c-b", "llm"), broken, down=False)
+    elsewhere = _sidecar_alerts(_attached_config(tmp_path / "c", monkeypatch, "vllm-7d9c-a", "staging"), broken, down=False)
+    assert "PrefixCacheTargetDown" in down and "PrefixCacheHitsStuckAtZero" in stuck
+    assert stuck["PrefixCacheHitsStuckAtZero"]["target"] != down["PrefixCacheTargetDown"]["target"]
+    same_pod = dict(stuck["PrefixCacheHitsStuckAtZero"], **{k: down["PrefixCacheTargetDown"][k] for k in ("target", "namespace")})
+    alerts = {"down": down["PrefixCacheTargetDown"], "other-pod": stuck["PrefixCacheHitsStuckAtZero"],
+              "same-name-other-namespace": elsewhere["PrefixCacheHitsStuckAtZero"], "same-pod": same_pod}
+    am = Alertmanager(tmp_path, "http://127.0.0.1:9/unused")
+    am.config.write_text((ROOT / "alerts" / "alertmanager.example.yml").read_text())
+    am.start()
+    try:
+        states = _inhibited(am.url, alerts, {"same-pod"})
+    finally:
+        am.stop()
+    assert states == {"down": False, "other-pod": False, "same-name-other-namespace": False, "same-pod": True}
+
+
+def _relayed(series: dict) -> dict:
+    """What the relay PrometheusRule (components/relay) makes of one firing
+    prefixcache_alert_state series: the labels of the alert of the rule that selects it
+    (Prometheus names an alert after its rule and adds the rule's labels)."""
+    import re
+
+    import yaml
+    rule_doc = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "components" / "relay" / "prometheusrule-relay.yaml").read_text())
+    rules = [r for g in rule_doc["spec"]["groups"] for r in g["rules"]]
+    for rule in rules:
+        wanted = re.search(r'alertname="([^"]+)"', rule["expr"])
+        if wanted is None or wanted.group(1) == series["alertname"]:
+            labels = {k: v for k, v in series.items() if k != "__name__"}
+            labels.update({k: v.replace("{{ $labels.severity }}", series["severity"]) for k, v in rule.get("labels", {}).items()})
+            labels["alertname"] = rule["alert"]
+            return labels
+    raise AssertionError(f"no relay rule for {series['alertname']}")
+
+
+def test_relayed_alerts_keep_their_names_so_kube_prometheus_stacks_inhibitions_keep_models_apart(tmp_path):
+    """Relayed as one alertname, model A's critical alert silenced model B's warning
+    under kube-prometheus-stack's default `critical inhibits warning, equal namespace and
+    alertname`."""
+    scraped = {"__name__": "prefixcache_alert_state", "job": "vllm-prefix-cache-exporter", "namespace": "llm", "state": "firing"}
+    a = _relayed({**scraped, "pod": "llama-0", "target": "llama-0", "alertname": "PrefixCacheHitRateDropAfterDeploy",
+                  "model_name": "llama", "severity": "critical", "cause": "prompt_prefix_change"})
+    b = _relayed({**scraped, "pod": "qwen-0", "target": "qwen-0", "alertname": "PrefixCachingDisabled",
+                  "model_name": "qwen", "severity": "warning", "cause": "caching_disabled"})
+    assert a["alertname"] == "PrefixCacheHitRateDropAfterDeploy" and b["alertname"] == "PrefixCachingDisabled"
+    am = Alertmanager(tmp_path, "http://127.0.0.1:9/unused")
+    am.config.write_text((FIXTURES / "kube-prometheus-stack-alertmanager.yml").read_text())
+    am.start()
+    try:
+        states = _inhibited(am.url, {"a": a, "b": b, "b-again": dict(b, severity="info")}, {"b-again"})
+    finally:
+        am.stop()
+    # the rule still works where it should: a warning of the same alert silences its info
+    assert states == {"a": False, "b": False, "b-again": True}

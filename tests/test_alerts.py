@@ -95,7 +95,7 @@ def test_amtool_accepts_the_example_and_it_inhibits_hit_rate_alerts_of_a_down_ta
     out = run(require_binary("amtool"), "check-config", str(ALERTS / "alertmanager.example.yml"))
     assert out.returncode == 0, out.stdout + out.stderr
     cfg = yaml.safe_load((ALERTS / "alertmanager.example.yml").read_text())
-    assert any("PrefixCacheTargetDown" in m and r["equal"] == ["target"] for r in cfg["inhibit_rules"] for m in r["source_matchers"])
+    assert any("PrefixCacheTargetDown" in m and r["equal"] == ["namespace", "target"] for r in cfg["inhibit_rules"] for m in r["source_matchers"])
     assert "model_name" in cfg["route"]["group_by"]
 
 
@@ -122,13 +122,14 @@ def test_a_real_alertmanager_applies_the_example_inhibitions(tmp_path):
     am = Alertmanager(tmp_path, "http://127.0.0.1:9/unused")
     am.config.write_text((ALERTS / "alertmanager.example.yml").read_text())
     sent = {
-        "version-drop": {"alertname": "PrefixCacheHitRateDropAfterDeploy", "model_name": "m", "version": "v2", "severity": "critical"},
-        "low-on-new-pod": {"alertname": "PrefixCacheHitRateLow", "target": "new-0", "model_name": "m", "version": "v2", "severity": "warning"},
-        "low-on-old-pod": {"alertname": "PrefixCacheHitRateLow", "target": "old-1", "model_name": "m", "version": "v1", "severity": "warning"},
-        "target-down": {"alertname": "PrefixCacheTargetDown", "target": "a", "model_name": "", "severity": "critical"},
-        "low-on-down": {"alertname": "PrefixCacheHitRateLow", "target": "a", "model_name": "m", "severity": "warning"},
-        "relay-down": {"alertname": "VLLMPrefixCacheSidecarAlert", "sidecar_alertname": "PrefixCacheTargetDown", "target": "b", "severity": "critical"},
-        "relay-low": {"alertname": "VLLMPrefixCacheSidecarAlert", "sidecar_alertname": "PrefixCacheHitRateLow", "target": "b", "model_name": "m", "severity": "warning"},
+        "version-drop": {"alertname": "PrefixCacheHitRateDropAfterDeploy", "namespace": "llm", "model_name": "m", "version": "v2", "severity": "critical"},
+        "low-on-new-pod": {"alertname": "PrefixCacheHitRateLow", "namespace": "llm", "target": "new-0", "model_name": "m", "version": "v2", "severity": "warning"},
+        "low-on-old-pod": {"alertname": "PrefixCacheHitRateLow", "namespace": "llm", "target": "old-1", "model_name": "m", "version": "v1", "severity": "warning"},
+        "target-down": {"alertname": "PrefixCacheTargetDown", "namespace": "llm", "target": "a", "model_name": "", "severity": "critical"},
+        "low-on-down": {"alertname": "PrefixCacheHitRateLow", "namespace": "llm", "target": "a", "model_name": "m", "severity": "warning"},
+        # relayed through Prometheus: the sidecar's names, with the scraped pod's labels
+        "relay-down": {"alertname": "PrefixCacheTargetDown", "namespace": "llm", "pod": "b", "job": "vllm-prefix-cache-exporter", "target": "b", "severity": "critical"},
+        "relay-low": {"alertname": "PrefixCacheHitRateLow", "namespace": "llm", "pod": "b", "job": "vllm-prefix-cache-exporter", "target": "b", "model_name": "m", "severity": "warning"},
     }
     inhibited = {"low-on-new-pod", "low-on-down", "relay-low"}
     am.start()

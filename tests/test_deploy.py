@@ -100,6 +100,119 @@ def _exporter_containers(docs) -> list[tuple[dict, dict]]:
             if c["name"] == "prefix-cache-exporter"]
 
 
+USER_VLLM = ROOT / "tests" / "fixtures" / "kubernetes" / "user-vllm.yaml"
+WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet", "Rollout")
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    """A Kubernetes label selector (matchLabels and matchExpressions) on a label set."""
+    if not selector.get("matchLabels") and not selector.get("matchExpressions"):
+        return True
+    if not (selector.get("matchLabels") or {}).items() <= labels.items():
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        if not {"In": key in labels and labels[key] in values, "NotIn": labels.get(key) not in values,
+                "Exists": key in labels, "DoesNotExist": key not in labels}[op]:
+            return False
+    return True
+
+
+def _pods(docs) -> list[tuple[str | None, dict, dict]]:
+    """(namespace, pod labels, pod spec) of every pod template in the build."""
+    return [(d["metadata"].get("namespace"), d["spec"]["template"]["metadata"].get("labels", {}), d["spec"]["template"]["spec"])
+            for d in docs if d["kind"] in WORKLOADS and "template" in d.get("spec", {})]
+
+
+def _port_names(pod: dict) -> set[str]:
+    return {p["name"] for c in pod["containers"] + pod.get("initContainers", []) for p in c.get("ports", []) if "name" in p}
+
+
+def assert_references_resolve(docs, user_secrets=()):
+    """What the API server, the kubelet and Prometheus Operator would find, without a
+    cluster: every pod lives in a namespace, and each of its volumes and env references
+    names a ConfigMap, Secret or claim of the build in that namespace (optional ones, and
+    Secrets the README tells the user to create, may be absent), every probe port is one
+    of the container's; every PodMonitor selects pods in the namespaces it watches (its
+    own, without namespaceSelector) on ports they name; every Service selects pods in its
+    namespace with the ports it targets."""
+    have = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs}
+    pods = _pods(docs)
+    assert pods, "the build has no pod"
+    for ns, labels, pod in pods:
+        assert ns, f"a pod template of {labels} has no namespace: it lands wherever it is applied"
+        refs = []
+        for v in pod.get("volumes", []):
+            if "configMap" in v:
+                refs.append(("ConfigMap", v["configMap"]["name"], v["configMap"].get("optional", False)))
+            if "secret" in v:
+                refs.append(("Secret", v["secret"]["secretName"], v["secret"].get("optional", False)))
+            if "persistentVolumeClaim" in v:
+                refs.append(("PersistentVolumeClaim", v["persistentVolumeClaim"]["claimName"], False))
+        containers = pod["containers"] + pod.get("initContainers", [])
+        for c in containers:
+            for e in c.get("env", []):
+                for kind, key in (("Secret", "secretKeyRef"), ("ConfigMap", "configMapKeyRef")):
+                    ref = (e.get("valueFrom") or {}).get(key)
+                    if ref:
+                        refs.append((kind, ref["name"], ref.get("optional", False)))
+            mounts = {m["name"] for m in c.get("volumeMounts", [])}
+            assert mounts <= {v["name"] for v in pod.get("volumes", [])}, (c["name"], mounts)
+            ports = {p["name"] for p in c.get("ports", []) if "name" in p} | {p["containerPort"] for p in c.get("ports", [])}
+            for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+                get = (c.get(probe) or {}).get("httpGet")
+                if get:
+                    assert get["port"] in ports, f"{c['name']} {probe} port {get['port']} is not one of {ports}"
+        for kind, name, optional in refs:
+            if (kind, ns, name) in have or optional or (kind == "Secret" and name in user_secrets):
+                continue
+            raise AssertionError(f"a pod in {ns} mounts {kind} {name}, which the build has not in {ns}: "
+                                 f"{sorted(n for k, n_s, n in have if k == kind)} elsewhere")
+    for d in docs:
+        ns = d["metadata"].get("namespace")
+        if d["kind"] == "PodMonitor":
+            watched = d["spec"].get("namespaceSelector") or {}
+            spaces = None if watched.get("any") else set(watched.get("matchNames") or [ns])
+            selected = [pod for pod_ns, labels, pod in pods
+                        if (spaces is None or pod_ns in spaces) and _selects(d["spec"]["selector"], labels)]
+            assert selected, f"PodMonitor {d['metadata']['name']} in {ns} selects no pod of the build"
+            for ep in d["spec"]["podMetricsEndpoints"]:
+                assert all(ep["port"] in _port_names(pod) for pod in selected), (d["metadata"]["name"], ep["port"])
+        if d["kind"] == "Service" and d["spec"].get("selector"):
+            selected = [pod for pod_ns, labels, pod in pods if pod_ns == ns and _selects({"matchLabels": d["spec"]["selector"]}, labels)]
+            assert selected, f"Service {d['metadata']['name']} in {ns} selects no pod of the build"
+            for port in d["spec"]["ports"]:
+                target = port.get("targetPort", port["port"])
+                assert all(target in _port_names(pod) | {p["containerPort"] for c in pod["containers"] for p in c.get("ports", [])}
+                           for pod in selected), (d["metadata"]["name"], target)
+
+
+def user_secrets() -> set[str]:
+    """Secrets the README tells the user to create (`kubectl -n ... create secret generic NAME`)."""
+    import re
+    return set(re.findall(r"create secret generic ([a-z0-9-]+)", (ROOT / "README.md").read_text()))
+
+
+def gate_urls(docs) -> list[str]:
+    """The URLs an AnalysisTemplate's web metrics and a Canary's webhooks call."""
+    urls = [m["provider"]["web"]["url"] for d in docs if d["kind"] == "AnalysisTemplate" for m in d["spec"]["metrics"] if "web" in m["provider"]]
+    return urls + [h["url"] for d in docs if d["kind"] == "Canary" for h in d["spec"]["analysis"].get("webhooks", [])]
+
+
+def assert_gate_urls_reach_a_service(docs, urls):
+    """Cluster DNS: <service>.<namespace>.svc[.cluster.local]:<port> must be a Service of
+    the build with that port, which selects pods that have the port it targets."""
+    from urllib.parse import urlsplit
+    assert urls
+    services = {(d["metadata"]["name"], d["metadata"].get("namespace")): d for d in docs if d["kind"] == "Service"}
+    for url in urls:
+        host = urlsplit(url).hostname.split(".")
+        assert host[2:3] == ["svc"], url
+        service = services.get((host[0], host[1]))
+        assert service, f"{url}: no Service {host[0]} in namespace {host[1]} (there are {sorted(services)})"
+        assert urlsplit(url).port in {p["port"] for p in service["spec"]["ports"]}, url
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_built_in_objects_validate_strictly(variant, tmp_path):
     docs = build(variant)
@@ -145,14 +258,24 @@ def test_pods_run_hardened_with_probes(variant):
     assert sidecar["readinessProbe"]["httpGet"]["path"] == "/-/ready"
 
 
-def test_sidecar_pod_has_the_downward_api_annotations_and_warm_up_gate():
+def in_pod(monkeypatch, container, pod="vllm-7d9c5b6f4-x2k8p", namespace="llm"):
+    """The environment the downward API gives `container` in a pod named `pod`."""
+    fields = {"metadata.name": pod, "metadata.namespace": namespace}
+    for e in container.get("env", []):
+        ref = (e.get("valueFrom") or {}).get("fieldRef")
+        if ref:
+            monkeypatch.setenv(e["name"], fields[ref["fieldPath"]])
+
+
+def test_sidecar_pod_has_the_downward_api_annotations_and_warm_up_gate(monkeypatch):
     (deployment,) = [d for d in build("sidecar") if d["kind"] == "Deployment"]
     pod = deployment["spec"]["template"]["spec"]
     (podinfo,) = [v for v in pod["volumes"] if v["name"] == "podinfo"]
     assert podinfo["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"] == "metadata.annotations"
+    in_pod(monkeypatch, [c for c in pod["containers"] if c["name"] == "prefix-cache-exporter"][0], pod="vllm-0")
     config = load(yaml.safe_load((DEPLOY / "sidecar" / "config.yml").read_text()))
     assert config.deploys.annotations_file == "/etc/podinfo/annotations"
-    assert config.warmup.enabled and config.warmup.gate_readiness and config.warmup_target == "vllm"
+    assert config.warmup.enabled and config.warmup.gate_readiness and config.warmup_target == "vllm-0"
     assert "app.kubernetes.io/version" in deployment["spec"]["template"]["metadata"]["annotations"]
 
 
@@ -165,7 +288,7 @@ def test_central_config_is_valid(tmp_path):
     config = load(data)
     assert config.deploys.api_token == "s3cret" and config.alertmanager.urls
     # it follows the fleet through Prometheus: no list of pod names to keep current
-    assert not config.targets and config.discovery.prometheus.job == "vllm"
+    assert not config.targets and config.discovery.prometheus.wanted_labels == (("job", "vllm"),)
     (vllm_monitor,) = [d for d in build("central") if d["kind"] == "PodMonitor" and d["metadata"]["name"] == "vllm"]
     (endpoint,) = vllm_monitor["spec"]["podMetricsEndpoints"]
     assert {"targetLabel": "job", "replacement": "vllm"} in endpoint["relabelings"]
@@ -356,7 +479,7 @@ def _deployments(docs):
     pytest.param("production-stack", False, id="production-stack"),
     pytest.param("llm-d", True, id="llm-d-native-sidecar"),
 ])
-def test_the_attach_components_add_the_sidecar_and_leave_the_users_containers_alone(example, native, tmp_path):
+def test_the_attach_components_add_the_sidecar_and_leave_the_users_containers_alone(example, native, tmp_path, monkeypatch):
     source = [d for d in yaml.safe_load_all((DEPLOY / "examples" / example / "deployment.yaml").read_text()) if d]
     docs = build(f"examples/{example}")
     built = _deployments(docs)
@@ -380,7 +503,9 @@ def test_the_attach_components_add_the_sidecar_and_leave_the_users_containers_al
         volumes = {v["name"]: v for v in pod["volumes"]}
         config_map = volumes["prefix-cache-exporter-config"]["configMap"]["name"]
         (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == config_map]
+        in_pod(monkeypatch, sidecar)
         config = load(yaml.safe_load(cm["data"]["config.yml"]))
+        assert config.targets[0].name == "vllm-7d9c5b6f4-x2k8p" and dict(config.targets[0].labels)["namespace"] == "llm"
         vllm_ports = [p["containerPort"] for c in before["containers"] if c["name"] == "vllm" for p in c.get("ports", [])]
         assert config.targets[0].url == f"http://127.0.0.1:{vllm_ports[0]}/metrics"
     path = tmp_path / "built.yaml"
@@ -494,3 +619,133 @@ def test_the_locks_pin_every_runtime_and_build_dependency_with_hashes():
     _satisfied(project["project"]["dependencies"], locked_pins("requirements.lock"), "requirements.lock")
     _satisfied(project["build-system"]["requires"], locked_pins("requirements-build.lock"), "requirements-build.lock")
     assert (ROOT / "LICENSE").exists() and project["project"]["license"] == "Apache-2.0"
+
+
+FIVE_MINUTES = ("attach-podmonitor", "relay", "kube-prometheus-stack")
+RECIPES = {
+    # README, kube-prometheus-stack in 5 minutes, step 2, with either attach component
+    "five-minutes-attach-sidecar": dict(resources=("base",), components=("components/attach-sidecar",) + tuple(f"components/{c}" for c in FIVE_MINUTES)),
+    "five-minutes-attach-native-sidecar": dict(resources=("base",), components=("components/attach-native-sidecar",) + tuple(f"components/{c}" for c in FIVE_MINUTES)),
+    # README, Run as a sidecar: the variants, and the examples on top of them
+    "sidecar": dict(resources=("sidecar",), user=False),
+    "kube-prometheus-stack": dict(resources=("examples/kube-prometheus-stack",), user=False),
+    "attach-to-a-statefulset": dict(resources=("base",), components=("components/attach-sidecar",) + tuple(f"components/{c}" for c in FIVE_MINUTES),
+                                    own=(str(USER_VLLM.with_name("user-vllm-statefulset.yaml")),), user=False),
+    "central": dict(resources=("central",)),
+    "production-stack": dict(resources=("examples/production-stack",), user=False),
+    "llm-d": dict(resources=("examples/llm-d",), user=False),
+    "argo-rollouts": dict(resources=("examples/argo-rollouts",)),
+    "flagger": dict(resources=("examples/flagger",)),
+}
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_every_readme_recipe_resolves_every_reference_for_a_namespaced_deployment(recipe, tmp_path):
+    """Each recipe as a user follows it: their Deployment carries metadata.namespace (as
+    `helm template -n llm` renders it) and their kustomization sets `namespace:` as the
+    README says. The 5-minute recipe without it built a pod whose ConfigMap volume named
+    an object in no namespace (and without its hash suffix): the pods never started."""
+    spec = dict(RECIPES[recipe])
+    with_user = spec.pop("user", True)
+    own = spec.pop("own", (str(USER_VLLM),) if with_user else ())
+    docs = build_overlay(tmp_path, own=own, namespace="llm", **spec)
+    assert_references_resolve(docs, user_secrets())
+    if any(d["kind"] in ("AnalysisTemplate", "Canary") for d in docs):
+        assert_gate_urls_reach_a_service(docs, gate_urls(docs))
+
+
+def test_a_pod_mounting_a_config_map_of_another_namespace_does_not_resolve(tmp_path):
+    """The check is real: the 5-minute recipe without `namespace:` in the user's
+    kustomization, as the README had it."""
+    docs = build_overlay(tmp_path, own=(str(USER_VLLM),), **RECIPES["five-minutes-attach-sidecar"])
+    with pytest.raises(AssertionError, match="ConfigMap vllm-prefix-cache-exporter-attached"):
+        assert_references_resolve(docs, user_secrets())
+
+
+REMOTE = "https://github.com/vllm-prefix-cache-exporter/vllm-prefix-cache-exporter//"
+
+
+def readme_yaml_blocks(containing: str) -> list[str]:
+    """The README's fenced YAML blocks that contain `containing`, unindented."""
+    import re
+    import textwrap
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"^( *)```yaml\n(.*?)^\1```", readme, re.S | re.M)
+    return [textwrap.dedent("\n".join(line[len(indent):] for line in body.splitlines())) for indent, body in blocks if containing in body]
+
+
+def five_minute_kustomization(tmp_path: Path, base: str | None = None) -> dict:
+    """README step 2's kustomization.yaml, with step 1's patch, in tmp_path beside the
+    user's vllm.yaml: this repository's remote URLs point at this checkout."""
+    (block,) = readme_yaml_blocks("components/attach-sidecar?ref=")
+    (patch,) = readme_yaml_blocks("path: /metadata/labels/release")
+    rel = os.path.relpath(ROOT, tmp_path) + "/"
+    text = block.replace(REMOTE, rel)
+    kustomization = yaml.safe_load(text)
+    kustomization["resources"] = [r.split("?ref=")[0] for r in kustomization["resources"]]
+    kustomization["components"] = [c.split("?ref=")[0] for c in kustomization["components"]]
+    if base:
+        kustomization["resources"] = [base if r.endswith("deploy/kubernetes/base") else r for r in kustomization["resources"]]
+    kustomization.update(yaml.safe_load(patch))
+    (tmp_path / "vllm.yaml").write_text(USER_VLLM.read_text())
+    return kustomization
+
+
+def write_and_build(tmp_path: Path, kustomization: dict) -> list[dict]:
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return _kustomize(tmp_path)
+
+
+def test_the_readmes_five_minute_kustomization_resolves_for_a_namespaced_deployment(tmp_path, monkeypatch):
+    """The README's step 1 and 2 as written, for a Deployment rendered with `helm template
+    -n llm`: the sidecar's ConfigMap is the one its pod mounts, in its namespace, the
+    PodMonitor watches that namespace, and the release label is the user's."""
+    docs = write_and_build(tmp_path, five_minute_kustomization(tmp_path))
+    assert_references_resolve(docs, user_secrets())
+    monitoring = [d for d in docs if "monitoring.coreos.com" in d["apiVersion"]]
+    assert {d["metadata"]["labels"]["release"] for d in monitoring} == {"kps"} and len(monitoring) == 3
+    ((_, sidecar),) = _exporter_containers(docs)
+    in_pod(monkeypatch, sidecar)
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and "config.yml" in d.get("data", {})]
+    assert load(yaml.safe_load(cm["data"]["config.yml"])).targets[0].name == "vllm-7d9c5b6f4-x2k8p"
+
+
+def test_a_copy_of_the_base_with_your_own_rules_builds_in_the_five_minute_recipe(tmp_path):
+    """README, Your own rules: the folder deploy/kubernetes/base copied into the user's
+    repository stands alone."""
+    shutil.copytree(DEPLOY / "base", tmp_path / "prefix-cache-rules")
+    docs = write_and_build(tmp_path, five_minute_kustomization(tmp_path, base="prefix-cache-rules"))
+    assert_references_resolve(docs, user_secrets())
+    assert any(d["kind"] == "PrometheusRule" and d["metadata"]["name"] == "vllm-prefix-cache" for d in docs)
+
+
+def test_vllm_on_another_port_is_one_component_of_your_own(tmp_path, monkeypatch):
+    """README: copy examples/llm-d/vllm-on-8200, edit its config, list it after ours; here
+    two vLLM containers, on 8100 and 8101."""
+    shutil.copytree(DEPLOY / "examples" / "llm-d" / "vllm-on-8200", tmp_path / "my-vllm-ports")
+    config = yaml.safe_load((tmp_path / "my-vllm-ports" / "config.yml").read_text())
+    (target,) = config["targets"]
+    config["targets"] = [dict(target, name=f"{target['name']}-{c}", url=f"http://127.0.0.1:{port}/metrics")
+                         for c, port in (("prefill", 8100), ("decode", 8101))]
+    (tmp_path / "my-vllm-ports" / "config.yml").write_text(yaml.safe_dump(config))
+    kustomization = five_minute_kustomization(tmp_path)
+    kustomization["components"].append("my-vllm-ports")
+    docs = write_and_build(tmp_path, kustomization)
+    assert_references_resolve(docs, user_secrets())
+    ((_, sidecar),) = _exporter_containers(docs)
+    in_pod(monkeypatch, sidecar)
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and "config.yml" in d.get("data", {})]
+    loaded = load(yaml.safe_load(cm["data"]["config.yml"]))
+    assert [(t.name, t.url) for t in loaded.targets] == [
+        ("vllm-7d9c5b6f4-x2k8p-prefill", "http://127.0.0.1:8100/metrics"), ("vllm-7d9c5b6f4-x2k8p-decode", "http://127.0.0.1:8101/metrics")]
+
+
+def test_a_replacing_config_map_generator_in_your_own_kustomization_fails(tmp_path):
+    """Why the README says to use a Component: the user's own generators run before the
+    components that create the ConfigMap."""
+    kustomization = five_minute_kustomization(tmp_path)
+    (tmp_path / "config.yml").write_text("targets: []\n")
+    kustomization["configMapGenerator"] = [{"name": "vllm-prefix-cache-exporter-attached", "behavior": "replace", "files": ["config.yml"]}]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    out = subprocess.run([require_binary("kubectl"), "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
