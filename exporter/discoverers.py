@@ -30,6 +30,7 @@ PROMETHEUS, FILE_SD = "prometheus", "file_sd"
 MAX_SD_FILE = 16 * 1024 * 1024
 FILE_SD_DEADLINE = 5.0  # reading local files: only a hung mount takes longer
 _READ_CHUNK = 1024 * 1024
+MAX_FILE_ERRORS = 5
 
 
 class PrometheusSource:
@@ -96,6 +97,8 @@ class FileSource:
                 self._seen.pop(path, None)  # read it again next time, even unchanged
         if not paths:
             errors.append(f"no file matches {', '.join(self.patterns)}")
+        if len(errors) > MAX_FILE_ERRORS:  # a glob over thousands of bad files: one log line, not a page
+            errors[MAX_FILE_ERRORS:] = [f"and {len(errors) - MAX_FILE_ERRORS} more file(s) not read"]
         found = Found()
         for path in sorted(self._found):
             found.add(self._found[path])
@@ -174,8 +177,6 @@ class Discovery:
             return [t for s in self.states.values() for t in s.targets]
 
     def _ask(self, name: str, source) -> tuple[Found | None, str] | None:
-        if self._closed.is_set():
-            return None
         previous = self._asking.get(name)
         if previous is not None and previous.is_alive():
             return None, f"{source.describe()}: the ask before this one is still unanswered after its {source.deadline:g}s deadline"
@@ -192,10 +193,12 @@ class Discovery:
             finally:
                 done.set()
 
+        with self.lock:  # with close's lock: a close either came before (we stop) or will wake us
+            if self._closed.is_set():
+                return None
+            self._waits.add(done)
         thread = threading.Thread(target=ask, name=f"discovery-{name}", daemon=True)
         self._asking[name] = thread
-        with self.lock:
-            self._waits.add(done)
         try:
             thread.start()
             done.wait(source.deadline)
@@ -247,8 +250,8 @@ class Discovery:
 
     def close(self) -> None:
         """Ends a refresh in flight now (its source's thread is left to its own deadline)."""
-        self._closed.set()
         with self.lock:
+            self._closed.set()
             for done in self._waits:
                 done.set()
         for source in self.sources.values():

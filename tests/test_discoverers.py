@@ -216,6 +216,15 @@ def test_a_fifo_or_a_device_matching_the_glob_is_skipped_and_the_healthy_file_be
     assert names(bounded(d.refresh, 10)) == ["a"]  # and again: nothing accumulates
 
 
+def test_a_glob_over_many_bad_files_is_one_bounded_error(tmp_path):
+    for i in range(40):
+        (tmp_path / f"bad-{i:02d}.json").write_text("{not json")
+    d = Discovery(DiscoveryConfig(file_sd=(str(tmp_path / "*.json"),)), Clock())
+    d.refresh()
+    error = d.snapshot()[0].error
+    assert error.count("not valid JSON") == 5 and "and 35 more file(s) not read" in error
+
+
 def test_a_file_over_the_cap_is_refused_whatever_its_size_claims(tmp_path, monkeypatch):
     from exporter import discoverers
     monkeypatch.setattr(discoverers, "MAX_SD_FILE", 64)
