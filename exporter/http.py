@@ -11,13 +11,12 @@ import time
 import unicodedata
 from typing import Callable, Iterable
 
-from cheroot import wsgi
-from cheroot.ssl.builtin import BuiltinSSLAdapter
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from . import __version__, fleet
 from .deploys import API, DeployEvent
+from .httpserver import Server  # noqa: F401 - the server the app runs under, imported from here
 from .scrape import redact_url
 from .state import State
 from .statuspage import StatusPage
@@ -84,6 +83,19 @@ class Exposition:
             return self._gzip
 
 
+# Kubernetes' probes cannot answer basic auth without putting a password in the pod
+# spec, and a liveness probe that gets 401 restarts the container: these two answer
+# without credentials. They tell only that the process serves and whether it is ready.
+PROBES = ("/-/healthy", "/-/ready")
+
+
+def _error(path: str, status: int, message: str) -> tuple[int, str, bytes]:
+    """The APIs answer JSON for every status (a rollout tool reads the body); the rest text."""
+    if path.startswith("/api/"):
+        return json_response(status, {"error": message})
+    return status, "text/plain", (message + "\n").encode()
+
+
 class App:
     """Routes: (method, path) -> handler. Later stages add their routes with `route()`."""
 
@@ -97,7 +109,10 @@ class App:
         self.ready_check = ready or (lambda: (state.ready(), "every target polled at least once"))
         self.basic_auth = BasicAuth(security.users) if security is not None and security.basic_auth else None
         self.deploy_api_open = deploy_api_open
-        self.own_auth: set[tuple[str, str]] = set()  # routes that check their own credentials
+        # Routes that check their own credentials instead of basic auth, each while its
+        # callable says so: asked on every request, so a reload that drops the deploy
+        # API's token puts that route back behind basic auth at once.
+        self.own_auth: dict[tuple[str, str], Callable[[], bool]] = {}
         self.routes: dict[tuple[str, str], Handler] = {}
         self.route("GET", "/metrics", self._metrics)
         self.route("GET", "/-/healthy", lambda env: (200, "text/plain", b"Healthy.\n"))
@@ -113,28 +128,35 @@ class App:
     def __call__(self, environ: dict, start_response) -> Iterable[bytes]:
         method, path = environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "/") or "/"
         handler = self.routes.get((method, path))
-        if self.basic_auth is not None and (method, path) not in self.own_auth \
+        if self.basic_auth is not None and not self._skips_basic_auth(method, path) \
                 and not self.basic_auth.check(environ.get("HTTP_AUTHORIZATION", "")):
-            start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", 'Basic realm="vllm-prefix-cache-exporter"'),
-                                                ("Content-Length", "13")])
-            return [b"Unauthorized\n"]
+            status, ctype, body = _error(path, 401, "Unauthorized")
+            start_response(_STATUS[401], [("Content-Type", ctype), ("WWW-Authenticate", 'Basic realm="vllm-prefix-cache-exporter"'),
+                                          ("Content-Length", str(len(body)))])
+            return [b"" if method == "HEAD" else body]
         if handler is None:
             if any(p == path for _, p in self.routes):
-                status, ctype, body = 405, "text/plain", f"method {method} not allowed on {path}\n".encode()
+                status, ctype, body = _error(path, 405, f"method {method} not allowed on {path}")
             else:
-                status, ctype, body = 404, "text/plain", f"{path} not found\n".encode()
+                status, ctype, body = _error(path, 404, f"{path} not found")
         else:
             try:
                 status, ctype, body = handler(environ)
             except Exception:  # noqa: BLE001 - answer 500, keep serving
                 log.exception("handler for %s %s failed", method, path)
-                status, ctype, body = 500, "text/plain", b"internal error\n"
+                status, ctype, body = _error(path, 500, "internal error")
         headers = [("Content-Type", ctype)]
         if path == "/metrics" and status == 200 and _wants_gzip(environ):
             headers.append(("Content-Encoding", "gzip"))
         headers.append(("Content-Length", str(len(body))))
         start_response(_STATUS.get(status, f"{status} Status"), headers)
         return [b"" if method == "HEAD" else body]
+
+    def _skips_basic_auth(self, method: str, path: str) -> bool:
+        if method in ("GET", "HEAD") and path in PROBES:
+            return True
+        own = self.own_auth.get((method, path))
+        return own is not None and own()
 
     def _metrics(self, environ) -> tuple[int, str, bytes]:
         try:
@@ -272,58 +294,6 @@ def status_json(state: State) -> dict:
     if deploys is not None:
         out["deploys"] = deploys
     return out
-
-
-class _ReadyFirstServer(wsgi.Server):
-    """cheroot hands a freshly accepted connection straight to a worker, which then
-    blocks reading it: 300 clients that connect and send nothing hold every worker until
-    they time out. Here a new connection first waits in the selector, like an idle
-    keep-alive one, and reaches a worker only once it has bytes to read; the selector
-    closes it after `timeout` if it never does."""
-
-    def process_conn(self, conn):
-        manager = getattr(self, "_connections", None)
-        if manager is not None and not getattr(conn, "_waited_for_bytes", False):
-            conn._waited_for_bytes = True
-            manager.put(conn)
-            return
-        super().process_conn(conn)
-
-
-class Server:
-    """cheroot: a bounded pool of worker threads, request and idle timeouts, a real
-    listen backlog, TLS from the web config, IPv4 and IPv6."""
-
-    def __init__(self, app: App, host: str, port: int, security: WebSecurity | None = None,
-                 threads: int = 16, backlog: int = 1024, timeout: float = 10.0):
-        bind = (host or "0.0.0.0", port)
-        self.httpd = _ReadyFirstServer(bind, app, numthreads=threads, max=threads, request_queue_size=backlog,
-                                 timeout=int(max(1, timeout)), shutdown_timeout=1, accepted_queue_size=threads * 16,
-                                 accepted_queue_timeout=int(max(1, timeout)))
-        self.httpd.server_name = "vllm-prefix-cache-exporter"
-        self.httpd.max_request_header_size = 64 * 1024
-        self.httpd.max_request_body_size = 1024 * 1024
-        if security is not None and security.tls is not None:
-            tls = security.tls
-            adapter = BuiltinSSLAdapter(tls.cert_file, tls.key_file)
-            adapter.context = tls.context()
-            self.httpd.ssl_adapter = adapter
-        self.httpd.prepare()  # binds now, so a busy port fails at build time
-        self._thread = threading.Thread(target=self.httpd.serve, name="http", daemon=True)
-
-    @property
-    def port(self) -> int:
-        return self.httpd.bind_addr[1]
-
-    def start(self) -> "Server":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Also for a server built and never started: prepare() started its workers."""
-        self.httpd.stop()
-        if self._thread.ident is not None:
-            self._thread.join(5.0)
 
 
 def analysis_handlers(verdict: Callable[[str, str, str | None], fleet.Verdict]) -> tuple[Handler, Handler]:

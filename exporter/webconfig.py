@@ -8,9 +8,10 @@ import binascii
 import hmac
 import os
 import ssl
+import re
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import bcrypt
 import yaml
@@ -88,8 +89,8 @@ def parse_web_config(data: Any, base_dir: str = ".") -> WebSecurity:
             errors.append("basic_auth_users: must be a mapping of user name to bcrypt hash")
         else:
             for user, hashed in raw_users.items():
-                if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
-                    errors.append(f"basic_auth_users.{user}: must be a bcrypt hash ($2y$...)")
+                if not isinstance(hashed, str) or not _BCRYPT_HASH.fullmatch(hashed):
+                    errors.append(f"basic_auth_users.{user}: must be a bcrypt hash ($2y$10$ and 53 characters of ./A-Za-z0-9)")
                     continue
                 users.append((str(user), hashed.encode()))
     if errors:
@@ -133,37 +134,59 @@ def _tls(raw: dict, base_dir: str, errors: list[str]) -> TLSConfig | None:
     return cfg
 
 
-class BasicAuth:
-    """Checks `Authorization: Basic` against bcrypt hashes. A bcrypt check costs tens of
-    milliseconds by design, so a verified (user, password) is remembered, keyed by a
-    digest of both, as exporter-toolkit does."""
+# bcrypt reads only the first 72 bytes of a password: the hash of a longer one was made
+# from those (htpasswd -B, bcrypt < 5), and Go's bcrypt, which exporter-toolkit checks
+# with, compares those alone. bcrypt 5 raises on a longer password instead, so we cut it.
+BCRYPT_MAX_PASSWORD = 72
 
-    def __init__(self, users: tuple[tuple[str, bytes], ...]):
+
+class BasicAuth:
+    """Checks `Authorization: Basic` against bcrypt hashes. Every failure that names a
+    user costs one bcrypt check at the configured cost (an unknown user is checked
+    against a dummy hash) and answers the same, so user names cannot be probed. A
+    bcrypt check costs tens of milliseconds by design, so a verified (user, password)
+    is remembered, keyed by a digest of both, as exporter-toolkit does."""
+
+    def __init__(self, users: tuple[tuple[str, bytes], ...], checkpw: Callable[[bytes, bytes], bool] = bcrypt.checkpw):
         self.users = dict(users)
+        self._checkpw = checkpw
+        cost = max((bcrypt_cost(h) for h in self.users.values()), default=10)
+        self.dummy = f"$2b${cost:02d}$".encode() + b"." * 53  # well formed; no password hashes to it
         self._verified: set[bytes] = set()
         self._lock = threading.Lock()
 
     def check(self, header: str) -> bool:
-        scheme, _, value = header.partition(" ")
+        scheme, _, value = header.strip().partition(" ")
         if scheme.lower() != "basic" or not value:
             return False
         try:
-            user, sep, password = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")
-        except (binascii.Error, UnicodeDecodeError):
+            decoded = base64.b64decode(value.strip(), validate=True)
+        except binascii.Error:
             return False
-        hashed = self.users.get(user)
-        if not sep or hashed is None:
-            # spend the same time as a real check, so user names cannot be probed
-            bcrypt.checkpw(b"x", b"$2b$10$" + b"." * 53)
-            return False
-        key = hmac.new(hashed, password.encode(), "sha256").digest()
-        with self._lock:
-            if key in self._verified:
-                return True
-        if not bcrypt.checkpw(password.encode(), hashed):
+        # the password stays bytes: Go compares bytes, whatever their encoding
+        user_bytes, sep, password = decoded.partition(b":")
+        hashed = self.users.get(user_bytes.decode("utf-8", "replace")) if sep else None
+        candidate = hashed if hashed is not None else self.dummy
+        key = hmac.new(candidate, user_bytes + b"\0" + password, "sha256").digest()
+        if hashed is not None:
+            with self._lock:
+                if key in self._verified:
+                    return True
+        try:
+            ok = self._checkpw(password[:BCRYPT_MAX_PASSWORD], candidate)
+        except ValueError:  # a bcrypt that refuses what it is given is a failed check, never a 500
+            ok = False
+        if not ok or hashed is None:
             return False
         with self._lock:
             if len(self._verified) > 1000:
                 self._verified.clear()
             self._verified.add(key)
         return True
+
+
+_BCRYPT_HASH = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
+
+
+def bcrypt_cost(hashed: bytes) -> int:
+    return int(hashed[4:6])

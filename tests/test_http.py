@@ -1,6 +1,7 @@
 import gzip
 import io
 import json
+import time
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -364,3 +365,125 @@ def test_the_flagger_webhook_fails_only_on_a_drop(rollout_app, metadata, status,
 def test_the_flagger_webhook_refuses_a_body_without_metadata(rollout_app):
     got, _, payload = call(rollout_app, "POST", "/api/v1/analysis/flagger", {}, b'{"name": "vllm"}')
     assert got == 400 and "metadata" in json.loads(payload)["error"]
+
+
+def test_slowloris_connections_do_not_starve_scrapes_or_probes():
+    """20 clients (more than the 16 workers) each send one header line every 0.3 s and
+    never end the head. Each read is far inside the 10 s read timeout, so only a
+    deadline on the whole head frees the workers: a scrape and a probe still answer,
+    and every dripping client is dropped at the deadline."""
+    import requests
+    from exporter.http import Server
+    from slowclient import Dripping
+    state = simulated_state()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PrefixCacheCollector(state, ["1m"]))
+    server = Server(App(state, registry), "127.0.0.1", 0, timeout=10.0, read_deadline=1.0).start()
+    base = f"http://127.0.0.1:{server.port}"
+    try:
+        with Dripping(server.port, 20, 0.3) as drip:
+            started = time.monotonic()
+            assert requests.get(base + "/metrics", timeout=8).status_code == 200
+            assert requests.get(base + "/-/healthy", timeout=8).status_code == 200
+            assert time.monotonic() - started < 5
+            deadline = time.monotonic() + 8
+            while drip.dropped < 20 and time.monotonic() < deadline:
+                time.sleep(0.1)
+        assert drip.dropped == 20 and max(drip.seconds_held) < 4, drip.seconds_held
+        # a body that drips is bounded by the same deadline
+        with Dripping(server.port, 3, 0.3, first=b"POST /api/v1/deploys HTTP/1.1\r\nContent-Type: application/json\r\n"
+                                                 b"Content-Length: 60000\r\n\r\n") as drip:
+            deadline = time.monotonic() + 8
+            while drip.dropped < 3 and time.monotonic() < deadline:
+                time.sleep(0.1)
+        assert drip.dropped == 3 and max(drip.seconds_held) < 4, drip.seconds_held
+        # and a client that keeps its connection alive gets a fresh deadline per request
+        with requests.Session() as session:
+            for _ in range(3):
+                assert session.get(base + "/-/healthy", timeout=5).status_code == 200
+                time.sleep(0.6)
+    finally:
+        server.stop()
+
+
+def test_the_apis_answer_json_for_every_error(app):
+    app.route("GET", "/api/v1/boom", lambda env: 1 / 0)
+    for method, path, status in (("GET", "/api/v1/boom", 500), ("GET", "/api/v1/nope", 404), ("DELETE", "/api/v1/status", 405)):
+        got, headers, body = call(app, method, path)
+        assert got == status and headers["Content-Type"] == "application/json" and "error" in json.loads(body)
+
+
+def _every_route(sidecar):
+    return sorted(sidecar.app.routes)
+
+
+@pytest.mark.parametrize("basic_auth", [True, False], ids=["basic-auth-on", "basic-auth-off"])
+def test_who_may_call_each_endpoint_follows_every_reload(tmp_path, basic_auth):
+    """The deploy API's bearer token stands in for basic auth only while a token is
+    configured, decided per request: a SIGHUP reload that drops the token puts the route
+    back behind basic auth (it once answered 202 to anyone), and one that adds it lets
+    the token in. Every other route keeps its answer across the reloads, live."""
+    import base64
+    import bcrypt
+    import requests
+    import yaml
+    from exporter.cli import build_sidecar
+    from exporter.config import load_file
+    from exporter.webconfig import parse_web_config
+
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    cfg_path = tmp_path / "config.yml"
+
+    def write_config(with_token: bool):
+        deploys = {"api_token_file": str(token_file)} if with_token else {}
+        cfg_path.write_text(yaml.safe_dump({"global": {"poll_interval": "1s", "connect_timeout": "200ms", "read_timeout": "200ms"},
+                                            "targets": [{"name": "vllm-0", "url": "http://127.0.0.1:1/metrics"}], "deploys": deploys}))
+
+    security = None
+    if basic_auth:
+        security = parse_web_config({"basic_auth_users": {"prometheus": bcrypt.hashpw(b"right", bcrypt.gensalt(rounds=4)).decode()}})
+    write_config(True)
+    sidecar = build_sidecar(load_file(str(cfg_path)), "127.0.0.1:0", security=security).start()
+    base = f"http://127.0.0.1:{sidecar.server.port}"
+    basic = {"Authorization": "Basic " + base64.b64encode(b"prometheus:right").decode()}
+    bearer = {"Authorization": "Bearer s3cret"}
+    deploy = json.dumps({"version": "v1"}).encode()
+
+    def answer(method, path, headers):
+        body = deploy if path == "/api/v1/deploys" else b"{}"
+        resp = requests.request(method, base + path, headers={"Content-Type": "application/json", **headers},
+                                data=body if method == "POST" else None, timeout=10)
+        if path.startswith("/api/"):
+            assert resp.headers["Content-Type"] == "application/json", (method, path, resp.text[:200])
+            if method != "HEAD":
+                resp.json()
+        return resp.status_code
+
+    def check_every_route(token_on: bool):
+        for method, path in _every_route(sidecar):
+            if (method, path) == ("POST", "/api/v1/deploys"):
+                continue
+            anonymous = answer(method, path, {})
+            if basic_auth and path not in ("/-/healthy", "/-/ready"):
+                assert anonymous == 401, (method, path, token_on)
+            else:
+                assert anonymous != 401, (method, path, token_on)
+            allowed = answer(method, path, basic if basic_auth else {})
+            assert allowed != 401 and allowed < 500, (method, path, token_on, allowed)
+        post = lambda headers: answer("POST", "/api/v1/deploys", headers)  # noqa: E731
+        if token_on:  # the token, and only the token, opens it (with basic auth on or off)
+            assert (post({}), post(bearer), post(basic)) == (401, 202, 401), token_on
+        elif basic_auth:  # back behind basic auth
+            assert (post({}), post(bearer), post(basic)) == (401, 401, 202), token_on
+        else:  # open, as the landing page and the config check warn
+            assert post({}) == 202
+
+    try:
+        check_every_route(True)
+        for token_on in (False, True, False):
+            write_config(token_on)
+            assert sidecar.reload(str(cfg_path))
+            check_every_route(token_on)
+    finally:
+        sidecar.stop()
