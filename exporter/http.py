@@ -207,6 +207,8 @@ def deploy_handlers(state: State, add_event: Callable[[DeployEvent], None], toke
             data = json.loads(environ["wsgi.input"].read(length) or b"null")
         except (ValueError, UnicodeDecodeError) as exc:
             return json_response(400, {"error": f"body is not JSON: {exc}"})
+        except RecursionError:  # nested deeper than any webhook body: still the client's error
+            return json_response(400, {"error": "body is not JSON we accept: nested too deeply"})
         errors = _deploy_errors(data, targets())
         if errors:
             return json_response(400, {"error": "; ".join(errors)})
@@ -226,6 +228,8 @@ def _deploy_errors(data, known: set[str]) -> list[str]:
         return ["body must be a JSON object"]
     try:
         json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except RecursionError:
+        return ["body is nested too deeply"]
     except UnicodeEncodeError:
         return ["body holds text that is not valid Unicode (a lone surrogate)"]
     errors = [f"unknown field {k!r}" for k in data if k not in ("version", "target", "description")]
@@ -250,7 +254,23 @@ def _has_control(text: str) -> bool:
 
 
 def _wants_gzip(environ) -> bool:
-    return "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")
+    """Accept-Encoding as RFC 9110 12.5.3 reads it: `gzip;q=0` refuses gzip, and `*`
+    accepts it unless gzip is listed on its own."""
+    weights: dict[str, float] = {}
+    for item in environ.get("HTTP_ACCEPT_ENCODING", "").split(","):
+        coding, *params = (part.strip() for part in item.split(";"))
+        weight = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    weight = float(value)
+                except ValueError:
+                    weight = 0.0
+        if coding:
+            weights[coding.lower()] = weight if math.isfinite(weight) else 0.0
+    weight = weights.get("gzip", weights.get("x-gzip", weights.get("*", 0.0)))
+    return weight > 0
 
 
 def status_json(state: State) -> dict:
@@ -296,6 +316,10 @@ def status_json(state: State) -> dict:
     return out
 
 
+# a version judged against itself cannot drop: it would pass whatever it hits
+_SELF_BASELINE = "baseline names the version under test: a version is judged against another one"
+
+
 def analysis_handlers(verdict: Callable[[str, str, str | None], fleet.Verdict]) -> tuple[Handler, Handler]:
     """GET /api/v1/analysis (Argo Rollouts' web metric provider) and POST
     /api/v1/analysis/flagger (a Flagger webhook), over `verdict(model, version, baseline)`.
@@ -310,6 +334,8 @@ def analysis_handlers(verdict: Callable[[str, str, str | None], fleet.Verdict]) 
             return json_response(400, {"verdict": fleet.INCONCLUSIVE, "error": "give ?model=M&version=V[&baseline=B]"})
         if any(_has_control(x) for x in (model, version, baseline or "")):
             return json_response(400, {"verdict": fleet.INCONCLUSIVE, "error": "control characters are not allowed"})
+        if baseline == version:
+            return json_response(400, {"verdict": fleet.INCONCLUSIVE, "error": _SELF_BASELINE})
         return json_response(200, verdict(model, version, baseline).to_json())
 
     def flagger(environ) -> tuple[int, str, bytes]:
@@ -320,10 +346,14 @@ def analysis_handlers(verdict: Callable[[str, str, str | None], fleet.Verdict]) 
             body = json.loads(environ["wsgi.input"].read(int(length_text)) or b"null")
         except (ValueError, UnicodeDecodeError) as exc:
             return json_response(400, {"error": f"body is not JSON: {exc}"})
+        except RecursionError:  # nested deeper than any webhook body: still the client's error
+            return json_response(400, {"error": "body is not JSON we accept: nested too deeply"})
         meta = body.get("metadata") if isinstance(body, dict) else None
         if not isinstance(meta, dict) or not isinstance(meta.get("model"), str) or not isinstance(meta.get("version"), str):
             return json_response(400, {"error": "the webhook's metadata needs `model` and `version` (and may name a `baseline`)"})
         baseline = meta.get("baseline") if isinstance(meta.get("baseline"), str) else None
+        if baseline == meta["version"]:
+            return json_response(400, {"verdict": fleet.INCONCLUSIVE, "error": _SELF_BASELINE})
         require = meta.get("require", "no-fail")
         if require not in ("no-fail", "pass"):
             return json_response(400, {"error": "metadata.require is `no-fail` (a rollout hook) or `pass` (confirm-promotion)"})

@@ -406,11 +406,55 @@ def test_slowloris_connections_do_not_starve_scrapes_or_probes():
         server.stop()
 
 
+@pytest.mark.parametrize("accept, gzipped", [
+    pytest.param("gzip", True, id="gzip"),
+    pytest.param("gzip;q=0", False, id="gzip-refused"),
+    pytest.param("gzip; q=0.000", False, id="gzip-refused-spaced"),
+    pytest.param("GZIP;Q=0.5", True, id="case-insensitive"),
+    pytest.param("identity, gzip;q=0", False, id="identity-only"),
+    pytest.param("*", True, id="anything"),
+    pytest.param("*;q=0", False, id="nothing-but-identity"),
+    pytest.param("gzip;q=0, *", False, id="gzip-refused-before-star"),
+    pytest.param("br, deflate", False, id="other-codings"),
+    pytest.param("x-gzip", True, id="x-gzip"),
+    pytest.param("gzip;q=nope", False, id="bad-weight"),
+])
+def test_accept_encoding_weights_are_honoured(app, accept, gzipped):
+    status, headers, body = call(app, "GET", "/metrics", {"HTTP_ACCEPT_ENCODING": accept})
+    assert status == 200 and ("Content-Encoding" in headers) == gzipped
+    assert b"prefixcache_target_up" in (gzip.decompress(body) if gzipped else body)
+
+
+NESTED = b"[" * 20_000 + b"]" * 20_000  # under the 64 KiB cap, past any recursion limit
+
+
+def test_deeply_nested_json_is_a_400_with_a_json_body(deploy_app, rollout_app):
+    app, events = deploy_app
+    status, headers, body = post(app, None, raw=NESTED)
+    assert status == 400 and headers["Content-Type"] == "application/json" and "error" in json.loads(body)
+    status, headers, body = post(app, None, raw=b'{"version": "v1", "description": ' + NESTED + b"}")
+    assert status == 400 and headers["Content-Type"] == "application/json"
+    assert events.added == []
+    status, headers, body = call(rollout_app, "POST", "/api/v1/analysis/flagger", {"CONTENT_TYPE": "application/json"},
+                                 b'{"metadata": ' + NESTED + b"}")
+    assert status == 400 and headers["Content-Type"] == "application/json" and "error" in json.loads(body)
+
+
 def test_the_apis_answer_json_for_every_error(app):
     app.route("GET", "/api/v1/boom", lambda env: 1 / 0)
     for method, path, status in (("GET", "/api/v1/boom", 500), ("GET", "/api/v1/nope", 404), ("DELETE", "/api/v1/status", 405)):
         got, headers, body = call(app, method, path)
         assert got == status and headers["Content-Type"] == "application/json" and "error" in json.loads(body)
+
+
+@pytest.mark.parametrize("query", ["model=m&version=v42&baseline=v42", "model=m&version=v41&baseline=v41"])
+def test_a_version_judged_against_itself_is_a_400(rollout_app, query):
+    status, data = analysis(rollout_app, query)
+    assert status == 400 and "baseline" in data["error"]
+    model_version = dict(kv.split("=") for kv in query.split("&"))
+    body = json.dumps({"metadata": model_version}).encode()
+    got, headers, payload = call(rollout_app, "POST", "/api/v1/analysis/flagger", {"CONTENT_TYPE": "application/json"}, body)
+    assert got == 400 and "baseline" in json.loads(payload)["error"]
 
 
 def _every_route(sidecar):
