@@ -28,7 +28,7 @@ from .window import Samples, WindowStats
 
 DETAIL_LIMIT = 50  # up to this many targets, every one is shown in full
 WORST = 50  # beyond it: the worst targets by hit ratio, and every one with a firing alert
-MAX_FIRING_CARDS = 100  # targets with a firing alert shown in full beyond the worst; the alert list names them all
+MAX_FIRING_CARDS = 50  # targets with a firing alert shown in full beyond the worst; the alert list names them all
 MAX_DOWN_LISTED = 50
 MAX_MODELS = 8  # models shown per target, worst first
 MAX_PENDING = 50
@@ -129,14 +129,19 @@ def ratio_of(ws: WindowStats | None) -> float | None:
     return ws.admitted_hit_ratio if ws.admitted_hit_ratio is not None else ws.hit_ratio
 
 
-def _rank_window(view: TargetView) -> str | None:
-    names = {ws.window: ws.seconds for windows in view.stats.values() for ws in windows.values()}
-    return min(names, key=lambda n: (abs(names[n] - 300.0), names[n])) if names else None
+def rank_window(targets: Sequence[TargetView]) -> str | None:
+    """The window targets are ranked by: the one nearest 5 minutes (every target has the
+    same windows, so the first with stats tells)."""
+    for view in targets:
+        for windows in view.stats.values():
+            names = {ws.window: ws.seconds for ws in windows.values()}
+            if names:
+                return min(names, key=lambda n: (abs(names[n] - 300.0), names[n]))
+    return None
 
 
-def worst_ratio(view: TargetView) -> float | None:
-    """The lowest hit ratio among the target's models, over the window nearest 5 minutes."""
-    window = _rank_window(view)
+def worst_ratio(view: TargetView, window: str | None) -> float | None:
+    """The lowest hit ratio among the target's models over `window`."""
     ratios = [r for windows in view.stats.values() if (r := ratio_of(windows.get(window))) is not None]
     return min(ratios) if ratios else None
 
@@ -150,13 +155,14 @@ def trend(samples: Samples | None, model: str, now: float, seconds: float = TREN
         return []
     t, _, q, h, _, _, _, start, end = samples.logs[model]
     n = max(1, int(seconds // step))
-    queries, hits = [0.0] * n, [0.0] * n
     since = now - seconds
-    for i in range(bisect_right(t, since, start, end), bisect_right(t, now, start, end)):
-        b = min(n - 1, int((t[i] - since) // step))
-        queries[b] += q[i]
-        hits[b] += h[i]
-    return [min(1.0, max(0.0, hh / qq)) if qq > 0 else None for qq, hh in zip(queries, hits)]
+    # an interval counts in the step it ended in; slices summed in C, not entry by entry
+    cuts = [bisect_right(t, since + step * k, start, end) for k in range(n)] + [bisect_right(t, now, start, end)]
+    out: list[float | None] = []
+    for lo, hi in zip(cuts, cuts[1:]):
+        queries = sum(q[lo:hi])
+        out.append(min(1.0, max(0.0, sum(h[lo:hi]) / queries)) if queries > 0 else None)
+    return out
 
 
 def sparkline(points: list[float | None], marks: Sequence[tuple[float, str]], width: int = 280, height: int = 64) -> str:
@@ -294,13 +300,14 @@ def _model_block(view: TargetView, model: str, windows: dict[str, WindowStats], 
              for d in deploys if isinstance(d.get("t"), (int, float)) and since < d["t"] <= now]
     figure = ""
     if points:
-        figure = (f'<figure>{sparkline(points, marks)}<figcaption>{_trend_caption(points)}'
+        figure = (f'<figure>{sparkline(points, marks)}<div class="axis"><span>60 min ago</span><span>100% at the top, 0 at the bottom</span>'
+                  f'<span>now</span></div><figcaption>{_trend_caption(points)}'
                   + (f' · {len(marks)} deploy(s) marked' if marks else "") + "</figcaption></figure>")
     return (f'<div class="model"><h4>{_e(model)}</h4>' + (f'<ul class="badges">{badges}</ul>' if badges else "")
             + f'<div class="scroll"><table class="windows"><tr><th></th>{head}</tr>{"".join(rows)}</table></div>{figure}</div>')
 
 
-def _target_card(view: TargetView, alerts: Sequence[Alert], deploys: Sequence[dict], now: float) -> str:
+def _target_card(view: TargetView, alerts: Sequence[Alert], deploys: Sequence[dict], now: float, window: str | None) -> str:
     name = view.target.name
     state = "up" if view.up else "down" if view.polled else "pending"
     labels = " ".join(f'<span class="label">{_e(k)}={_e(v)}</span>' for k, v in view.target.labels)
@@ -323,7 +330,7 @@ def _target_card(view: TargetView, alerts: Sequence[Alert], deploys: Sequence[di
     snap = view.snapshot
     if snap is not None and snap.prefix_caching_enabled is False:
         parts.append('<p class="error">prefix caching is disabled on this server</p>')
-    models = sorted(view.stats.items(), key=lambda kv: (_sort_ratio(ratio_of(kv[1].get(_rank_window(view) or ""))), kv[0]))
+    models = sorted(view.stats.items(), key=lambda kv: (_sort_ratio(ratio_of(kv[1].get(window or ""))), kv[0]))
     for model, windows in models[:MAX_MODELS]:
         parts.append(_model_block(view, model, windows, alerts, mine, now))
     if len(models) > MAX_MODELS:
@@ -337,21 +344,23 @@ def _sort_ratio(r: float | None) -> float:
 
 
 def _targets_section(targets: Sequence[TargetView], alerts: Sequence[Alert], deploys: Sequence[dict], now: float) -> str:
+    window = rank_window(targets)
     if len(targets) <= DETAIL_LIMIT:
-        cards = "".join(_target_card(v, alerts, deploys, now) for v in sorted(targets, key=lambda v: v.target.name))
+        cards = "".join(_target_card(v, alerts, deploys, now, window) for v in sorted(targets, key=lambda v: v.target.name))
         return f'<section><h2>Targets</h2><div class="grid">{cards}</div></section>' if targets else ""
     firing_targets = {a.target for a in alerts if a.state == FIRING and a.target}
-    up = [v for v in targets if v.up]
-    ranked = sorted(up, key=lambda v: (_sort_ratio(worst_ratio(v)), v.target.name))
-    worst = [v for v in ranked if worst_ratio(v) is not None][:WORST]
+    ratios = {v.target.name: worst_ratio(v, window) for v in targets if v.up}
+    ranked = sorted((r, name) for name, r in ratios.items() if r is not None)[:WORST]
+    by_name = {v.target.name: v for v in targets}
+    worst = [by_name[name] for _, name in ranked]
     shown = {v.target.name for v in worst}
     extra = [v for v in sorted(targets, key=lambda v: v.target.name) if v.target.name in firing_targets and v.target.name not in shown]
     down = sorted((v for v in targets if v.polled and not v.up), key=lambda v: v.target.name)
     parts = [f'<section><h2>Worst {len(worst)} targets by hit ratio</h2><p class="dim">{len(targets)} targets: '
              f'the page shows the worst by hit ratio and every target with a firing alert; /api/v1/status has them all.</p>'
-             f'<div class="grid">{"".join(_target_card(v, alerts, deploys, now) for v in worst)}</div></section>']
+             f'<div class="grid">{"".join(_target_card(v, alerts, deploys, now, window) for v in worst)}</div></section>']
     if extra:
-        cards = "".join(_target_card(v, alerts, deploys, now) for v in extra[:MAX_FIRING_CARDS])
+        cards = "".join(_target_card(v, alerts, deploys, now, window) for v in extra[:MAX_FIRING_CARDS])
         more = len(extra) - min(len(extra), MAX_FIRING_CARDS)
         parts.append(f'<section><h2>Other targets with a firing alert ({len(extra)})</h2><div class="grid">{cards}</div>'
                      + (f'<p class="dim">and {more} more, each named in the alert list</p>' if more > 0 else "") + "</section>")
@@ -371,9 +380,10 @@ def _counts(targets: Sequence[TargetView], alerts: Sequence[Alert]) -> str:
     firing = sum(1 for a in alerts if a.state == FIRING)
     pending = sum(1 for a in alerts if a.state == PENDING)
     firing_targets = len({a.target for a in alerts if a.state == FIRING and a.target})
-    cells = [("targets", len(targets), ""), ("up", up, "up" if up else ""), ("down", down, "down" if down else ""),
+    cells = [("target" if len(targets) == 1 else "targets", len(targets), ""), ("up", up, "up" if up else ""), ("down", down, "down" if down else ""),
              ("not polled yet", waiting, ""), ("alerts firing", firing, "firing" if firing else ""),
-             ("pending", pending, "pending" if pending else ""), ("targets with a firing alert", firing_targets, "")]
+             ("pending", pending, "pending" if pending else ""),
+             ("target with a firing alert" if firing_targets == 1 else "targets with a firing alert", firing_targets, "")]
     return '<ul class="counts">' + "".join(f'<li class="{cls}"><b>{n}</b> {label}</li>' for label, n, cls in cells) + "</ul>"
 
 
@@ -385,7 +395,7 @@ _CSS = """
 color:var(--fg);background:var(--bg);overflow-wrap:anywhere}
 header h1{font-size:1.25rem;margin:0 0 6px}h2{font-size:1.1rem;margin:18px 0 8px}h3{font-size:1rem;margin:0 0 6px}
 h4{font-size:.95rem;margin:10px 0 4px}.dim{color:var(--dim);font-size:.9em}
-.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,340px),1fr));gap:10px}
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,380px),1fr));gap:10px}
 .card{background:var(--card);border:1px solid var(--line);border-left:4px solid var(--line);border-radius:6px;padding:10px}
 .card.up{border-left-color:var(--up)}.card.down{border-left-color:var(--down)}
 .badge{display:inline-block;font-size:.75rem;font-weight:600;padding:1px 6px;border-radius:9px;color:#fff;background:var(--dim)}
@@ -399,8 +409,8 @@ border-radius:6px;padding:8px;margin-bottom:6px}.alert.firing{border-left-color:
 .badges{list-style:none;padding:0;margin:4px 0}.error{color:var(--down)}.ok{color:var(--up)}
 .label{display:inline-block;font-size:.8rem;background:var(--bg);border:1px solid var(--line);border-radius:4px;padding:0 4px;margin:1px}
 .scroll{overflow-x:auto}table{border-collapse:collapse;font-size:.88rem;width:100%}th,td{padding:3px 6px;border-bottom:1px solid var(--line);text-align:left}
-table.windows td{text-align:right;font-variant-numeric:tabular-nums}figure{margin:6px 0 0}figcaption{font-size:.85rem;color:var(--dim)}
-.spark{width:100%;max-width:420px;height:64px;display:block}.spark .bg{fill:var(--bg)}.spark .grid{stroke:var(--line);stroke-dasharray:2 3}
+table.windows td{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}figure{margin:6px 0 0}figcaption{font-size:.85rem;color:var(--dim)}
+.spark{width:100%;height:64px;display:block}.axis{display:flex;justify-content:space-between;font-size:.75rem;color:var(--dim)}.spark .bg{fill:var(--bg)}.spark .grid{stroke:var(--line);stroke-dasharray:2 3}
 .spark .ratio{fill:none;stroke:var(--ratio);stroke-width:2;vector-effect:non-scaling-stroke}
 .spark .deploy line{stroke:var(--deploy);stroke-width:1.5;stroke-dasharray:3 2;vector-effect:non-scaling-stroke}.spark .deploy polygon{fill:var(--deploy)}
 footer{margin-top:24px;font-size:.85rem;color:var(--dim)}footer ul{display:flex;flex-wrap:wrap;gap:4px 12px;list-style:none;padding:0}

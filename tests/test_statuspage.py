@@ -1,6 +1,7 @@
 """The status page at `/`: hostile values stay text, the last hour is drawn with its
 deploys, a big fleet is summarised, renders are coalesced, the web config holds, and a
 real headless chromium shows a played incident's alert, cause and drop, then its end."""
+import functools
 import json
 import os
 import re
@@ -55,7 +56,8 @@ class Page(HTMLParser):
         return "".join(self.text)
 
 
-def played_view(name=MODEL, target="vllm-0", seconds=1800.0, incident_at=1200.0, step=15.0, labels=(("namespace", "llm"),),
+@functools.lru_cache(maxsize=None)  # immutable views: played once per argument set
+def played_view(target="vllm-0", seconds=1800.0, incident_at=1200.0, step=15.0, labels=(("namespace", "llm"),),
                 models=(MODEL,)):
     """A TargetView as the poller publishes it (with its samples) after a replica's
     prompt gained a timestamp at `incident_at`: the hit ratio falls from ~85%."""
@@ -159,13 +161,23 @@ def test_alerts_show_severity_cause_and_summary_and_the_deploys_their_source_and
 
 
 def test_the_fleet_view_shows_versions_side_by_side_and_the_gates_verdict():
-    """The verdict the engine reached at its last evaluation, during a rolling update
-    that breaks the prompt: the page shows both versions and the failing gate."""
-    from test_engine import rolling_update
+    """The verdict the engine reached at its last evaluation, while a v2 replica whose
+    prompt carries a timestamp serves beside a v1 one: both versions and the failing gate."""
+    from exporter.engine import Engine
 
-    _, engine, _ = rolling_update(simulator.incident(0.0), replicas=2, after=0.0)
+    cfg = load({"targets": [{"name": n, "url": f"http://127.0.0.1:1/{n}", "labels": {"version": v}} for n, v in (("old", "v1"), ("new", "v2"))],
+                "analysis": {"warmup": "0s"}})
+    engine = Engine(cfg)
+    replicas = {"old": simulator.Replica("old", simulator.Scenario(), start=-900.0, seed=1),
+                "new": simulator.Replica("new", simulator.incident(0.0), start=0.0, seed=2)}
+    for t in range(5, 305, 5):
+        for name, r in replicas.items():
+            r.advance(float(t))
+            engine.ingest(name, float(t), parse(r.render()))
+        engine.evaluate(float(t))
     assert set(engine.verdicts) == {MODEL}
     v = engine.verdicts[MODEL]
+    assert v.verdict == fleet.FAIL and (v.version, v.baseline_version) == ("v2", "v1")
     text = Page(render(PageInput((), verdicts=engine.verdicts), 0.0).decode()).all_text
     assert f"gate: {v.verdict}" in text and "v2 (new)" in text and "v1 (baseline)" in text
     assert "versions side by side" in text
@@ -341,10 +353,9 @@ def test_chromium_shows_the_firing_alert_its_cause_and_the_drop_then_the_recover
         screenshot = tmp_path / "statuspage.png"
         browse(binary, base + "/", tmp_path / "profile", f"--screenshot={screenshot}", "--window-size=1280,1500")
         assert screenshot.stat().st_size > 10000
-        if os.environ.get("STATUSPAGE_SCREENSHOT"):  # how docs/statuspage.png is made
+        if os.environ.get("STATUSPAGE_SCREENSHOT"):  # how docs/statuspage.png is made; the phone's view stays in tmp_path
             shutil.copy(screenshot, os.environ["STATUSPAGE_SCREENSHOT"])
-            browse(binary, base + "/", tmp_path / "profile", f"--screenshot={os.environ['STATUSPAGE_SCREENSHOT']}.phone.png",
-                   "--window-size=390,1600")
+            browse(binary, base + "/", tmp_path / "profile", f"--screenshot={tmp_path / 'phone.png'}", "--window-size=390,1600")
 
         announce("v43")
         play(rollback + 900)
