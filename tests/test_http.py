@@ -378,7 +378,8 @@ def test_slowloris_connections_do_not_starve_scrapes_or_probes():
     state = simulated_state()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PrefixCacheCollector(state, ["1m"]))
-    server = Server(App(state, registry), "127.0.0.1", 0, timeout=10.0, read_deadline=1.0).start()
+    app = App(state, registry)
+    server = Server(app, "127.0.0.1", 0, timeout=10.0, read_deadline=1.0).start()
     base = f"http://127.0.0.1:{server.port}"
     try:
         with Dripping(server.port, 20, 0.3) as drip:
@@ -402,6 +403,8 @@ def test_slowloris_connections_do_not_starve_scrapes_or_probes():
             for _ in range(3):
                 assert session.get(base + "/-/healthy", timeout=5).status_code == 200
                 time.sleep(0.6)
+        for method, path in sorted(app.routes):  # and after all that, every route answers
+            assert requests.request(method, base + path, timeout=5).status_code in (200, 503), (method, path)
     finally:
         server.stop()
 

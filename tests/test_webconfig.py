@@ -74,6 +74,7 @@ def test_wrong_credentials_get_the_same_401(secure_server, auth):
     resp = requests.get(base + "/metrics", auth=auth, verify=str(ca), timeout=10)
     assert resp.status_code == 401 and "Basic" in resp.headers["WWW-Authenticate"]
     assert resp.text == "Unauthorized\n"
+    every_route_answers(base, ca)
 
 
 def test_a_user_whose_password_is_over_72_bytes_logs_in(secure_server):
@@ -111,6 +112,12 @@ def test_probes_answer_without_credentials_and_nothing_else_does(secure_server):
     assert requests.post(base + "/-/healthy", verify=str(ca), timeout=10).status_code == 401
 
 
+def every_route_answers(base, ca):
+    for path in ("/metrics", "/", "/api/v1/status", "/-/healthy", "/-/ready"):
+        resp = requests.get(base + path, auth=("prometheus", "right"), verify=str(ca), timeout=8)
+        assert resp.status_code in (200, 503) if path == "/-/ready" else resp.status_code == 200, path
+
+
 def test_silent_tls_connections_hold_nothing(secure_server):
     """300 connections that never start their handshake: a real HTTPS scrape still
     answers at once (the handshake once ran on the accept thread and waited 10 s on each)."""
@@ -120,6 +127,12 @@ def test_silent_tls_connections_hold_nothing(secure_server):
         started = time.monotonic()
         resp = requests.get(base + "/metrics", auth=("prometheus", "right"), verify=str(ca), timeout=8)
         assert resp.status_code == 200 and time.monotonic() - started < 3
+        # a kept-alive TLS connection shakes hands once and gets a fresh deadline per request
+        with requests.Session() as session:
+            for _ in range(3):
+                assert session.get(base + "/-/healthy", verify=str(ca), timeout=5).status_code == 200
+                time.sleep(0.6)
+        every_route_answers(base, ca)
 
 
 def test_a_handshake_that_drips_holds_a_worker_only_until_the_deadline(secure_server):
@@ -136,6 +149,7 @@ def test_a_handshake_that_drips_holds_a_worker_only_until_the_deadline(secure_se
         while drip.dropped < 20 and time.monotonic() < deadline:
             time.sleep(0.1)
     assert drip.dropped == 20 and max(drip.seconds_held) < 4, drip.seconds_held
+    every_route_answers(base, ca)
 
 
 def test_a_malformed_bcrypt_hash_is_a_config_error():
