@@ -174,6 +174,17 @@ OPERATOR = answer(
 )
 
 
+def test_a_real_operator_shaped_answer_is_selected_by_job_label_and_keeps_each_pods_version():
+    recorded = json.loads((FIXTURES / "discovery" / "prometheus-2.42-operator-targets.json").read_text())
+    targets = targets_of(recorded, Selector((("job", "llm/vllm"),)))
+    assert {t.name: dict(t.labels)["version"] for t in targets} == {
+        "vllm-7f9c8d6b5-abcde": "v1", "vllm-7f9c8d6b5-fghij": "v1", "vllm-5d4c3b2a1-klmno": "v2"}
+    assert all(dict(t.labels)["namespace"] == "llm" for t in targets)
+    before = from_targets_api(recorded, JOB_VLLM, "prometheus")  # job: vllm, as configs said before
+    assert before.targets == [] and before.unmatched == ("podMonitor/llm/embedder/0 (job='llm/embedder')",
+                                                         "podMonitor/llm/vllm/0 (job='llm/vllm') x3")
+
+
 def test_targets_are_selected_by_their_labels_not_by_the_operators_pool_name():
     targets = targets_of(OPERATOR, Selector((("job", "llm/vllm"),)))
     assert [(t.name, dict(t.labels)["version"]) for t in targets] == [("vllm-7f9c8d6b5-abcde", "v1"), ("vllm-7f9c8d6b5-fghij", "v2")]
