@@ -158,10 +158,41 @@ def test_a_malformed_bcrypt_hash_is_a_config_error():
     assert "basic_auth_users.u" in exc.value.errors[0]
 
 
-def test_plain_http_to_a_tls_port_fails(secure_server):
-    base, _ = secure_server
-    with pytest.raises(requests.RequestException):
-        requests.get(base.replace("https://", "http://") + "/metrics", timeout=5).raise_for_status()
+def test_plain_http_to_a_tls_port_gets_a_plain_400(secure_server):
+    base, ca = secure_server
+    resp = requests.get(base.replace("https://", "http://") + "/metrics", timeout=5)
+    assert resp.status_code == 400 and "HTTPS" in resp.text
+    every_route_answers(base, ca)
+
+
+def test_mutual_tls_on_the_workers_handshake(cert, tmp_path, state):
+    """The handshake moved off the accept thread; a client certificate is still
+    required and verified there: none, or one from another CA, is refused."""
+    def openssl(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+    for name in ("ca", "rogue"):
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={name}",
+                "-keyout", str(tmp_path / f"{name}.key"), "-out", str(tmp_path / f"{name}.pem"))
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=prometheus", "-keyout", str(tmp_path / f"{name}-client.key"),
+                "-out", str(tmp_path / f"{name}-client.csr"))
+        openssl("x509", "-req", "-in", str(tmp_path / f"{name}-client.csr"), "-CA", str(tmp_path / f"{name}.pem"),
+                "-CAkey", str(tmp_path / f"{name}.key"), "-CAcreateserial", "-days", "2", "-out", str(tmp_path / f"{name}-client.pem"))
+    security = parse_web_config({"tls_server_config": {"cert_file": str(cert / "cert.pem"), "key_file": str(cert / "key.pem"),
+                                                       "client_ca_file": str(tmp_path / "ca.pem"),
+                                                       "client_auth_type": "RequireAndVerifyClientCert"}})
+    server = Server(App(state, CollectorRegistry(), security=security), "127.0.0.1", 0, security, read_deadline=1.0).start()
+    base = f"https://127.0.0.1:{server.port}"
+    try:
+        good = (str(tmp_path / "ca-client.pem"), str(tmp_path / "ca-client.key"))
+        rogue = (str(tmp_path / "rogue-client.pem"), str(tmp_path / "rogue-client.key"))
+        assert requests.get(base + "/-/healthy", cert=good, verify=str(cert / "cert.pem"), timeout=5).status_code == 200
+        for client_cert in (None, rogue):
+            with pytest.raises(requests.exceptions.ConnectionError):
+                requests.get(base + "/-/healthy", cert=client_cert, verify=str(cert / "cert.pem"), timeout=5)
+        assert requests.get(base + "/metrics", cert=good, verify=str(cert / "cert.pem"), timeout=5).status_code == 200
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize("data, error", [
