@@ -75,8 +75,8 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("vllm_kv_cache_usage_ratio", "gauge", "vLLM KV-cache usage, 0-1 (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc).", "target", "model_name", "engine"),
     _m("vllm_prompt_tokens_by_source", "counter", "vLLM 0.16+ admitted prefill: prompt tokens by `source` (local_compute, local_cache_hit, external_kv_transfer), counted once per request when its first token is out.", "target", "model_name", "engine", "source"),
     _m("vllm_prompt_tokens_cached", "counter", "vLLM 0.16+ admitted prefill: cached prompt tokens (local + external).", "target", "model_name", "engine"),
-    _m("engine_cache_hit_rate", "gauge", "SGLang's sglang:cache_hit_rate: the LAST prefill batch (or since start in old versions), never a windowed rate; exported as read, never alerted on.", "target", "model_name"),
-    _m("target_engine_info", "gauge", "Which engine's metric names the target serves (`engine`: vllm or sglang); value 1.", "target", "engine"),
+    _m("engine_cache_hit_rate", "gauge", "The engine's own hit-rate gauge: SGLang's sglang:cache_hit_rate (the LAST prefill batch, or since start in old versions), TensorRT-LLM's trtllm_kv_cache_hit_rate (blocks since start); never a windowed rate; exported as read, never alerted on.", "target", "model_name"),
+    _m("target_engine_info", "gauge", "Which engine's metric names the target serves (`engine`: vllm, sglang or trtllm); value 1.", "target", "engine"),
     _m("vllm_hit_ratio_since_start", "gauge", "V0 engines only: vLLM's block hit rate averaged since start (vllm:gpu_prefix_cache_hit_rate); no window can be derived from it.", "target", "model_name"),
     # derived per window
     _m("hit_ratio", "gauge", "Token-weighted prefix-cache hit ratio increase(hits)/increase(queries), summed over engines, " + _W + "; absent below global.min_query_tokens.", "target", "model_name", "window"),

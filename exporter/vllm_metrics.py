@@ -56,6 +56,20 @@ LMCACHE_HIT = "lmcache:num_hit_tokens_total"
 LMCACHE_LOOKUP_REQUESTS = "lmcache:num_lookup_requests_total"
 LMCACHE_LOOKUP_TOKENS = "lmcache:num_lookup_tokens_total"
 LMCACHE_LOOKUP_HITS = "lmcache:num_lookup_hits_total"
+# TensorRT-LLM `trtllm-serve` (/prometheus/metrics, with return_perf_metrics and
+# enable_iter_perf_stats): labels model_name, engine_type. The block counters are
+# labelled children created at their first increment, so a declared family with no
+# sample yet counts 0 (see _TRTLLM_ZERO_WHEN_DECLARED).
+TRTLLM_REUSED_BLOCKS = "trtllm_kv_cache_reused_blocks_total"
+TRTLLM_MISSED_BLOCKS = "trtllm_kv_cache_missed_blocks_total"
+TRTLLM_TOKENS_PER_BLOCK = "trtllm_kv_cache_tokens_per_block"  # blocks -> tokens; KvCacheConfig default 32
+TRTLLM_HIT_RATE = "trtllm_kv_cache_hit_rate"  # reused/(reused+missed) since start: exported, never a windowed rate
+TRTLLM_TTFT = "trtllm_time_to_first_token_seconds"
+TRTLLM_KV_UTILIZATION = "trtllm_kv_cache_utilization"  # used/max blocks, 0-1
+TRTLLM_PROMPT_TOKENS = "trtllm_prompt_tokens_total"
+TRTLLM_GENERATION_TOKENS = "trtllm_generation_tokens_total"
+TRTLLM_RUNNING = "trtllm_num_requests_running"
+TRTLLM_WAITING = "trtllm_num_requests_waiting"
 
 # Counters whose `<name>_created` sample marks when the series began: a changed value
 # is a restart. The queries counters move on every request, so they are the ones read.
@@ -106,8 +120,24 @@ _ROLE_BY_NAME: dict[str, tuple[str, str]] = {
     LMCACHE_LOOKUP_REQUESTS: ("max", "lmcache_lookup_requests"),
     LMCACHE_LOOKUP_TOKENS: ("max", "lmcache_lookup_tokens"),
     LMCACHE_LOOKUP_HITS: ("max", "lmcache_lookup_hits"),
+    TRTLLM_REUSED_BLOCKS: ("sum", "trtllm_reused"),
+    TRTLLM_MISSED_BLOCKS: ("sum", "trtllm_missed"),
+    TRTLLM_TOKENS_PER_BLOCK: ("gauge_max", "trtllm_tokens_per_block"),
+    TRTLLM_HIT_RATE: ("gauge_max", "engine_hit_rate"),
+    TRTLLM_TTFT + "_bucket": ("bucket_sum", "ttft"),
+    TRTLLM_TTFT + "_sum": ("sum", "ttft_sum"),
+    TRTLLM_TTFT + "_count": ("sum", "ttft_count"),
+    TRTLLM_KV_UTILIZATION: ("gauge_max", "kv_usage"),
+    TRTLLM_PROMPT_TOKENS: ("sum", "prompt_tokens"),
+    TRTLLM_GENERATION_TOKENS: ("sum", "generation_tokens"),
+    TRTLLM_RUNNING: ("sum", "requests_running"),
+    TRTLLM_WAITING: ("sum", "requests_waiting"),
 }
-ENGINE_PREFIXES = {"vllm:": "vllm", "sglang:": "sglang"}
+ENGINE_PREFIXES = {"vllm:": "vllm", "sglang:": "sglang", "trtllm_": "trtllm"}
+# A family declared by `# TYPE` but without a sample yet has counted nothing: TRT-LLM
+# creates these children at their first increment (no hit yet: no reused sample).
+_TRTLLM_ZERO_WHEN_DECLARED = {"trtllm_kv_cache_reused_blocks": "trtllm_reused", "trtllm_kv_cache_missed_blocks": "trtllm_missed"}
+_DECLARED_FAMILY = {n: n for n in _TRTLLM_ZERO_WHEN_DECLARED} | {n + "_total": n for n in _TRTLLM_ZERO_WHEN_DECLARED}  # TYPE names either
 BY_SOURCE = ("local_compute", "local_cache_hit", "external_kv_transfer")
 # HELP lines are read for these only: the 0.7.3-0.8.x `gpu_` pair counts blocks, the
 # 0.9.x pair counts tokens, and HELP is the only place the text says which.
@@ -251,6 +281,8 @@ def parse(text: str) -> Snapshot:
     process_start: float | None = None
     rejected: dict[str, int] = {}
     kinds: set[str] = set()
+    declared: set[str] = set()  # TRT-LLM block-counter families with a `# TYPE` line
+    trtllm_keys: set[tuple[str, str | None]] = set()
     roles = _ROLE_BY_NAME
 
     for lineno, line in _lines(text):
@@ -261,6 +293,10 @@ def parse(text: str) -> Snapshot:
                 name, _, help_text = line[7:].partition(" ")
                 if name in _UNIT_FROM_HELP:
                     helps[name] = help_text
+            elif line.startswith("# TYPE "):
+                family = line[7:].partition(" ")[0]
+                if family in _DECLARED_FAMILY:
+                    declared.add(_DECLARED_FAMILY[family])
             continue
         brace = line.find("{")
         space = line.find(" ")
@@ -313,6 +349,8 @@ def parse(text: str) -> Snapshot:
         builder = series.get(key)
         if builder is None:
             builder = series[key] = _SeriesBuilder()
+        if name.startswith("trtllm_"):
+            trtllm_keys.add(key)
         if kind in ("bucket", "bucket_sum"):
             le = _le(labels.get("le", ""))
             if le is None:
@@ -342,6 +380,12 @@ def parse(text: str) -> Snapshot:
             builder.values[field_name] = value
 
     gpu_unit = _gpu_pair_unit(helps)
+    for key in trtllm_keys:
+        values = series[key].values
+        if any(f in values for f in _TRTLLM_ZERO_WHEN_DECLARED.values()):
+            for family, field_name in _TRTLLM_ZERO_WHEN_DECLARED.items():
+                if family in declared:
+                    values.setdefault(field_name, 0.0)
     # LMCache's tokens stand in for vLLM's external counters only where those are missing
     vllm_external = {m for (m, _), b in series.items() if "external_queries" in b.values}
     built = []
@@ -352,6 +396,8 @@ def parse(text: str) -> Snapshot:
     lora = _single_info(infos.get("lora"), "lora_requests_info", warnings)
     v0_gauges = [b.values["v0_gpu_hit_rate"] for b in series.values() if "v0_gpu_hit_rate" in b.values]
     enabled, block_size = _cache_settings(cache_config, v0_gauges, warnings)
+    if block_size is None:
+        block_size = _trtllm_block_size([b.values for b in series.values()], warnings)
     if gpu_unit is None and any(b.values.get("gpu_queries") is not None and "queries" not in b.values for b in series.values()):
         warnings.append("vllm:gpu_prefix_cache_* has no HELP line; assuming tokens (0.9.x) not blocks (0.8.x)")
     return Snapshot(
@@ -364,8 +410,46 @@ def parse(text: str) -> Snapshot:
         cache_config=tuple(sorted(cache_config.items())) if cache_config is not None else None,
         lora_config=tuple(sorted((k, v) for k, v in lora.items() if k not in ("running_lora_adapters", "waiting_lora_adapters"))) if lora is not None else None,
         rejected=tuple(sorted(rejected.items())),
-        engine_kind="sglang" if "sglang" in kinds and "vllm" not in kinds else ("vllm" if kinds else None),
+        engine_kind=_engine_kind(kinds),
     )
+
+
+def _engine_kind(kinds: set[str]) -> str | None:
+    """Whose names the text uses; vLLM's where it holds several (LMCache and
+    connectors write into vLLM's own /metrics)."""
+    if "vllm" in kinds or len(kinds) > 1:
+        return "vllm" if "vllm" in kinds else sorted(kinds)[0]
+    return next(iter(kinds), None)
+
+
+def _tokens_per_block(value: float | None) -> int | None:
+    if value is None or not (0 < value < 1e9) or value != int(value):
+        return None
+    return int(value)
+
+
+def _trtllm_block_size(values: list[dict[str, float]], warnings: list[str]) -> int | None:
+    sizes = {v["trtllm_tokens_per_block"] for v in values if "trtllm_tokens_per_block" in v}
+    good = {_tokens_per_block(s) for s in sizes} - {None}
+    if len(good) < len(sizes):
+        warnings.append(f"{TRTLLM_TOKENS_PER_BLOCK}: {sorted(sizes)[:3]!r} is not a positive whole number of tokens")
+    return good.pop() if len(good) == 1 else None
+
+
+def _trtllm_pair(v: dict[str, float], what: str, warnings: list[str]) -> CounterPair | None:
+    """Queries = reused + missed blocks, hits = reused, in tokens where the block size is
+    known; otherwise in blocks (the window then assumes 16 tokens a block for its floor)."""
+    reused, missed = v.get("trtllm_reused"), v.get("trtllm_missed")
+    if reused is None and missed is None:
+        return None
+    if reused is None or missed is None:
+        warnings.append(f"{what}: only one of {TRTLLM_REUSED_BLOCKS} and {TRTLLM_MISSED_BLOCKS} is present")
+        return CounterPair(queries=None, hits=reused, unit="blocks")
+    size = _tokens_per_block(v.get("trtllm_tokens_per_block"))
+    if size is None:
+        warnings.append(f"{what}: no usable {TRTLLM_TOKENS_PER_BLOCK}; the hit ratio is counted in blocks")
+        return CounterPair(queries=reused + missed, hits=reused, unit="blocks")
+    return CounterPair(queries=(reused + missed) * size, hits=reused * size, unit="tokens")
 
 
 def _gpu_pair_unit(helps: dict[str, str]) -> str | None:
@@ -417,6 +501,8 @@ def _series(model: str, engine: str | None, b: _SeriesBuilder, gpu_unit: str | N
     if prefix is None and "sglang_prompt_tokens" in v:
         # SGLang: cached tokens of all tiers over prompt tokens, both counted at request finish
         prefix = CounterPair(queries=v["sglang_prompt_tokens"], hits=v.get("sglang_cached_tokens"), unit="tokens")
+    if prefix is None:
+        prefix = _trtllm_pair(v, what, warnings)
     external = _pair(v, "external_queries", "external_hits", "tokens", what + " external", warnings)
     if external is None and use_lmcache and ("lmcache_requested" in v or "lmcache_hit" in v):
         external = _pair(v, "lmcache_requested", "lmcache_hit", "tokens", what + " lmcache", warnings)
@@ -456,10 +542,11 @@ def _series(model: str, engine: str | None, b: _SeriesBuilder, gpu_unit: str | N
 
 
 def _ratio_or_none(value: float | None, what: str, warnings: list[str]) -> float | None:
-    """Released SGLang reports cache_hit_rate as 0-1; a percent came only from an unreleased branch."""
+    """Released SGLang and TRT-LLM report their hit-rate gauge as 0-1; a percent came only
+    from an unreleased SGLang branch."""
     if value is None or 0.0 <= value <= 1.0:
         return value
-    warnings.append(f"{what}: sglang:cache_hit_rate {value!r} is not a 0-1 ratio (an unreleased build?); ignored")
+    warnings.append(f"{what}: the engine's cache hit rate gauge {value!r} is not a 0-1 ratio (an unreleased build?); ignored")
     return None
 
 
