@@ -19,7 +19,7 @@ from .deploys import API, DeployEvent
 from .httpserver import Server  # noqa: F401 - the server the app runs under, imported from here
 from .scrape import redact_url
 from .state import State
-from .statuspage import StatusPage
+from .statuspage import CONTENT_SECURITY_POLICY, StatusPage
 from .webconfig import BasicAuth, WebSecurity
 
 log = logging.getLogger(__name__)
@@ -148,6 +148,8 @@ class App:
         headers = [("Content-Type", ctype)]
         if path == "/metrics" and status == 200 and _wants_gzip(environ):
             headers.append(("Content-Encoding", "gzip"))
+        if ctype.startswith("text/html"):
+            headers.append(("Content-Security-Policy", CONTENT_SECURITY_POLICY))
         headers.append(("Content-Length", str(len(body))))
         start_response(_STATUS.get(status, f"{status} Status"), headers)
         return [b"" if method == "HEAD" else body]

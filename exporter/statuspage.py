@@ -35,6 +35,9 @@ MAX_PENDING = 50
 MAX_DEPLOYS = 10
 MAX_TEXT = 300  # characters of one description or error shown
 TREND_SECONDS, TREND_STEP = 3600.0, 60.0
+# Should escaping ever miss a value, the browser still runs no script, loads nothing and
+# submits nowhere: the page needs only its inline style.
+CONTENT_SECURITY_POLICY = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 _SEVERITIES = ("critical", "warning", "info")  # CSS classes come from this list, never from a label's text
 
 
@@ -222,7 +225,7 @@ def _alerts_section(alerts: Sequence[Alert], now: float) -> str:
         where = " · ".join(_e(x) for x in (a.target or "fleet", a.model, a.version) if x)
         desc = _clip(notes.get("description", ""))
         rows.append(
-            f'<li class="alert {a.state} {_severity(a)}"><div><span class="badge {a.state}">{a.state}</span> '
+            f'<li class="alert {_e(a.state)} {_severity(a)}"><div><span class="badge {_e(a.state)}">{_e(a.state)}</span> '
             f'<span class="badge {_severity(a)}">{_severity(a)}</span> <strong>{_e(a.alertname)}</strong> '
             f'<span class="where">{where}</span></div>'
             f'<div>cause: <strong class="cause">{_e(labels.get("cause", "unknown"))}</strong> · since {_when(a.active_at, now)}</div>'
@@ -291,7 +294,7 @@ def _model_block(view: TargetView, model: str, windows: dict[str, WindowStats], 
     rows.append(row(f"query {per}", lambda ws: _num(ws.query_rate)))
     rows.append(row("KV-cache usage (max)", lambda ws: _pct(ws.kv_cache_usage_max)))
     mine = [a for a in alerts if a.target == view.target.name and a.model == model]
-    badges = "".join(f'<li><span class="badge {a.state}">{a.state}</span> {_e(a.alertname)} · cause '
+    badges = "".join(f'<li><span class="badge {_e(a.state)}">{_e(a.state)}</span> {_e(a.alertname)} · cause '
                      f'<strong>{_e(dict(a.labels).get("cause", "unknown"))}</strong></li>' for a in mine)
     points = trend(view.samples, model, now)
     since = now - TREND_SECONDS
@@ -326,7 +329,7 @@ def _target_card(view: TargetView, alerts: Sequence[Alert], deploys: Sequence[di
     down_alerts = [a for a in alerts if a.target == name and not a.model]
     if down_alerts:
         parts.append('<ul class="badges">' + "".join(
-            f'<li><span class="badge {a.state}">{a.state}</span> {_e(a.alertname)}</li>' for a in down_alerts) + "</ul>")
+            f'<li><span class="badge {_e(a.state)}">{_e(a.state)}</span> {_e(a.alertname)}</li>' for a in down_alerts) + "</ul>")
     snap = view.snapshot
     if snap is not None and snap.prefix_caching_enabled is False:
         parts.append('<p class="error">prefix caching is disabled on this server</p>')

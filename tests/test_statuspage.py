@@ -241,6 +241,7 @@ def test_the_app_serves_it_as_html_with_the_endpoints_and_the_open_deploy_api_wa
     app = App(state, CollectorRegistry(), deploy_api_open=lambda: True)
     status, headers, body = call(app, "GET", "/")
     assert status == 200 and headers["Content-Type"] == "text/html; charset=utf-8"
+    assert headers["Content-Security-Policy"].startswith("default-src 'none'; style-src 'unsafe-inline'")  # if escaping ever slipped
     parsed = Page(body.decode())
     hrefs = {a["href"] for t, a in parsed.tags if t == "a"}
     assert {"/metrics", "/-/healthy", "/-/ready", "/api/v1/status"} <= hrefs
