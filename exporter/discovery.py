@@ -92,7 +92,8 @@ def from_file_sd(text: str, path: str, limits: Limits = Limits()) -> Found:
     if kind == "YAML" and _flow_depth(text) > _MAX_FLOW_DEPTH:
         raise DiscoveryError(f"{path}: not valid YAML: [ and {{ nested more than {_MAX_FLOW_DEPTH} deep")
     try:
-        data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
+        # every YAML scalar as its text, as Go's yaml gives a label value: `version: 1.10` is "1.10", not 1.1
+        data = json.loads(text) if kind == "JSON" else yaml.load(text, Loader=yaml.BaseLoader)  # builds str, list, dict only
     except (ValueError, yaml.YAMLError) as exc:
         raise DiscoveryError(f"{path}: not valid {kind}: {_first_line(exc)}") from None
     except RecursionError:

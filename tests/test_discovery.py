@@ -95,6 +95,11 @@ def test_a_malformed_file_sd_file_is_a_clear_error(text, path, message):
         from_file_sd(text, path)
 
 
+def test_a_yaml_label_value_is_its_text_as_prometheus_reads_it():
+    (t,) = file_sd("- targets: ['10.0.0.1:8000']\n  labels: {version: 1.10, canary: true, build: 007}\n", "sd.yml")
+    assert {k: v for k, v in t.labels if k != "instance"} == {"version": "1.10", "canary": "true", "build": "007"}
+
+
 def test_an_empty_file_sd_file_has_no_targets():
     assert file_sd("", "sd.yml") == [] and file_sd("[]", "sd.json") == []
 
