@@ -115,12 +115,12 @@ def from_file_sd(text: str, path: str, limits: Limits = Limits()) -> Found:
         for name in labels:  # Prometheus refuses the whole file for one bad name
             if not isinstance(name, str) or not _LABEL_NAME.match(name):
                 raise DiscoveryError(f"{where}: {_cut(name)!r} is not a valid label name")
-            if not isinstance(labels[name], (str, int, float)) or isinstance(labels[name], bool):
+            if not isinstance(labels[name], str):  # as Prometheus: a JSON number is no label value
                 raise DiscoveryError(f"{where}: label {name} must have a string value")
         for j, address in enumerate(addresses):
             if not address.strip():
                 raise DiscoveryError(f"{where}: target {j} has no address")
-            raw = {**{k: str(v) for k, v in labels.items()}, "__address__": address.strip()}
+            raw = {**labels, "__address__": address.strip()}
             found.targets.append(_target(raw, where, limits, found.dropped))
     return found
 

@@ -89,6 +89,8 @@ def test_file_sd_json_and_yaml_read_alike(tmp_path):
     pytest.param('[{"targets": ["http://a:1/metrics"]}]', "sd.json", "not a host:port", id="url-not-address"),
     pytest.param('[{"targets": ["a:1"], "labels": {"bad-name": "x"}}]', "sd.json", "not a valid label name", id="bad-label"),
     pytest.param('[{"targets": ["a:1"], "labels": {"__scheme__": "ftp"}}]', "sd.json", "not http or https", id="bad-scheme"),
+    pytest.param('[{"targets": ["a:1"], "labels": {"version": 1.10}}]', "sd.json", "must have a string value", id="number-value"),
+    pytest.param('- targets: ["a:1"]\n  labels: {version: [1]}\n', "sd.yml", "must have a string value", id="list-value"),
 ])
 def test_a_malformed_file_sd_file_is_a_clear_error(text, path, message):
     with pytest.raises(DiscoveryError, match=message):
