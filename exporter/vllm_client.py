@@ -1,9 +1,16 @@
-"""The few vLLM server endpoints `diagnose` needs: /tokenize, /detokenize, /metrics."""
+"""The few vLLM server endpoints `diagnose` and `whatif` need: /tokenize, /detokenize,
+/metrics. Each answer within one deadline and a size cap; every message names the server
+by its URL without the password."""
 from __future__ import annotations
 
-import requests
+import json
+from urllib.parse import urlsplit
 
+from .peerhttp import Endpoint, PeerError, exchange
+from .scrape import redact_url
 from .vllm_metrics import parse
+
+MAX_ANSWER = 64 * 1024 * 1024
 
 
 class VLLMError(Exception):
@@ -11,25 +18,36 @@ class VLLMError(Exception):
 
 
 class VLLMClient:
-    def __init__(self, base_url: str, timeout: float = 10.0):
+    def __init__(self, base_url: str, timeout: float = 10.0, max_answer: int = MAX_ANSWER):
         base = base_url.rstrip("/")
         for suffix in ("/metrics", "/v1"):
             base = base.removesuffix(suffix)
         self.base = base
+        self.shown = redact_url(base)  # what messages say: never a password
         self.timeout = timeout
-        self.session = requests.Session()
+        self.max_answer = max_answer
+        self.endpoint = Endpoint(base)
+        self.base_path = urlsplit(base).path
+
+    def _exchange(self, method: str, path: str, body: bytes | None = None):
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        try:
+            return exchange(self.endpoint, method, path=self.base_path + path, body=body, headers=headers,
+                            timeout=self.timeout, size_limit=self.max_answer, error_body_limit=200)
+        except PeerError as exc:
+            raise VLLMError(f"{self.shown}{path}: {type(exc).__name__}: {exc}") from None
 
     def _post(self, path: str, body: dict) -> dict:
+        answer = self._exchange("POST", path, json.dumps(body).encode())
+        if answer.status != 200:
+            raise VLLMError(f"{self.shown}{path}: HTTP {answer.status}: {answer.body.decode('utf-8', 'replace').strip()}")
         try:
-            resp = self.session.post(self.base + path, json=body, timeout=self.timeout)
-        except requests.RequestException as exc:
-            raise VLLMError(f"{self.base}{path}: {type(exc).__name__}") from None
-        if resp.status_code != 200:
-            raise VLLMError(f"{self.base}{path}: HTTP {resp.status_code}: {resp.text[:200].strip()}")
-        try:
-            return resp.json()
-        except ValueError:
-            raise VLLMError(f"{self.base}{path}: the answer is not JSON") from None
+            payload = json.loads(answer.body)
+        except (ValueError, RecursionError):
+            raise VLLMError(f"{self.shown}{path}: the answer is not JSON") from None
+        if not isinstance(payload, dict):
+            raise VLLMError(f"{self.shown}{path}: the answer is not a JSON object")
+        return payload
 
     def tokenize_chat(self, request: dict) -> list[int]:
         """The prompt's token ids as the server's chat template renders it, with the
@@ -40,7 +58,7 @@ class VLLMClient:
                 body[key] = request[key]
         tokens = self._post("/tokenize", body).get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            raise VLLMError(f"{self.base}/tokenize: no token list in the answer")
+            raise VLLMError(f"{self.shown}/tokenize: no token list in the answer")
         return tokens
 
     def tokenize_text(self, prompt: str, model: str | None = None) -> list[int]:
@@ -49,7 +67,7 @@ class VLLMClient:
             body["model"] = model
         tokens = self._post("/tokenize", body).get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            raise VLLMError(f"{self.base}/tokenize: no token list in the answer")
+            raise VLLMError(f"{self.shown}/tokenize: no token list in the answer")
         return tokens
 
     def detokenize(self, tokens: list[int], model: str | None) -> str:
@@ -58,13 +76,13 @@ class VLLMClient:
             body["model"] = model
         prompt = self._post("/detokenize", body).get("prompt")
         if not isinstance(prompt, str):
-            raise VLLMError(f"{self.base}/detokenize: no prompt in the answer")
+            raise VLLMError(f"{self.shown}/detokenize: no prompt in the answer")
         return prompt
 
     def block_size(self) -> int | None:
         """From vllm:cache_config_info on /metrics; None when the server does not say."""
         try:
-            resp = self.session.get(self.base + "/metrics", timeout=self.timeout)
-        except requests.RequestException:
+            answer = self._exchange("GET", "/metrics")
+        except VLLMError:
             return None
-        return parse(resp.text).block_size if resp.status_code == 200 else None
+        return parse(answer.body.decode("utf-8", "replace")).block_size if answer.status == 200 else None
