@@ -749,3 +749,66 @@ def test_a_replacing_config_map_generator_in_your_own_kustomization_fails(tmp_pa
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
     out = subprocess.run([require_binary("kubectl"), "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
+
+
+def test_the_sidecar_variant_takes_none_of_a_users_names_or_pods(tmp_path):
+    """Its Service and PodMonitor were named `vllm` and selected every pod labelled
+    app.kubernetes.io/name=vllm: applied beside a user's vLLM, they replaced the user's
+    Service (kustomize refuses the two ids in one build)."""
+    docs = build_overlay(tmp_path, own=(str(USER_VLLM),), resources=("sidecar",), namespace="llm")
+    ours = {d["metadata"]["name"] for d in build("sidecar") if d["kind"] in ("Service", "PodMonitor", "Deployment")}
+    assert ours == {"vllm-prefix-cache-example"}
+    user_pod_labels = [labels for ns, labels, _ in _pods(docs) if "vllm-prefix-cache-exporter/attached" not in labels
+                       and labels.get("app.kubernetes.io/instance") != "vllm-prefix-cache-example"]
+    assert user_pod_labels
+    for d in docs:
+        if d["metadata"]["name"] == "vllm-prefix-cache-example" and d["kind"] in ("Service", "PodMonitor"):
+            selector = d["spec"]["selector"] if d["kind"] == "PodMonitor" else {"matchLabels": d["spec"]["selector"]}
+            assert not any(_selects(selector, labels) for labels in user_pod_labels), d["kind"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_no_read_write_once_claim_is_shared_by_replicas(variant):
+    """ReadWriteOnce: pods of two replicas on two nodes cannot both mount it (Multi-Attach)."""
+    docs = build(variant)
+    rwo = {d["metadata"]["name"] for d in docs if d["kind"] == "PersistentVolumeClaim" and "ReadWriteOnce" in d["spec"]["accessModes"]}
+    for d in docs:
+        if d["kind"] == "Deployment":
+            claims = {v["persistentVolumeClaim"]["claimName"] for v in d["spec"]["template"]["spec"].get("volumes", []) if "persistentVolumeClaim" in v}
+            assert not (claims & rwo) or d["spec"].get("replicas", 1) == 1, d["metadata"]["name"]
+
+
+def test_vllm_running_as_a_uid_without_a_passwd_entry_has_home_and_user():
+    """uid 65532 is in no /etc/passwd of the vLLM image: torch inductor's getpass.getuser()
+    reads LOGNAME, USER, LNAME, USERNAME, then calls getpwuid(), which raises."""
+    (deployment,) = [d for d in build("sidecar") if d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == 65532
+    (vllm,) = [c for c in pod["containers"] if c["name"] == "vllm"]
+    env = {e["name"]: e.get("value") for e in vllm["env"]}
+    assert env.get("HOME") and env.get("USER") and env.get("LOGNAME")
+
+
+@pytest.mark.parametrize("variant", VARIANTS + ["examples/argo-rollouts", "examples/flagger", "examples/kube-prometheus-stack"])
+def test_every_namespace_a_variant_uses_is_created(variant):
+    docs = build(variant)
+    created = {d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"}
+    used = {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"}
+    assert used <= created, used - created
+
+
+def test_the_readmes_basic_auth_patch_gives_the_podmonitor_credentials(tmp_path):
+    """README: with basic auth on, the PodMonitor authenticates from a Secret; the probes
+    need none."""
+    import jsonschema
+    (patch,) = readme_yaml_blocks("path: /spec/podMetricsEndpoints/0/basicAuth")
+    kustomization = five_minute_kustomization(tmp_path)
+    kustomization["patches"] += yaml.safe_load(patch)["patches"]
+    docs = write_and_build(tmp_path, kustomization)
+    (pm,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    assert pm["spec"]["podMetricsEndpoints"][0]["basicAuth"]["password"] == {"name": "vllm-prefix-cache-exporter-scrape", "key": "password"}
+    assert not list(jsonschema.Draft7Validator(crd_schema("PodMonitor", pm["apiVersion"])).iter_errors(pm))
+    ((_, sidecar),) = _exporter_containers(docs)
+    for probe in ("livenessProbe", "readinessProbe"):
+        if probe in sidecar:
+            assert sidecar[probe]["httpGet"]["path"] in ("/-/healthy", "/-/ready") and "httpHeaders" not in sidecar[probe]["httpGet"]
