@@ -204,7 +204,7 @@ def _trend_caption(points: list[float | None]) -> str:
         return "no queries in the last hour"
     first, last = known[0], known[-1]
     arrow = "fell" if first - last >= 0.05 else "rose" if last - first >= 0.05 else "steady"
-    return f"last hour: {_pct(first)} → {_pct(last)} ({arrow}), lowest {_pct(min(known))}"
+    return f"lookup hit ratio per minute, last hour: {_pct(first)} → {_pct(last)} ({arrow}), lowest {_pct(min(known))}"
 
 
 # --- sections ------------------------------------------------------------------------------
@@ -313,7 +313,7 @@ def _model_block(view: TargetView, model: str, windows: dict[str, WindowStats], 
 def _target_card(view: TargetView, alerts: Sequence[Alert], deploys: Sequence[dict], now: float, window: str | None) -> str:
     name = view.target.name
     state = "up" if view.up else "down" if view.polled else "pending"
-    labels = " ".join(f'<span class="label">{_e(k)}={_e(v)}</span>' for k, v in view.target.labels)
+    labels = " ".join(f'<span class="label">{_e(_clip(k, 60))}={_e(_clip(v, 120))}</span>' for k, v in view.target.labels)
     parts = [f'<article class="card {state}"><h3>{_e(name)} <span class="badge {state}">'
              f'{"up" if view.up else "down" if view.polled else "not polled yet"}</span></h3>']
     if labels:

@@ -202,7 +202,7 @@ def test_a_thousand_targets_are_summarised_with_the_worst_fifty_and_every_firing
     assert headings[50:] == ["vllm-0700"]  # and the firing one beyond them
     assert "1000 targets" in parsed.all_text and "Down targets (10)" in parsed.all_text
     assert re.search(r"990\s*up", parsed.all_text) and re.search(r"2\s*alerts firing", parsed.all_text)
-    assert len(text) < 1_500_000
+    assert len(text) < 400_000
 
 
 # --- coalescing, the app, the web config -------------------------------------------------------
