@@ -108,7 +108,7 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("discovery_last_success_timestamp_seconds", "gauge", "Unix time of the last successful refresh of the discovery `source`.", "source"),
     _m("discovery_refresh_failures", "counter", "Refreshes of the discovery `source` that failed (unreachable Prometheus, malformed file_sd file, ...).", "source"),
     _m("discovery_matched_nothing", "gauge", "1 while every answer of the discovery `source` since start held no target of ours: far more often a wrong selector (match_labels, job, scrape_pool) than an empty fleet; the log names what the answer held.", "source"),
-    _m("discovery_dropped", "gauge", "What the last answer of the discovery `source` had over a limit and was dropped, by `reason`: target_limit (targets), label_limit, label_value_length_limit, invalid_label_name (labels).", "source", "reason"),
+    _m("discovery_dropped", "gauge", "What the last answer of the discovery `source` had over a limit and was dropped, by `reason`: target_limit, url_length_limit (targets), label_limit, label_value_length_limit, invalid_label_name (labels).", "source", "reason"),
     # warm-up after a (re)start
     _m("warmup_requests", "counter", "Warm-up requests sent to the local vLLM by `result` (success, http_error, timeout, connection_error, cancelled).", "result"),
     _m("warmup_running", "gauge", "1 while a warm-up runs."),

@@ -31,6 +31,7 @@ from .scrape import redact_url
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _MAX_LABEL_NAME = 1024
+MAX_URL_LENGTH = 4096  # a target may be named by its address: a name is a label value, everywhere
 _IDENTITY_LABELS = ("pod", "instance", "namespace", "job")  # kept first under label_limit: they name the target
 _MAX_FLOW_DEPTH = 64  # a target group list is 3 deep
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
@@ -121,11 +122,13 @@ def from_file_sd(text: str, path: str, limits: Limits = Limits()) -> Found:
             if not address.strip():
                 raise DiscoveryError(f"{where}: target {j} has no address")
             raw = {**labels, "__address__": address.strip()}
-            found.targets.append(_target(raw, where, limits, found.dropped))
+            target = _target(raw, where, limits, found.dropped)
+            if target is not None:
+                found.targets.append(target)
     return found
 
 
-def _target(labels: dict[str, str], where: str, limits: Limits, dropped: Counter) -> Target:
+def _target(labels: dict[str, str], where: str, limits: Limits, dropped: Counter) -> Target | None:
     """Prometheus's rules for a target without relabelling: the URL from `__scheme__`,
     `__address__` and `__metrics_path__`; `instance` defaults to the address."""
     address = labels.get("__address__", "")
@@ -136,6 +139,9 @@ def _target(labels: dict[str, str], where: str, limits: Limits, dropped: Counter
     if scheme not in ("http", "https"):
         raise DiscoveryError(f"{where}: __scheme__ {_cut(scheme)!r} is not http or https")
     url = f"{scheme}://{address}{path if path.startswith('/') else '/' + path}"
+    if len(url) > MAX_URL_LENGTH:
+        dropped["url_length_limit"] += 1
+        return None
     kept = {k: v for k, v in labels.items() if not k.startswith("__")}
     kept.setdefault("instance", address)
     kept = _bounded_labels(_without_userinfo(kept), limits, dropped)
@@ -213,6 +219,9 @@ def from_targets_api(payload: Any, selector: Selector, source: str, limits: Limi
             parts = None
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
             raise DiscoveryError(f"{source}: activeTargets[{i}] ({_cut(redact_url(labels.get('instance', '?')))}) has no usable scrapeUrl")
+        if len(url) > MAX_URL_LENGTH:
+            found.dropped["url_length_limit"] += 1
+            continue
         kept = _bounded_labels(_without_userinfo(labels), limits, found.dropped)
         found.targets.append(Target(name=_name(kept, parts.netloc), url=url, labels=_own_labels(kept)))
     if not found.targets:

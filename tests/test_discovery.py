@@ -245,6 +245,15 @@ def test_labels_over_the_limits_are_dropped_and_counted_and_the_target_stays():
     assert dict(f.labels) == {"instance": "a:1", "pod": "p"}
 
 
+def test_a_target_whose_url_is_too_long_to_be_a_name_is_dropped_and_counted():
+    host = "h" * 5000
+    found = from_targets_api(answer(active("p", f"http://{host}:1/metrics", job="vllm"),
+                                    active("p", "http://10.0.0.1:8000/metrics", job="vllm")), JOB_VLLM, "prometheus")
+    assert [t.name for t in found.targets] == ["10.0.0.1:8000"] and found.dropped == Counter(url_length_limit=1)
+    found = from_file_sd(json.dumps([{"targets": [f"{host}:1", "10.0.0.1:8000"]}]), "sd.json")
+    assert [t.name for t in found.targets] == ["10.0.0.1:8000"] and found.dropped == Counter(url_length_limit=1)
+
+
 def test_the_target_limit_keeps_the_same_targets_every_refresh():
     targets = [Target(f"pod-{i:05d}", f"http://10.0.{i // 250}.{i % 250}:8000/metrics") for i in range(20_000)]
     dropped = Counter()

@@ -57,7 +57,7 @@ def assert_exposable(targets):
         assert all(VALID_NAME.match(k) and not k.startswith("__") and k not in RESERVED_LABELS for k in names), names
         assert all(len(v) <= LIMITS.label_value_length_limit for _, v in t.labels)
         assert len(names) <= LIMITS.label_limit + 1  # + an exported_ rename of ours
-        assert "@" not in t.name
+        assert "@" not in t.name and len(t.name) <= 4096
         assert t.url.startswith(("http://", "https://"))
 
 
