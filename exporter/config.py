@@ -675,6 +675,8 @@ def _match_labels(r: _Reader, raw: Any, path: str) -> tuple[tuple[str, str], ...
     for k, v in raw.items():
         if not isinstance(k, str) or not _LABEL_NAME.match(k):
             r.errors.append(f"{path}.{k}: not a valid label name")
+        elif k.startswith("__"):
+            r.errors.append(f"{path}.{k}: no target carries a __ label after relabelling (Prometheus drops them)")
         elif not isinstance(v, str):
             r.errors.append(f"{path}.{k}: the value must be a string (quote it)")
     return tuple(sorted((str(k), str(v)) for k, v in raw.items()))

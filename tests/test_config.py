@@ -128,6 +128,7 @@ def test_discovery_limits_have_defaults_like_prometheus_scrape_limits():
     pytest.param({"url": "http://prom:9090", "job": "a", "match_labels": {"job": "b"}}, "contradicts match_labels.job", id="two-jobs"),
     pytest.param({"url": "http://prom:9090", "match_labels": {"app.kubernetes.io/name": "vllm"}}, "not a valid label name", id="bad-name"),
     pytest.param({"url": "http://prom:9090", "match_labels": {"version": 2}}, "must be a string", id="number-value"),
+    pytest.param({"url": "http://prom:9090", "match_labels": {"__meta_kubernetes_pod_name": "x"}}, "no target carries a __ label", id="meta-label"),
     pytest.param({"url": "http://prom:9090", "match_labels": {}}, "non-empty mapping", id="empty"),
     pytest.param({"job": "vllm"}, "discovery.prometheus.url: required", id="no-url"),
 ])
