@@ -221,3 +221,46 @@ def test_the_flagger_webhook_names_what_is_wrong():
         assert not ok and "metadata.require" in json.loads(body)["error"]
     finally:
         server.stop()
+
+
+def test_the_central_variants_engine_answers_a_version_no_pod_runs_with_an_error(tmp_path):
+    """The central variant's own config (its analysis section), its targets as discovery
+    hands them over (pod name, namespace, version label), an engine fed simulated scrapes,
+    and the live server wired as `run` wires it: the gate never passes a version that no
+    pod runs."""
+    from exporter.config import load
+    from exporter.engine import Engine
+    from exporter.simulator import Replica, Scenario
+    from exporter.vllm_metrics import parse
+    data = yaml.safe_load((EXAMPLES.parent / "central" / "config.yml").read_text())
+    (tmp_path / "token").write_text("s3cret\n")
+    data["deploys"]["api_token_file"] = str(tmp_path / "token")
+    data.pop("discovery")
+    data["targets"] = [{"name": f"vllm-{h}-{i}", "url": f"http://127.0.0.1:1/{h}{i}", "labels": {"namespace": "llm", "version": h}}
+                       for h in (OLD_HASH, NEW_HASH) for i in range(2)]
+    engine = Engine(load(data))
+    replicas = [Replica(t["name"], Scenario(), start=10_000.0 - 900, seed=i) for i, t in enumerate(data["targets"])]
+    t = 10_000.0
+    while t <= 10_300.0:
+        for r in replicas:
+            r.advance(t)
+            engine.ingest(r.name, t, parse(r.render()))
+        engine.evaluate(t)
+        t += 5.0
+    model = replicas[0].model_names[0]
+    get, flagger = analysis_handlers(lambda m, v, b: engine.analyze(t, m, v, b))
+    app = App(State(), CollectorRegistry())
+    app.route("GET", "/api/v1/analysis", get)
+    app.route("POST", "/api/v1/analysis/flagger", flagger)
+    server = Server(app, "127.0.0.1", 0, timeout=2.0).start()
+    try:
+        base = f"http://127.0.0.1:{server.port}/api/v1/analysis"
+        typo = requests.get(base, params={"model": model, "version": "v-typo"}, timeout=5).json()
+        real = requests.get(base, params={"model": model, "version": NEW_HASH}, timeout=5).json()
+        hook = requests.post(base + "/flagger", json={"name": "vllm", "namespace": "llm", "phase": "Progressing",
+                                                      "metadata": {"model": model, "version": "v-typo"}}, timeout=5)
+    finally:
+        server.stop()
+    assert typo["verdict"] == "inconclusive" and typo["error"] and real["error"] is None
+    assert real["verdict"] in ("pass", "inconclusive") and real["replicas"] == 2
+    assert hook.status_code == 422 and "v-typo" in hook.json()["error"]
