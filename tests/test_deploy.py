@@ -412,8 +412,9 @@ def test_the_readmes_five_minute_recipe_builds_for_a_users_deployment(attach, tm
     Deployment and deploy/kubernetes/base, with the attach, attach-podmonitor, relay and
     kube-prometheus-stack components."""
     import jsonschema
-    docs = build_overlay(tmp_path, resources=("base",), own=("examples/production-stack/deployment.yaml",),
+    docs = build_overlay(tmp_path, resources=("base",), own=("examples/production-stack/deployment.yaml",), namespace="llm",
                          components=[f"components/{c}" for c in (attach, "attach-podmonitor", "relay", "kube-prometheus-stack")])
+    assert_references_resolve(docs, user_secrets())
     monitoring = [d for d in docs if "monitoring.coreos.com" in d["apiVersion"]]
     assert sorted(d["kind"] for d in monitoring) == ["PodMonitor", "PrometheusRule", "PrometheusRule"]  # ours, rules, relay
     assert all(d["metadata"]["labels"]["release"] == "kube-prometheus-stack" for d in monitoring)
