@@ -524,8 +524,14 @@ def cmd_record(args) -> int:
         static = (Target(args.name or redact_url(args.target), args.target),)
     deadline = time.monotonic() + args.duration
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    def on_signal(*_) -> None:
+        stop.set()
+        if discovery is not None:  # a refresh in flight ends now; from a thread: the handler may interrupt one holding its lock
+            threading.Thread(target=discovery.close, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     try:
         out = open(args.out, "a", encoding="utf-8")
     except OSError as exc:

@@ -426,3 +426,40 @@ def test_operator_shaped_prometheus_every_pod_is_found_with_its_version_by_match
         fleet.stop()
     hint = [r.getMessage() for r in caplog.records if "nothing matches" in r.getMessage()]
     assert len(hint) == 1 and "podMonitor/llm/vllm/0 (job='llm/vllm') x3" in hint[0] and "job='vllm'" in hint[0]
+
+
+def test_record_from_a_dripping_discovery_prometheus_stops_at_once_on_sigterm(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from fakeserver import drip
+
+    with FakeServer({"/api/v1/targets": drip(1.0, 600)}) as prom:
+        cfg = tmp_path / "sidecar.yml"
+        cfg.write_text(f"discovery:\n  prometheus: {{url: '{prom.base}', match_labels: {{job: llm/vllm}}, timeout: 60s}}\n")
+        proc = subprocess.Popen([sys.executable, "-m", "exporter", "record", f"--config.file={cfg}", f"--out={tmp_path / 'rec.jsonl'}",
+                                 "--duration=120"], cwd=Path(__file__).parent.parent, stderr=subprocess.PIPE)
+        try:
+            assert wait_until_requested(prom, 15)
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=20)
+            assert time.monotonic() - started < 5
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def wait_until_requested(server, seconds):
+    import time
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if server.requests:
+            time.sleep(0.5)  # the ask is in flight, dripping
+            return True
+        time.sleep(0.1)
+    return False
