@@ -104,6 +104,12 @@ class TargetPoller:
             events = self.engine.observe(self.target.name, now, snapshot)
             track = self.engine.tracks.get(self.target.name)
             stats, kept, samples = (track.view.stats, len(track.history), track.view.samples) if track else ({}, 0, None)
+            noted = track.view.snapshot if track is not None else None
+        if noted is not None and noted.warning_count > snapshot.warning_count:
+            # what ingesting it refused (a counter stepping back, start times flapping)
+            for w in noted.warnings[len(snapshot.warnings):][:10]:
+                log.warning("target=%s ingest: %s", self.target.name, w)
+            snapshot = noted
         if events:
             with self.lock:
                 for ev in events:
@@ -204,6 +210,8 @@ class Poller:
         self.lock = threading.Lock()  # events and alert views: small work only
         self.eval_lock = threading.Lock()  # evaluation against reconfiguration
         self.reload_lock = threading.Lock()  # one reload at a time
+        self._busy = 0  # jobs running now: stop() waits for them, but only so long
+        self._idle = threading.Condition()
         self.engine = Engine(config)
         # threads start on demand: discovery may bring any number of targets later
         workers = 64 if config.discovery.enabled else max(4, min(64, len(config.targets) + 1))
@@ -238,13 +246,13 @@ class Poller:
                 continue
             poller = TargetPoller(t, current, self.state, self.engine, self.lock, self.clock, self.on_start)
             self.pollers[t.name] = poller
-            self.scheduler.add_job(poller.poll, "interval", id=t.name, name=t.name,
+            self.scheduler.add_job(self._tracked(poller.poll), "interval", id=t.name, name=t.name,
                                    seconds=config.global_.poll_interval, jitter=config.global_.jitter or None,
                                    next_run_time=_now_datetime())
         if rebuild:
             if self.scheduler.get_job("evaluate"):
                 self.scheduler.remove_job("evaluate")
-            self.scheduler.add_job(self.evaluate, "interval", id="evaluate", name="evaluate", executor="rules",
+            self.scheduler.add_job(self._tracked(self.evaluate), "interval", id="evaluate", name="evaluate", executor="rules",
                                    seconds=config.global_.poll_interval, next_run_time=_now_datetime())
             self._install_discovery(config)
 
@@ -270,7 +278,7 @@ class Poller:
             self.discovered = []
             return
         # the first refresh runs on the discovery thread, at once: never on the start-up path
-        self.scheduler.add_job(self.discover, "interval", id="discover", name="discover", executor="discovery",
+        self.scheduler.add_job(self._tracked(self.discover), "interval", id="discover", name="discover", executor="discovery",
                                seconds=config.discovery.refresh_interval, next_run_time=_now_datetime())
 
     def discover(self) -> None:
@@ -334,6 +342,7 @@ class Poller:
         with self.eval_lock:
             alerts = self.engine.active_alerts()
             verdicts = dict(self.engine.verdicts)
+            routing = dict(self.engine.predictions)
         with self.lock:
             events = list(self.engine.events)[-50:]
             counts: dict[str, dict[str, int]] = {}
@@ -342,6 +351,7 @@ class Poller:
             last = self.engine.last_deploy()
         self.state.put("alerts", alerts)
         self.state.put("fleet", verdicts)
+        self.state.put("routing", routing)
         self.state.put("deploys", {"recent": [e.to_json() for e in events], "counts": counts, "last": last})
 
     def reload(self, config: Config) -> None:
@@ -359,11 +369,29 @@ class Poller:
         never delays start-up (readiness waits for it instead)."""
         self.scheduler.start()
 
-    def stop(self) -> None:
+    def _tracked(self, job: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            with self._idle:
+                self._busy += 1
+            try:
+                job()
+            finally:
+                with self._idle:
+                    self._busy -= 1
+                    self._idle.notify_all()
+        run.__name__ = run.__qualname__ = getattr(job, "__name__", "job")
+        return run
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """No new job starts; those running get `timeout` seconds to finish (a poll is
+        bounded by its scrape deadline, which may be longer: SIGTERM does not wait for it)."""
         if self.discovery is not None:
             self.discovery.close()  # first: a refresh in flight ends now, not at its deadline
         if self.scheduler.running:
-            self.scheduler.shutdown(wait=True)
+            self.scheduler.shutdown(wait=False)
+        with self._idle:
+            if not self._idle.wait_for(lambda: self._busy <= 0, timeout):
+                log.warning("stopping with %d poll(s) or refresh(es) still waiting on their peers", self._busy)
         for p in self.pollers.values():
             p.close()
         if self.discovery is not None:

@@ -166,3 +166,54 @@ def test_concurrent_reloads_apply_one_after_the_other(tmp_path):
     finally:
         sidecar.stop()
         fleet.stop()
+
+
+def test_sigterm_exits_within_8s_whatever_every_peer_is_doing(tmp_path):
+    """All at once: a discovery Prometheus that sends its headers and then a byte a second,
+    a FIFO matching the file_sd glob (no writer ever opens it), an Alertmanager and a
+    fleet-baseline Prometheus that both drip, and one healthy target. Every peer's own
+    deadline is 30 s, so only the shutdown's bound can end them: SIGTERM exits in 8 s, 0."""
+    import os
+    import threading
+
+    from fakeserver import MisbehavingServer
+    replica = simulator.Replica("vllm-0", simulator.Scenario(), start=time.time() - 60, seed=1)
+    fleet = simulator.Fleet([replica], clock=time.time).start()
+    sd = tmp_path / "sd"
+    sd.mkdir()
+    os.mkfifo(sd / "targets.json")
+    with MisbehavingServer() as peers:
+        cfg = tmp_path / "config.yml"
+        cfg.write_text(yaml.safe_dump({
+            "global": {"poll_interval": "500ms", "read_timeout": "1s", "connect_timeout": "500ms"},
+            "targets": [{"name": "vllm-0", "url": fleet.metrics_url("vllm-0")},
+                        {"name": "dead", "url": f"http://127.0.0.1:{free_port()}/metrics"}],
+            "discovery": {"prometheus": {"url": peers.url("drip"), "job": "vllm", "timeout": "30s"},
+                          "file_sd": {"files": [str(sd / "*.json")]}},
+            "alertmanager": {"urls": [peers.url("drip")], "timeout": "30s"},
+            "fleet_baseline": {"prometheus_url": peers.url("drip"), "timeout": "30s"},
+            "rules": {"target_down": {"for": "0s", "startup_grace": "0s"}},  # so that the Alertmanager is asked
+        }))
+        proc = start(cfg, free_port())
+        lines = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+        reader.start()
+        try:
+            assert wait_for(lambda: any("listening on" in line for line in lines), timeout=20), "".join(lines)
+            asked = lambda: {path.split("/", 2)[2] for _, path, *_ in peers.requests if path.startswith("/drip/")}
+            wanted = {"api/v1/targets?state=active", "api/v2/alerts"}
+            assert wait_for(lambda: any(p.startswith("api/v1/query") for p in asked())
+                            and {p.split("&")[0] for p in asked()} >= wanted, timeout=20), (asked(), "".join(lines))
+            began = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            finally:
+                took = time.monotonic() - began
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            fleet.stop()
+        reader.join(5)
+    assert proc.returncode == 0 and took < 8.0, (took, "".join(lines))
