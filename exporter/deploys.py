@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
 from .vllm_metrics import Snapshot
-from .window import Interval
+from .window import Interval, is_reset, ratio
 
 API = "api"
 RESTART = "restart"
@@ -70,25 +71,46 @@ def _seen(snap: Snapshot) -> _Seen:
 COLD_COUNTERS_TOKENS = 20000.0
 
 
+# Start times that change this often are no restarts: a URL in front of several
+# processes (a Service round-robin over replicas) answers with each one's in turn. A real
+# vLLM takes tens of seconds to load a model, and crash-loop back-off spaces restarts out.
+FLAP_CHANGES = 3
+FLAP_SECONDS = 300.0
+
+
 class SnapshotChangeDetector:
-    """Per target: a restart (counter decrease, changed `_created` or process start), a
+    """Per target: a restart (a counter reset, changed `_created` or process start), a
     first start (the first scrape of a process started within the grace, or of counters
-    near zero), or a configuration change (cache_config_info labels, model names, LoRA)."""
+    near zero), or a configuration change (cache_config_info labels, model names, LoRA).
+
+    A start time that goes back to an earlier one, or changes FLAP_CHANGES times within
+    FLAP_SECONDS, is several processes behind one URL, not restarts: while that lasts no
+    restart is reported (a restart grants the cold-start grace, which would silence every
+    alert for good), `flapping` is true, and `notes` says so for the poll."""
 
     def __init__(self, target: str, grace: float = 600.0):
         self.target = target
         self.grace = grace
         self._last: _Seen | None = None
+        self._changes: deque[float] = deque()  # when the start time changed, within FLAP_SECONDS
+        self._flapped_at: float | None = None
+        self.notes: list[str] = []  # what the last observe() refused, for the poll's warnings
+        self.refused = 0  # start-time changes not taken for restarts by the last observe()
+
+    @property
+    def flapping(self) -> bool:
+        return self._flapped_at is not None
 
     def observe(self, t: float, snap: Snapshot) -> list[DeployEvent]:
         seen = _seen(snap)
         last, self._last = self._last, seen
+        self.notes, self.refused = [], 0
         if last is None:
             started, why = _cold_first_start(t, snap, self.grace)
             # the grace counts from the process start, as it does from a restart
             return [DeployEvent(started, self.target, f"start@{int(started)}", RESTART, why)] if why else []
         events = []
-        why = _restart_reason(last, seen)
+        why = self._restart(t, last, seen)
         if why:
             events.append(DeployEvent(t, self.target, f"restart@{int(t)}", RESTART, why))
         changed = [name for name, a, b in (("cache_config_info", last.cache_config, seen.cache_config),
@@ -97,6 +119,32 @@ class SnapshotChangeDetector:
         if changed:
             events.append(DeployEvent(t, self.target, f"config@{int(t)}", CONFIG_CHANGE, "changed: " + ", ".join(changed)))
         return events
+
+    def _restart(self, t: float, last: _Seen, seen: _Seen) -> str:
+        """Why this poll is a restart, or "" (also for start times that flap)."""
+        why, back = _start_change(last, seen)
+        while self._changes and t - self._changes[0] > FLAP_SECONDS:
+            self._changes.popleft()
+        if why:
+            self._changes.append(t)
+            if back or len(self._changes) >= FLAP_CHANGES:
+                self._flapped_at = t
+        if self._flapped_at is not None and t - self._flapped_at > FLAP_SECONDS:
+            self._flapped_at = None  # quiet for FLAP_SECONDS: start times mean restarts again
+        if self._flapped_at is not None:
+            if why:
+                self.refused = 1
+                self.notes.append(f"{why}, {len(self._changes)} time(s) in {FLAP_SECONDS:.0f}s"
+                                  f"{' and back to an earlier process' if back else ''}: several processes answer at "
+                                  "this URL (a Service in front of replicas?); not taken for a restart, no cold-start grace")
+            return ""
+        if why:
+            return why
+        before = dict(last.queries)
+        # a counter that steps back a little is no restart (see window.RESET_FRACTION)
+        if any(key in before and q < before[key] and is_reset(before[key], q) for key, q in seen.queries):
+            return "a counter decreased to at most half its value"
+        return ""
 
 
 def _cold_first_start(t: float, snap: Snapshot, grace: float) -> tuple[float, str]:
@@ -114,16 +162,16 @@ def _cold_first_start(t: float, snap: Snapshot, grace: float) -> tuple[float, st
     return t, ""
 
 
-def _restart_reason(last: _Seen, seen: _Seen) -> str:
+def _start_change(last: _Seen, seen: _Seen) -> tuple[str, bool]:
+    """(what changed, whether it went back to an earlier start) of the process start
+    time and the series' `_created`; a new process always starts later."""
     if last.process_start is not None and seen.process_start is not None and seen.process_start != last.process_start:
-        return "process_start_time_seconds changed"
+        return "process_start_time_seconds changed", seen.process_start < last.process_start
     before = dict(last.created)
-    if any(key in before and before[key] != created for key, created in seen.created):
-        return "a counter's _created changed"
-    before = dict(last.queries)
-    if any(key in before and q < before[key] for key, q in seen.queries):
-        return "a counter decreased"
-    return ""
+    changed = [(before[key], created) for key, created in seen.created if key in before and before[key] != created]
+    if changed:
+        return "a counter's _created changed", any(new < old for old, new in changed)
+    return "", False
 
 
 # --- the Kubernetes downward-API annotations file ---------------------------------------
@@ -195,7 +243,7 @@ def detect_change_point(ivs: Sequence[Interval], now: float, settings: ChangePoi
     bq, bh = sum(iv.query_tokens for iv in reference), sum(iv.hit_tokens for iv in reference)
     if rq < settings.min_query_tokens or bq < settings.min_query_tokens:
         return None
-    before, after = bh / bq, rh / rq
+    before, after = ratio(bh, bq), ratio(rh, rq)
     if before - after < settings.drop_points:
         return None
     if any(iv.hit_ratio is not None and iv.hit_ratio > before - settings.drop_points / 2 for iv in recent):

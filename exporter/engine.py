@@ -73,6 +73,18 @@ class Track:
         return self.view.up
 
 
+def _with_ingest_notes(snapshot: Snapshot, track: Track) -> Snapshot:
+    """The snapshot with what ingesting it refused (a counter stepping back, a start time
+    flapping), counted and shown with the parser's own warnings."""
+    steps, refused = track.history.steps_back, track.detector.refused
+    if not steps and not refused:
+        return snapshot
+    counts = {"counter_step_back": len(steps)} if steps else {}
+    if refused:
+        counts["flapping_start_time"] = refused
+    return snapshot.noted(steps + track.detector.notes, counts)
+
+
 class Engine:
     def __init__(self, config: Config):
         self.config = config
@@ -117,6 +129,12 @@ class Engine:
             tracks[t.name] = track
         self.tracks = tracks
         self.fleet_baselines = {k: v for k, v in self.fleet_baselines.items() if k[0] in tracks}
+        # everything keyed by a target goes with it ('' is the fleet): pods churn for ever
+        for times in (self.last_deploy_t, self.last_event_t, self.last_restart_t):
+            for name in [n for n in times if n and n not in tracks]:
+                del times[name]
+        for key in [k for k in self.event_counts if k[0] and k[0] not in tracks]:
+            del self.event_counts[key]
 
     # --- input -------------------------------------------------------------------------
     def observe(self, target: str, now: float, snapshot: Snapshot) -> list[DeployEvent]:
@@ -127,6 +145,7 @@ class Engine:
         if track.history.append(now, snapshot) is None:
             return []
         found = track.detector.observe(now, snapshot)
+        snapshot = _with_ingest_notes(snapshot, track)
         view = track.view
         view = replace(view, samples=track.history.samples(), snapshot=snapshot, up=True, down_since=None,
                        ever_up=True, last_t=now, since=now if view.since is None else view.since)
@@ -201,7 +220,15 @@ class Engine:
                            max((e.t for e in found), default=-math.inf))
         newest_restart = max(self.last_restart_t.get(target, -math.inf), self.last_restart_t.get("", -math.inf),
                              max((e.t for e in found if e.is_restart), default=-math.inf))
+        if self._flapping(target):
+            newest_restart = -math.inf  # its "restarts" were processes taking turns: no grace
         return now - newest_event <= span or now - newest_restart <= self.config.rules.cold_start_grace
+
+    def _flapping(self, target: str) -> bool:
+        """Start times of the target flap between processes (one URL, several replicas):
+        its restarts grant no cold-start grace, which would otherwise never end."""
+        track = self.tracks.get(target)
+        return track is not None and track.detector.flapping
 
     # --- output ------------------------------------------------------------------------
     def last_deploy(self) -> dict[str, float]:
@@ -233,7 +260,8 @@ class Engine:
         horizon = max(rc.event_lookback, rc.cold_start_grace)
         events_of = {}
         for name in self.tracks:
-            mine = [e for e in by_target.get(name, []) + by_target.get("", []) if 0 <= now - e.t <= horizon]
+            mine = [e for e in by_target.get(name, []) + by_target.get("", []) if 0 <= now - e.t <= horizon
+                    and not (e.is_restart and self._flapping(name))]
             events_of[name] = tuple(sorted(mine, key=lambda e: e.t))
         evaluated: set[tuple[str, str, str, str]] = set()
         references: dict[tuple[str, str], tuple[float, float]] = {}  # rebuilt: gone targets and models drop out

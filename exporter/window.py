@@ -1,8 +1,14 @@
 """Window math over one target's scrape history: pure functions of samples and `now`.
 
 Semantics follow PromQL so that our numbers can be checked against a real Prometheus:
-a decrease in a counter is a reset and the new value is the increase since it
-(`increase()` without extrapolation); quantiles are `histogram_quantile()`'s.
+after a reset the new value is the increase since it (`increase()` without
+extrapolation); quantiles are `histogram_quantile()`'s. One departure, on purpose: PromQL
+takes every decrease for a reset, so a hits counter that steps back by one token adds
+its whole value to the window (a ratio of 41 where it is 50%). Here a decrease is a
+reset only when the process restarted (its start time or a `_created` changed) or the
+counter fell to at most RESET_FRACTION of its last value, as a fresh process's counters
+do; a smaller step back is held at the last value until the counter passes it again (an
+increase of 0, never negative), counted, and reported. Every ratio is in [0, 1].
 """
 from __future__ import annotations
 
@@ -20,6 +26,22 @@ from typing import Callable, NamedTuple
 from .vllm_metrics import Snapshot
 
 QUANTILES = (0.5, 0.9, 0.99)
+# A counter that falls to at most this fraction of its last value was reset; one that
+# falls less stepped back (a non-atomic read, float rounding in a sum of processes): the
+# restart of a process that had counted for a while leaves far less than half behind.
+RESET_FRACTION = 0.5
+
+
+def is_reset(before: float, after: float) -> bool:
+    """Whether a counter going from `before` to `after` (lower) was reset, with no other
+    sign of a restart: see RESET_FRACTION."""
+    return after <= before * RESET_FRACTION
+
+
+def ratio(part: float, whole: float) -> float:
+    """part / whole within [0, 1]: hits above queries (counters read at different
+    moments) are all hits, never 150%."""
+    return min(1.0, max(0.0, part / whole))
 
 
 # Counters kept per series, in this order in every sample's value array.
@@ -358,6 +380,8 @@ class History:
         self._prev = array("d")
         self._add = array("d")
         self._offsets = False  # whether any slot of _add is not 0: the usual poll skips adding
+        self._started: tuple = (None, {})  # (process start, series key -> _created) last seen
+        self.steps_back: list[str] = []  # the counters the last append held (see RESET_FRACTION)
         self.logs: dict[str, ModelLog] = {}
         self.running: dict[str, dict[float, _Running]] = {}
         self._view: Samples | None = None
@@ -366,12 +390,16 @@ class History:
         if self._samples and t <= self._samples[-1].t:
             return None  # out-of-order or duplicate time: the earlier sample stands
         keys, units, bounds, rows = [], [], [], []
+        created = {}
         for s in snapshot.series:
             values, b, unit = _raw_values(s)
             keys.append(s.key)
             units.append(unit)
             bounds.append(b)
             rows.append(values)
+            if s.created is not None:
+                created[s.key] = s.created
+        restarted = self._restarted(snapshot.process_start_time, created)
         layout = self._layout
         if layout is None or layout.keys != tuple(keys) or layout.units != tuple(units) or layout.bounds != tuple(bounds):
             self._save_adjustments()
@@ -380,7 +408,7 @@ class History:
         raw = array("d")
         for values in rows:
             raw.extend(values)
-        flat = self._adjusted(raw, layout)
+        flat = self._adjusted(raw, layout, restarted)
         sample = TargetSample(t, layout, flat)
         previous = self._samples[-1] if self._samples else None
         self._samples.append(sample)
@@ -432,7 +460,7 @@ class History:
                     dc += c1 - c0
             x = y = NAN
             if dq > 0 and dc > 0:
-                x, y = dh / dq, ds / dc
+                x, y = min(1.0, max(0.0, dh / dq)), ds / dc
             log = self.logs.get(model)
             if log is None:
                 log = self.logs[model] = ModelLog()
@@ -446,12 +474,26 @@ class History:
     # every slot (-inf for gauges, which are never adjusted), `_add` what resets added.
     # Between layout changes they are arrays aligned with the sample; at a change they
     # go through `_last_raw` / `_offset`, keyed by slot, so no series loses its offset.
-    def _adjusted(self, raw: array, layout: Layout) -> array:
+    def _restarted(self, process_start: float | None, created: dict) -> bool:
+        """Whether the target's process start time or a series' `_created` changed since
+        the last append: then every decrease is a reset, however small."""
+        before, before_created = self._started
+        self._started = (process_start if process_start is not None else before, {**before_created, **created})
+        if process_start is not None and before is not None and process_start != before:
+            return True
+        return any(key in before_created and before_created[key] != value for key, value in created.items())
+
+    def _adjusted(self, raw: array, layout: Layout, restarted: bool = False) -> array:
         prev, add = self._prev, self._add
-        if True in map(lt, raw, prev):  # a counter went down: a reset (rare)
+        self.steps_back = []
+        if True in map(lt, raw, prev):  # a counter went down: a reset or a step back (rare)
             for i in [i for i, down in enumerate(map(lt, raw, prev)) if down]:
-                add[i] += prev[i]
-            self._offsets = True
+                if restarted or is_reset(prev[i], raw[i]):
+                    add[i] += prev[i]
+                    self._offsets = True
+                else:
+                    self.steps_back.append(self._describe_slot(layout, i, prev[i], raw[i]))
+                    raw[i] = prev[i]  # held: the increase is 0 until the counter passes it again
         # sized exactly, kept for an hour; a copy alone while no counter of the layout was reset
         flat = array("d", list(map(operator_add, raw, add))) if self._offsets else raw[:]
         new_prev = raw
@@ -464,6 +506,15 @@ class History:
             new_prev[i] = -math.inf
         self._prev = new_prev
         return flat
+
+    @staticmethod
+    def _describe_slot(layout: Layout, pos: int, before: float, after: float) -> str:
+        i = bisect_right(layout.offsets, pos) - 1
+        j = pos - layout.offsets[i]
+        name = COUNTERS[j] if j < len(COUNTERS) else "ttft bucket"
+        model, engine = layout.keys[i]
+        return (f"model_name={model!r} engine={engine!r}: the {name} counter stepped back from {before:.17g} to "
+                f"{after:.17g} with no restart; held at {before:.17g}, not taken for a reset")
 
     def _slots(self, layout: Layout):
         for i, key in enumerate(layout.keys):
@@ -536,6 +587,8 @@ class History:
         for slot in [k for k in self._last_raw if k[0] not in alive]:
             self._last_raw.pop(slot, None)
             self._offset.pop(slot, None)
+        start, created = self._started
+        self._started = (start, {k: v for k, v in created.items() if k in alive})
 
     def retarget(self, keep_seconds: float, windows: Sequence[float]) -> None:
         """A reload changed the windows: keep every sample, track the new windows."""
@@ -801,7 +854,7 @@ class Interval:
 
     @property
     def hit_ratio(self) -> float | None:
-        return self.hit_tokens / self.query_tokens if self.query_tokens > 0 else None
+        return ratio(self.hit_tokens, self.query_tokens) if self.query_tokens > 0 else None
 
 
 def recent_intervals(view: Samples, model_name: str, since: float) -> list[Interval]:
@@ -845,7 +898,8 @@ def interval_sums(view: Samples, model_name: str, *edges: float) -> list[tuple[f
     for lo, hi in zip(cuts, cuts[1:]):
         # only a model's very first entry has no interval (its start is its own time)
         n = hi - lo - (1 if lo < hi and t_start[lo] == t[lo] else 0)
-        out.append((sum(q[lo:hi]), sum(h[lo:hi]), n))
+        queries = sum(q[lo:hi])
+        out.append((queries, min(sum(h[lo:hi]), queries), n))  # hits above queries are all hits
     return out
 
 
@@ -923,7 +977,7 @@ def _stats(view: Samples, model_name: str, now: float, window: str, seconds: flo
     query_tokens = None if queries is None else queries * ((block_size or 16) if unit == "blocks" else 1)
     hit_ratio = None
     if queries is not None and hits is not None and query_tokens is not None and query_tokens >= max(min_query_tokens, 1e-12) and unit is not None:
-        hit_ratio = hits / queries
+        hit_ratio = ratio(hits, queries)
     ext_q, ext_h, ttft_sum, ttft_count = increase[2], increase[3], increase[4], increase[5]
     fit, kv_max = _log_fit_and_kv(view, model_name, now, seconds, detailed) if detailed else (None, None)
     return WindowStats(
@@ -936,7 +990,7 @@ def _stats(view: Samples, model_name: str, now: float, window: str, seconds: flo
         hit_ratio=hit_ratio,
         query_rate=queries / span if queries is not None and span > 0 else None,
         hit_rate=hits / span if hits is not None and span > 0 else None,
-        external_hit_ratio=ext_h / ext_q if ext_q and ext_h is not None else None,
+        external_hit_ratio=ratio(ext_h, ext_q) if ext_q and ext_h is not None else None,
         ttft_mean=ttft_sum / ttft_count if ttft_sum is not None and ttft_count else None,
         ttft_count_increase=ttft_count,
         correlation=fit[0] if fit else None,
@@ -964,8 +1018,7 @@ def _admitted(increase: list[float | None], min_tokens: float) -> tuple[float | 
         return None, None, None
     if prompt is None:
         return hits, None, None
-    ratio = hits / prompt if prompt >= max(min_tokens, 1e-12) else None
-    return hits, prompt, ratio
+    return hits, prompt, (ratio(hits, prompt) if prompt >= max(min_tokens, 1e-12) else None)
 
 
 def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float, lo: int, hi: int, layout: Layout,
@@ -1011,7 +1064,7 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
         hit_ratio = None
         if queries is not None and hits is not None and unit is not None and \
                 queries * (blocks if unit == "blocks" else 1) >= floor:
-            hit_ratio = hits / queries
+            hit_ratio = min(1.0, max(0.0, hits / queries))
         running = running_of.get(model)
         running = running.get(seconds) if running is not None else None
         if running is not None:
@@ -1024,7 +1077,7 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
             window, seconds, queries, hits, unit, hit_ratio,
             queries / span if queries is not None and span > 0 else None,
             hits / span if hits is not None and span > 0 else None,
-            ext_h / ext_q if ext_q and ext_h is not None else None,
+            min(1.0, max(0.0, ext_h / ext_q)) if ext_q and ext_h is not None else None,
             ttft_sum / ttft_count if ttft_sum is not None and ttft_count else None,
             ttft_count, fit[0] if fit else None, fit[1] * 0.1 if fit else None, prompt, preempt, kv_max, hi - lo,
             a_hits, a_prompt, a_ratio, _LazyTTFT(source, keys)))

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from exporter import deploys, simulator
@@ -110,3 +112,49 @@ def test_change_point(ratios, kv, expect):
 def test_change_point_needs_tokens():
     ivs = [iv(5.0 * (i + 1), r, tokens=100) for i, r in enumerate([0.88] * 12 + [0.04] * 3)]
     assert detect_change_point(ivs, ivs[-1].end, ChangePointSettings()) is None
+
+
+def test_a_counter_that_steps_back_a_little_is_no_restart():
+    det = SnapshotChangeDetector("r")
+    text = (FIXTURES / "edge" / "multiprocess_pid.txt").read_text()
+    det.observe(1.0, parse(text))
+    assert det.observe(2.0, parse(text.replace("2000.0", "1999.0"))) == []
+
+
+def metrics_of(start: float, queries: float) -> str:
+    return (f"process_start_time_seconds {start}\n"
+            f'vllm:prefix_cache_queries_total{{model_name="m"}} {queries}\nvllm:prefix_cache_hits_total{{model_name="m"}} {queries / 2}\n')
+
+
+def test_a_nan_start_time_is_never_a_restart():
+    det = SnapshotChangeDetector("r")
+    found = [e for t in range(1, 30) for e in det.observe(float(t), parse(metrics_of(math.nan, 1e6 + t * 1000)))]
+    assert found == [] and not det.flapping
+
+
+def test_one_url_round_robin_over_two_replicas_is_no_string_of_restarts():
+    """28 start-time changes in 30 s used to be 28 restarts, each granting the cold-start
+    grace: the alerts of that target never fired. Now at most one, then reported."""
+    det = SnapshotChangeDetector("r")
+    found, refused, notes = [], 0, []
+    for i in range(30):
+        start = 1000.0 if i % 2 == 0 else 2000.0
+        found += det.observe(5000.0 + i, parse(metrics_of(start, 1e6 + i * 1000)))
+        refused += det.refused
+        notes += det.notes
+    assert len(found) <= 1 and det.flapping and refused >= 28
+    assert "several processes answer at this URL" in notes[-1]
+    # quiet for long enough, a later change of the start time is a restart again
+    det.observe(5400.0, parse(metrics_of(2000.0, 2e6)))
+    (e,) = det.observe(5405.0, parse(metrics_of(5390.0, 10.0)))
+    assert e.source == deploys.RESTART and not det.flapping
+
+
+def test_real_restarts_minutes_apart_are_each_a_restart():
+    det = SnapshotChangeDetector("r")
+    found = []
+    for k in range(4):
+        for i in range(10):
+            t = 10000.0 + k * 400 + i * 5
+            found += det.observe(t, parse(metrics_of(10000.0 + k * 400 - 30, 1000.0 * (i + 1))))
+    assert [e.source for e in found] == [deploys.RESTART] * 4 and not det.flapping  # the first: a cold first start

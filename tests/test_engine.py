@@ -233,3 +233,88 @@ def test_new_replicas_are_left_out_during_their_warmup():
     tr, engine, verdicts = rolling_update(simulator.incident(0.0))
     early = verdicts[START + 60]
     assert early.verdict == "inconclusive" and "cold start" in early.reason
+
+
+def body(queries, hits, start=None, model="m"):
+    text = "" if start is None else f"process_start_time_seconds {start}\n"
+    return text + (f'vllm:prefix_cache_queries_total{{model_name="{model}",engine="0"}} {queries}\n'
+                   f'vllm:prefix_cache_hits_total{{model_name="{model}",engine="0"}} {hits}\n')
+
+
+def test_a_hits_counter_stepping_back_one_token_is_no_reset_no_event_and_no_page():
+    """It used to add its whole value to every window (a ratio of 41.59), invent a change
+    point, and page PrefixCacheHitRateDropAfterDeploy with cause=prompt_prefix_change
+    while the real ratio was a steady 50%."""
+    e = engine_for(1)
+    queries = hits = 5e9  # a server that has counted for a while: its value dwarfs a window's increase
+    e.add_event(DeployEvent(START + 600, None, "v2", "api"))
+    transitions, ratios, found = [], [], []
+    for i in range(300):
+        t = START + 5.0 * i
+        queries += 20000
+        hits += 10000
+        shown = hits - 10001 if i == 100 else hits  # one read a token short of the one before, then on
+        found += e.ingest("vllm-0", t, parse(body(queries, shown, start=START - 3600)))
+        transitions += e.evaluate(t)
+        ratios += [ws.hit_ratio for ws in e.tracks["vllm-0"].view.stats["m"].values() if ws.hit_ratio is not None]
+        if i == 100:
+            snap = e.tracks["vllm-0"].view.snapshot
+            assert dict(snap.rejected) == {"counter_step_back": 1}
+            assert any("hits counter stepped back" in w for w in snap.warnings)
+    assert found == [] and [t for t in transitions if t.state == "firing"] == []
+    # the step is held a poll: a window ending on it misses one interval's hits, the next gets them
+    assert all(0.0 <= r <= 1.0 for r in ratios) and min(ratios) > 0.45 and max(ratios) < 0.55
+
+
+def test_one_url_round_robin_over_two_replicas_still_alerts():
+    """Start times taking turns were a restart each poll: the target sat in its cold-start
+    grace for ever and never alerted. Now it is reported, and the low ratio pages."""
+    e = engine_for(1, hit_rate_low={"window": "1m", "for": "1m"})
+    transitions, refused = [], 0
+    for i in range(120):
+        t = START + 5.0 * i
+        a, b = (1e6 + 20000 * i, START - 3600), (3e6 + 20000 * i, START - 1800)
+        queries, start = a if i % 2 == 0 else b
+        e.ingest("vllm-0", t, parse(body(queries, queries * 0.05, start=start)))
+        refused += dict(e.tracks["vllm-0"].view.snapshot.rejected).get("flapping_start_time", 0)
+        transitions += e.evaluate(t)
+    assert firing(transitions, "PrefixCacheHitRateLow") and refused >= 100
+    assert "several processes answer at this URL" in " ".join(e.tracks["vllm-0"].view.snapshot.warnings)
+
+
+def test_what_is_kept_per_target_goes_when_the_pod_goes():
+    """40 pods, each replaced after one deploy event: nothing of a gone pod stays."""
+    e = engine_for(0)
+    for i in range(40):
+        pod = f"pod-{i}"
+        e.reconfigure(load({"targets": [{"name": pod, "url": f"http://127.0.0.1:1/{i}"}]}))
+        t = START + 60.0 * i
+        e.ingest(pod, t, parse(body(1e6 + i, 5e5)))
+        e.add_event(DeployEvent(t, pod, f"v{i}", "api"))
+        e.add_event(DeployEvent(t + 1, pod, f"restart@{i}", "restart"))
+        e.evaluate(t + 2)
+    e.add_event(DeployEvent(START, None, "fleet", "api"))
+    assert set(e.last_deploy_t) == {"", "pod-39"} and set(e.last_event_t) == {"", "pod-39"}
+    assert set(e.last_restart_t) == {"pod-39"} and {k[0] for k in e.event_counts} == {"", "pod-39"}
+    assert set(e.last_deploy()) == {"", "pod-39"}
+
+
+def _window(hits, queries, seconds=300.0):
+    from exporter.window import WindowStats, _WindowValues
+    values = dict.fromkeys(f for f in _WindowValues._fields if f != "lazy_ttft")
+    values.update(window="5m", seconds=seconds, query_increase=queries, hit_increase=hits, unit="tokens",
+                  hit_ratio=hits / queries, query_rate=queries / seconds, hit_rate=hits / seconds, samples=61)
+    return WindowStats(**values)
+
+
+def test_a_rollout_judged_against_before_is_no_fail_when_only_the_traffic_mix_changed():
+    """Once every replica runs the new version it is judged against the model before the
+    rollout: the same hit tokens/s over 60% more query tokens/s is a tenant joining."""
+    from exporter import fleet
+    before = (0.9 * 6500.0, 6500.0)  # (hit, query) tokens/s of the fleet before the rollout
+    diluted = [fleet.Member(f"new-{i}", "v2", _window(0.9 * 6500 * 300 / 2, 10400.0 * 300 / 2)) for i in range(2)]
+    v = fleet.judge(diluted, "m", "v2", "v1", 0.9, 6500.0 * 300, 2, "", 20000.0, 0.25, before)
+    assert v.verdict == fleet.INCONCLUSIVE and "traffic_mix" in v.reason
+    broken = [fleet.Member(f"new-{i}", "v2", _window(0.05 * 6500 * 300 / 2, 6500.0 * 300 / 2)) for i in range(2)]
+    assert fleet.judge(broken, "m", "v2", "v1", 0.9, 6500.0 * 300, 2, "", 20000.0, 0.25, before).verdict == fleet.FAIL
+    assert fleet.judge(diluted, "m", "v2", "v1", 0.9, 6500.0 * 300, 2, "", 20000.0, 0.25).verdict == fleet.FAIL

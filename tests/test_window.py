@@ -258,3 +258,42 @@ def test_running_sums_match_a_full_rescan():
 ])
 def test_histogram_quantile_nan_where_prometheus_gives_nan(q, buckets):
     assert math.isnan(histogram_quantile(q, buckets))
+
+
+def test_a_counter_that_steps_back_a_little_is_held_not_reset():
+    """PromQL takes every decrease for a reset; a hits counter one token short would add
+    its whole value to the window. Here it is held, counted, and the ratio stays right."""
+    h = History(3600.0)
+    h.append(0, snap(1e9, 5e8))
+    h.append(10, snap(1e9 + 2000, 5e8 + 1000))
+    h.append(20, snap(1e9 + 4000, 5e8 + 999))  # a token short of the read before
+    assert len(h.steps_back) == 1 and "hits counter stepped back" in h.steps_back[0]
+    h.append(30, snap(1e9 + 6000, 5e8 + 3000))
+    assert h.steps_back == []
+    ws = window_stats(h.samples(), "m", 30, "1m", 60, min_query_tokens=100)
+    assert (ws.query_increase, ws.hit_increase) == (6000, 3000) and ws.hit_ratio == 0.5
+
+
+def test_a_small_decrease_after_a_restart_is_a_reset():
+    """A changed process start time makes any decrease a reset, as PromQL would."""
+    def started(at, q, hits):
+        return replace_start(snap(q, hits), at)
+    h = history_of([(0, started(100.0, 1000, 500)), (10, started(100.0, 2000, 1000)), (20, started(15.0, 1900, 950))])
+    assert h.steps_back == []
+    ws = window_stats(h.samples(), "m", 20, "1m", 60, min_query_tokens=100)
+    assert (ws.query_increase, ws.hit_increase) == (1000 + 1900, 500 + 950)
+
+
+def replace_start(s, at):
+    from dataclasses import replace
+    return replace(s, process_start_time=at)
+
+
+def test_hits_above_queries_are_a_ratio_of_one_not_150_percent():
+    h = history_of([(0, snap(1000, 0, engine="0")), (10, snap(3000, 3000, engine="0"))])
+    h.append(20, snap(5000, 6000, engine="0"))
+    for ws in summarize(h.samples(), 20, [("1m", 60.0), ("10s", 10.0)], 100).values():
+        for w in ws.values():
+            assert w.hit_ratio is None or 0.0 <= w.hit_ratio <= 1.0
+    ws = window_stats(h.samples(), "m", 20, "1m", 60, min_query_tokens=100)
+    assert ws.hit_ratio == 1.0
