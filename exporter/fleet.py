@@ -99,7 +99,11 @@ def judge(members: Sequence[Member], model: str, version: str, baseline: str | N
     (the baseline version's replicas now, or the model before its rollout began)."""
     new = [m for m in members if not m.cold and m.version == version]
     h, q, n = _pool(new)
-    ratio = h / q if q > 0 else None
+    # more hits than queries is no 150%: counters read apart or wrong, reported as 100% and judged not at all
+    overcounted = [v for v, part, whole in ((version, h, q), (baseline, base_ratio, 1.0)) if part is not None and whole > 0
+                   and part > whole * (1 + 1e-9)]
+    ratio = min(1.0, h / q) if q > 0 else None
+    base_ratio = min(1.0, base_ratio) if base_ratio is not None else None
 
     def verdict(kind: str, reason: str, error: str | None = None) -> Verdict:
         return Verdict(kind, model, version, baseline, ratio, base_ratio, q, bq, reason, n, bn, error)
@@ -112,6 +116,9 @@ def judge(members: Sequence[Member], model: str, version: str, baseline: str | N
         return verdict(INCONCLUSIVE, why, why)
     if missing or base_ratio is None:
         return verdict(INCONCLUSIVE, missing or f"no baseline ratio for {model}")
+    if overcounted:
+        return verdict(INCONCLUSIVE, f"the counters of {' and '.join(map(str, overcounted))} count more hits than queries: "
+                                     "they cannot be judged (see prefixcache_hit_ratio_disagreement)")
     if q < min_query_tokens or bq < min_query_tokens:
         return verdict(INCONCLUSIVE, f"too little traffic to judge: {q:.0f} and {bq:.0f} query tokens, {min_query_tokens:.0f} needed on each side")
     drop = base_ratio - ratio

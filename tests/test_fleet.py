@@ -48,3 +48,14 @@ def test_the_baseline_can_be_named_and_a_missing_one_is_inconclusive():
     assert analyze(members, "m", "v42").baseline_version == "v41"  # the most traffic
     lone = analyze([Member("new-0", "v42", ws(85_000, 100_000))], "m", "v42")
     assert lone.verdict == INCONCLUSIVE and "no baseline" in lone.reason
+
+
+@pytest.mark.parametrize("new, old", [
+    pytest.param(ws(150_000, 100_000), ws(88_000, 100_000), id="new-version-hits-150-percent"),
+    pytest.param(ws(85_000, 100_000), ws(150_000, 100_000), id="baseline-hits-150-percent"),
+])
+def test_hits_above_queries_are_no_pass_and_no_ratio_above_one(new, old):
+    """It said "v42 hits 150.0%" and passed."""
+    v = analyze([Member("old-0", "v41", old), Member("new-0", "v42", new)], "m", "v42")
+    assert v.verdict == INCONCLUSIVE and "more hits than queries" in v.reason
+    assert 0.0 <= v.hit_ratio <= 1.0 and 0.0 <= v.baseline_hit_ratio <= 1.0
