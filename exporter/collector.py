@@ -175,7 +175,9 @@ class PrefixCacheCollector(Collector):
             for source in sorted(set(DEPLOY_SOURCES) | set(mine)):
                 f.add("prefixcache_deploy_events", (source,), mine.get(source, 0), target=known.get(name, fleet_wide))
         for name, t in sorted(deploys.get("last", {}).items()):
-            f.add("prefixcache_last_deploy_timestamp_seconds", (), t, target=known.get(name) or Target(name, ""))
+            if name and name not in known:
+                continue  # a target that went (a pod replaced): its series goes with it
+            f.add("prefixcache_last_deploy_timestamp_seconds", (), t, target=known.get(name, fleet_wide))
         f.add("prefixcache_polled_targets", (), len(self.state.targets()), target=None)
         for src in self.state.get("discovery") or ():
             f.add("prefixcache_discovery_targets", (src.name,), len(src.targets), target=None)

@@ -530,7 +530,7 @@ def _series(model: str, engine: str | None, b: _SeriesBuilder, gpu_unit: str | N
         generation_tokens=v.get("generation_tokens"),
         requests_running=v.get("requests_running"),
         requests_waiting=v.get("requests_waiting"),
-        hit_rate_since_start=v0 if v0 is not None and v0 >= 0 else None,
+        hit_rate_since_start=v0 if v0 is not None and 0 <= v0 <= 1 else None,  # -1: caching off; a ratio is 0-1
         created=created,
         prompt_tokens_by_source=by_source,
         prompt_tokens_recomputed=v.get("prompt_tokens_recomputed"),

@@ -89,3 +89,14 @@ def test_promtool_check_metrics_accepts_our_output():
     promtool = require_binary("promtool")
     proc = subprocess.run([promtool, "check", "metrics"], input=exposition(simulated_state()), capture_output=True, timeout=60)
     assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
+
+
+def test_a_gone_target_leaves_no_last_deploy_series():
+    """40 replaced pods left 40 prefixcache_last_deploy_timestamp_seconds{pod=""} series."""
+    state = simulated_state()
+    state.put("deploys", {"recent": [], "counts": {"pod-gone": {"api": 1}},
+                          "last": {"": 1764480000.0, "vllm-0": 1764480001.0, "pod-gone": 1764480002.0}})
+    fams = {f.name: f for f in text_string_to_metric_families(exposition(state).decode())}
+    last = {s.labels["target"] for s in fams["prefixcache_last_deploy_timestamp_seconds"].samples}
+    assert last == {"", "vllm-0"}
+    assert "pod-gone" not in {s.labels["target"] for s in fams["prefixcache_deploy_events"].samples}
