@@ -1,4 +1,5 @@
-"""Property-based fuzz of the whole path a hostile /metrics body travels:
+"""Property-based fuzz of the whole path a hostile /metrics body travels, and of the command
+line's readers (recording, whatif sample, lint input):
 parse -> engine (history, windows, detectors, rules) -> collector -> HTTP. No exception
 may escape, the HTTP answers stay well formed, and each example has a time bound
 (hypothesis' deadline)."""
@@ -116,3 +117,71 @@ def test_no_sample_poisons_a_models_windows(values):
         engine.ingest("t", t + i, snap)
     ratio = engine.tracks["t"].view.stats["m"]["10s"].hit_ratio
     assert ratio is not None and abs(ratio - 0.25) < 1e-9
+
+
+# --- the command line's readers: a hostile file is counted skips or a clear error -------
+from exporter import lint as lint_mod, whatif  # noqa: E402
+from exporter.recording import RecordingError, backtest, read_lines  # noqa: E402
+
+JSON_ATOMS = st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "1e308", "0", "-1", "true", "null",
+                              '"x"', '""', "1" * 400, "[]", "{}", '"\\ud800"', '"\\u0000"'])
+DEEP = st.integers(1, 3000).map(lambda n: "[" * n + "]" * n)
+
+
+@st.composite
+def json_line(draw, keys):
+    """An object line whose values are hostile: NaN, huge numbers, deep nesting, wrong types."""
+    fields = draw(st.dictionaries(st.sampled_from(keys), st.one_of(JSON_ATOMS, DEEP, st.text(max_size=8).map(json.dumps)),
+                                  max_size=len(keys)))
+    line = "{" + ", ".join(f"{json.dumps(k)}: {v}" for k, v in fields.items()) + "}"
+    if draw(st.integers(0, 5)) == 0:
+        line = line[: draw(st.integers(0, len(line)))]
+    return line
+
+
+RECORDING_KEYS = ["t", "target", "body", "error", "event", "version", "labels", "description"]
+RAW_LINES = st.one_of(st.binary(max_size=40), DEEP.map(str.encode), json_line(RECORDING_KEYS).map(str.encode),
+                      st.sampled_from([b'{"t": 1764480000, "target": "a", "body": "x"}',
+                                       b'{"t": 1764480005, "target": "a", "body": "vllm:prefix_cache_queries_total{model_name=\\"m\\"} 5"}',
+                                       b'{"t": 1764480001, "event": "deploy", "target": null, "version": "v2"}']))
+
+
+@settings(max_examples=150, deadline=3000, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(RAW_LINES, max_size=20))
+def test_backtest_reads_any_bytes_as_records_or_counted_bad_lines(lines):
+    data = b"\n".join(lines)
+    bad = []
+    list(backtest(io.BytesIO(data), load({}), bad.append))
+    records = [r for _, r in read_lines(io.BytesIO(data))]
+    assert len(bad) >= sum(isinstance(r, RecordingError) for r in records)
+    for r in records:
+        assert isinstance(r, RecordingError) or math.isfinite(r.t)
+
+
+WHATIF_KEYS = ["t", "prompt", "prompt_token_ids", "body", "session", "replica", "lora", "cache_salt"]
+
+
+@settings(max_examples=150, deadline=3000, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(json_line(WHATIF_KEYS), DEEP, st.text(max_size=30),
+                          st.sampled_from(["Received request a: prompt: 'x', params: y, prompt_token_ids: " + "[" * 500 + "1]",
+                                           "Received request a: prompt: 'x', params: y, prompt_token_ids: [[1], 2]",
+                                           "Received request a: prompt: None, params: y, prompt_token_ids: [1e400]"])),
+                max_size=12))
+def test_whatif_reads_any_line_as_a_request_or_a_sample_error(lines):
+    for item in whatif.read_requests(lines):
+        assert isinstance(item, (whatif.Request, whatif.SampleError))
+        if isinstance(item, whatif.Request):
+            assert item.t is None or math.isfinite(item.t)
+            assert item.tokens is None or all(type(i) is int for i in item.tokens)
+
+
+@settings(max_examples=150, deadline=3000, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(json_line(["messages", "tools", "model"]), DEEP.map(lambda d: '{"messages": ' + d + "}"),
+                 st.text(max_size=200)), st.sampled_from(["a.json", "t.txt"]))
+def test_lint_reads_any_file_as_findings_or_a_clear_error(text, path):
+    try:
+        findings = lint_mod.lint(path, text)
+    except ValueError as exc:
+        assert str(exc).startswith(path)  # the command prints it and exits 2
+    else:
+        assert all(isinstance(f, lint_mod.LintFinding) for f in findings)
