@@ -362,7 +362,7 @@ class Engine:
         cfg = self.config.analysis
         missing = "" if rollout.baseline_ratio is not None else f"{rollout.model} had too little traffic before the rollout"
         return fleet.judge(members, rollout.model, rollout.new_version, rollout.old_version, rollout.baseline_ratio,
-                           rollout.baseline_tokens, 0, missing, cfg.min_query_tokens, cfg.drop_points)
+                           rollout.baseline_tokens, 0, missing, cfg.min_query_tokens, cfg.drop_points, rollout.baseline_rates)
 
     def _version_starts(self) -> dict[str, dict[str, float]]:
         """model -> version -> when its first replica started."""
@@ -428,7 +428,8 @@ class Engine:
             ratio = None
         old = fleet.busiest_version(members, other_than=newest)
         began = known.began if known is not None and known.new_version == newest else now
-        rollout = self.rollouts[model] = fleet.Rollout(model, began, old, newest, ratio, tokens)
+        rollout = self.rollouts[model] = fleet.Rollout(model, began, old, newest, ratio, tokens,
+                                                       baseline_rates=fleet.pool_rates(members))
         return rollout
 
     @staticmethod

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from .causes import Evidence, traffic_mix
 from .window import WindowStats
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
@@ -60,6 +61,24 @@ def _tokens(ws: WindowStats | None) -> tuple[float, float]:
     return max(0.0, ws.hit_increase), ws.query_increase
 
 
+def token_rates(ws: WindowStats | None) -> tuple[float, float] | None:
+    """(hit, query) tokens per second of one window, from the counters its ratio is judged
+    by; None where the window's span is unknown."""
+    if ws is None or not ws.query_rate or not ws.query_increase:
+        return None
+    span = ws.query_increase / ws.query_rate
+    hits, queries = _tokens(ws)
+    return hits / span, queries / span
+
+
+def pool_rates(members: Sequence[Member]) -> tuple[float, float] | None:
+    """(hit, query) tokens per second of the warm members together: the fleet's traffic."""
+    rates = [r for r in (token_rates(m.stats) for m in members if not m.cold) if r is not None]
+    if not rates:
+        return None
+    return sum(h for h, _ in rates), sum(q for _, q in rates)
+
+
 def _pool(members: Sequence[Member]) -> tuple[float, float, int]:
     hits = queries = 0.0
     for m in members:
@@ -94,7 +113,8 @@ def busiest_version(members: Sequence[Member], other_than: str) -> str | None:
 
 
 def judge(members: Sequence[Member], model: str, version: str, baseline: str | None, base_ratio: float | None,
-          bq: float, bn: int, missing: str, min_query_tokens: float, drop_points: float) -> Verdict:
+          bq: float, bn: int, missing: str, min_query_tokens: float, drop_points: float,
+          baseline_rates: tuple[float, float] | None = None) -> Verdict:
     """The warm replicas of `version` against a baseline ratio over `bq` query tokens
     (the baseline version's replicas now, or the model before its rollout began)."""
     new = [m for m in members if not m.cold and m.version == version]
@@ -122,6 +142,13 @@ def judge(members: Sequence[Member], model: str, version: str, baseline: str | N
     if q < min_query_tokens or bq < min_query_tokens:
         return verdict(INCONCLUSIVE, f"too little traffic to judge: {q:.0f} and {bq:.0f} query tokens, {min_query_tokens:.0f} needed on each side")
     drop = base_ratio - ratio
+    # against the model before the rollout: the same hit tokens/s over more query tokens/s
+    # is new traffic that shares no prefix, which no version of the model caused
+    mix = traffic_mix(Evidence(0.0, None, ratio, None, base_ratio, None, None, token_rates=pool_rates(members),
+                               baseline_token_rates=baseline_rates)) if drop >= drop_points else ""
+    if mix:
+        return verdict(INCONCLUSIVE, f"{version} hits {ratio:.1%} against {base_ratio:.1%} before the rollout, but the traffic "
+                                     f"mix changed (traffic_mix): {mix}")
     if drop >= drop_points:
         return verdict(FAIL, f"{version} hits {ratio:.1%} of its prompt tokens against {base_ratio:.1%} for {baseline}: "
                              f"{drop * 100:.1f} points lower (the limit is {drop_points * 100:.0f})")
@@ -146,6 +173,7 @@ class Rollout:
     baseline_ratio: float | None  # the model's replicas before the rollout, token-weighted
     baseline_tokens: float
     completed: float | None = None  # when the new version became the only one
+    baseline_rates: tuple[float, float] | None = None  # (hit, query) tokens/s of the model before the rollout
 
 
 def newest_version(starts: dict[str, float]) -> str:

@@ -15,6 +15,7 @@ import yaml
 
 from . import causes
 from .deploys import ChangePointSettings, DeployEvent
+from .fleet import token_rates
 from .vllm_metrics import Snapshot
 from .window import TargetSample, WindowStats, last_hit_time, stats_between
 
@@ -432,19 +433,6 @@ def evidence(f: Facts, rc: RulesConfig) -> causes.Evidence:
         requests=now_ws.ttft_count_increase,
         token_rates=rates, baseline_token_rates=baseline_rates,
     )
-
-
-def token_rates(ws: WindowStats) -> tuple[float, float] | None:
-    """(hit, query) tokens per second of a window, from the counters its ratio is judged
-    by; None where the window's span is unknown."""
-    if not ws.query_rate or not ws.query_increase:
-        return None
-    span = ws.query_increase / ws.query_rate
-    if ws.admitted_hit_increase is not None and ws.admitted_prompt_increase:
-        return max(0.0, ws.admitted_hit_increase) / span, ws.admitted_prompt_increase / span
-    if ws.hit_increase is None:
-        return None
-    return max(0.0, ws.hit_increase) / span, ws.query_increase / span
 
 
 # --- the state machine ----------------------------------------------------------------------
