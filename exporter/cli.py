@@ -64,14 +64,16 @@ class Sidecar:
         self.poller.start()
         return self
 
-    def stop(self, budget: float = 5.0) -> None:
+    def stop(self, budget: float = 5.0) -> bool:
         """Stop polling, give Alertmanager deliveries what is left of `budget` seconds in
-        all, stop serving: no peer, however slow, holds the stop past its budget."""
+        all, stop serving: no peer, however slow, holds the stop past its budget. False
+        when a poll still waits on its target (it ends at its own scrape deadline)."""
         deadline = time.monotonic() + budget
-        self.poller.stop(min(2.0, budget / 3))
+        idle = self.poller.stop(min(2.0, budget / 3))
         self.warmer.stop(min(1.0, max(0.0, deadline - time.monotonic()) / 2))
         self.notifier.stop(max(0.5, deadline - time.monotonic()))
         self.server.stop()
+        return idle
 
     def reload(self, path: str) -> bool:
         with self.reload_lock:  # concurrent SIGHUPs apply one after the other
@@ -322,22 +324,21 @@ def cmd_run(args) -> int:
              sidecar.server.port, len(sidecar.poller.current.targets), cfg.global_.poll_interval)
     stop.wait()
     log.info("shutting down")
-    sidecar.stop(STOP_BUDGET)
-    return _leave(EXIT_OK)
+    return _leave(EXIT_OK, sidecar.stop(STOP_BUDGET))
 
 
 # SIGTERM exits within 8 s whatever a peer does: a rollout waits on every pod's exit
 STOP_BUDGET = 5.0
 
 
-def _leave(code: int) -> int:
+def _leave(code: int, stopped: bool) -> int:
     """`code`, or, when a thread still waits on a peer past the stop's budget (a poll of
-    a target that drips within its scrape deadline: interpreter exit would join it), exit
-    now rather than wait for it."""
+    a target that drips within its scrape deadline: interpreter exit would join the job
+    pool's threads, daemons or not), exit now rather than wait for it."""
     waiting = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
-    if not waiting:
+    if stopped and not waiting:
         return code
-    log.warning("exiting with %d thread(s) still waiting on a peer: %s", len(waiting), ", ".join(sorted(waiting))[:500])
+    log.warning("exiting with work still waiting on a peer%s", f": {', '.join(sorted(waiting))[:500]}" if waiting else "")
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

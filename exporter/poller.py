@@ -382,20 +382,23 @@ class Poller:
         run.__name__ = run.__qualname__ = getattr(job, "__name__", "job")
         return run
 
-    def stop(self, timeout: float = 2.0) -> None:
+    def stop(self, timeout: float = 2.0) -> bool:
         """No new job starts; those running get `timeout` seconds to finish (a poll is
-        bounded by its scrape deadline, which may be longer: SIGTERM does not wait for it)."""
+        bounded by its scrape deadline, which may be longer: SIGTERM does not wait for it).
+        False when one is still running: the process must then leave without joining it."""
         if self.discovery is not None:
             self.discovery.close()  # first: a refresh in flight ends now, not at its deadline
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
         with self._idle:
-            if not self._idle.wait_for(lambda: self._busy <= 0, timeout):
+            idle = self._idle.wait_for(lambda: self._busy <= 0, timeout)
+            if not idle:
                 log.warning("stopping with %d poll(s) or refresh(es) still waiting on their peers", self._busy)
         for p in self.pollers.values():
             p.close()
         if self.discovery is not None:
             self.discovery.close()
+        return idle
 
 
 def _now_datetime() -> datetime:

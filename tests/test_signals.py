@@ -170,9 +170,10 @@ def test_concurrent_reloads_apply_one_after_the_other(tmp_path):
 
 def test_sigterm_exits_within_8s_whatever_every_peer_is_doing(tmp_path):
     """All at once: a discovery Prometheus that sends its headers and then a byte a second,
-    a FIFO matching the file_sd glob (no writer ever opens it), an Alertmanager and a
-    fleet-baseline Prometheus that both drip, and one healthy target. Every peer's own
-    deadline is 30 s, so only the shutdown's bound can end them: SIGTERM exits in 8 s, 0."""
+    a FIFO matching the file_sd glob (no writer ever opens it), an Alertmanager, a
+    fleet-baseline Prometheus and a target that all drip, and one healthy target. Every
+    peer's own deadline is 20 s or more, so only the shutdown's bound can end them:
+    SIGTERM exits in 8 s, with 0."""
     import os
     import threading
 
@@ -185,9 +186,10 @@ def test_sigterm_exits_within_8s_whatever_every_peer_is_doing(tmp_path):
     with MisbehavingServer() as peers:
         cfg = tmp_path / "config.yml"
         cfg.write_text(yaml.safe_dump({
-            "global": {"poll_interval": "500ms", "read_timeout": "1s", "connect_timeout": "500ms"},
+            "global": {"poll_interval": "5s", "read_timeout": "4s", "connect_timeout": "500ms", "scrape_timeout": "20s"},
             "targets": [{"name": "vllm-0", "url": fleet.metrics_url("vllm-0")},
-                        {"name": "dead", "url": f"http://127.0.0.1:{free_port()}/metrics"}],
+                        {"name": "dead", "url": f"http://127.0.0.1:{free_port()}/metrics"},
+                        {"name": "dripping", "url": peers.url("drip") + "/metrics"}],
             "discovery": {"prometheus": {"url": peers.url("drip"), "job": "vllm", "timeout": "30s"},
                           "file_sd": {"files": [str(sd / "*.json")]}},
             "alertmanager": {"urls": [peers.url("drip")], "timeout": "30s"},
@@ -201,7 +203,7 @@ def test_sigterm_exits_within_8s_whatever_every_peer_is_doing(tmp_path):
         try:
             assert wait_for(lambda: any("listening on" in line for line in lines), timeout=20), "".join(lines)
             asked = lambda: {path.split("/", 2)[2] for _, path, *_ in peers.requests if path.startswith("/drip/")}
-            wanted = {"api/v1/targets?state=active", "api/v2/alerts"}
+            wanted = {"api/v1/targets?state=active", "api/v2/alerts", "metrics"}
             assert wait_for(lambda: any(p.startswith("api/v1/query") for p in asked())
                             and {p.split("&")[0] for p in asked()} >= wanted, timeout=20), (asked(), "".join(lines))
             began = time.monotonic()
