@@ -13,8 +13,9 @@ LOAD_BALANCER_SCATTER = "load_balancer_scatter"
 INSTRUMENTATION = "instrumentation"  # the engine's own counters disagree: its bookkeeping, not its cache
 TRAFFIC_MIX = "traffic_mix"  # as many tokens hit as before; more arrive that share no prefix (a new tenant, a batch job)
 UNKNOWN = "unknown"
+ROUTING_INDEX_STALE = "routing_index_stale"  # the router predicts far more hits than the engines deliver
 CAUSES = (PROMPT_PREFIX_CHANGE, COLD_START, EVICTION_PRESSURE, CACHING_DISABLED, LOAD_BALANCER_SCATTER, INSTRUMENTATION,
-          TRAFFIC_MIX, UNKNOWN)
+          TRAFFIC_MIX, UNKNOWN, ROUTING_INDEX_STALE)
 
 
 @dataclass(frozen=True)

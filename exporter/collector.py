@@ -91,6 +91,9 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("ttft_hit_ratio_correlation", "gauge", "Pearson correlation between per-poll hit ratio and per-poll mean TTFT " + _W + "; negative means misses cost latency.", "target", "model_name", "window"),
     _m("ttft_change_per_10pt_hit_ratio_seconds", "gauge", "Fitted change of mean TTFT when the hit ratio rises by 10 percentage points " + _W + ".", "target", "model_name", "window"),
     _m("kv_cache_usage_max_ratio", "gauge", "Highest KV-cache usage seen " + _W + ".", "target", "model_name", "window"),
+    # a prefix-aware router's prediction (target: the router; model_name "" where it names no model: the pool)
+    _m("predicted_hit_ratio", "gauge", "Prefix-cache hit ratio the router (llm-d EPP, Dynamo) predicted at routing time " + _W + "; `weighting` is tokens (predicted tokens / input tokens) or per_request_mean (the mean of its per-request ratio histogram).", "target", "model_name", "window", "weighting"),
+    _m("router_delivered_hit_ratio", "gauge", "What the engine targets delivered for the router's model (all models for model_name \"\") " + _W + ": token-weighted hits / queries over every engine target, beside prefixcache_predicted_hit_ratio.", "target", "model_name", "window"),
     # rules and deploys
     _m("alert_state", "gauge", "1 for each alert of ours that is not inactive, by `state` (pending, firing, inconclusive: too few tokens to judge); `version` names the version a fleet alert judges (target is then empty).", "alertname", "target", "model_name", "cause", "severity", "state", "version", target_labels=False),
     _m("deploy_events", "counter", "Deploy events by `source` (api, annotations_file, config_change, restart, change_point), with the target's labels; target is empty for fleet-wide events.", "target", "source"),
@@ -199,6 +202,14 @@ class PrefixCacheCollector(Collector):
             if warm.last_duration is not None:
                 f.add("prefixcache_warmup_last_duration_seconds", (), warm.last_duration, target=None)
                 f.add("prefixcache_warmup_last_failed_requests", (), warm.last_failed, target=None)
+        for name, models in sorted((self.state.get("routing") or {}).items()):
+            router_target = known.get(name)
+            if router_target is None:
+                continue  # gone with its target
+            for model, by_window in sorted(models.items()):
+                for window, (predicted, delivered) in by_window.items():
+                    f.add("prefixcache_predicted_hit_ratio", (model, window, predicted.weighting), predicted.ratio, target=router_target)
+                    f.add_present("prefixcache_router_delivered_hit_ratio", (model, window), delivered.ratio, target=router_target)
         for q in self.state.get("alertmanager") or ():
             url = redact_url(q.url)
             f.add("prefixcache_alertmanager_notifications", (url, "success"), q.notifications_ok, target=None)

@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from . import causes, fleet
+from . import router as routing
 from .config import Config, Target
 from .deploys import CHANGE_POINT, DeployEvent, SnapshotChangeDetector, detect_change_point
 from .rules import (
@@ -23,6 +24,7 @@ from .rules import (
     PENDING,
     RESOLVED,
     RULE_KEYS,
+    ROUTER_PREDICTION_GAP,
     RULES,
     RUNBOOK_ANCHORS,
     TARGET_DOWN,
@@ -100,6 +102,9 @@ class Engine:
         self.fleet_baselines: dict[tuple[str, str], tuple[float, float]] = {}  # (target, model) -> (ratio, pod start)
         # (target, model) -> (last lookup hit, TTFT p50 before it) while its hits stand still
         self.hits_references: dict[tuple[str, str], tuple[float, float]] = {}
+        self.routers: dict[str, routing.RouterHistory] = {}  # router target -> its predictions' counters
+        # router target -> model -> window -> (predicted, delivered), as of the last evaluation
+        self.predictions: dict[str, dict[str, dict[str, tuple[routing.Prediction, routing.Delivered]]]] = {}
         self.reconfigure(config)
 
     # --- configuration ---------------------------------------------------------------
@@ -128,6 +133,8 @@ class Engine:
                 track.detector.grace = config.rules.cold_start_grace
             tracks[t.name] = track
         self.tracks = tracks
+        self.routers = {k: v for k, v in self.routers.items() if k in tracks}
+        self.predictions = {k: v for k, v in self.predictions.items() if k in tracks}
         self.fleet_baselines = {k: v for k, v in self.fleet_baselines.items() if k[0] in tracks}
         # everything keyed by a target goes with it ('' is the fleet): pods churn for ever
         for times in (self.last_deploy_t, self.last_event_t, self.last_restart_t):
@@ -142,6 +149,11 @@ class Engine:
         only this target's Track, so the poller runs it without the shared lock.
         Returns the events it revealed; the caller hands them to `add_event`."""
         track = self.tracks[target]
+        if snapshot.router is not None:
+            routed = self.routers.get(target)
+            if routed is None:
+                routed = self.routers[target] = routing.RouterHistory(self.keep_seconds(self.config))
+            routed.append(now, snapshot.router)
         if track.history.append(now, snapshot) is None:
             return []
         found = track.detector.observe(now, snapshot)
@@ -277,7 +289,7 @@ class Engine:
                              ever_up=view.ever_up, fleet_baseline=self.fleet_baselines.get((name, model)),
                              hits_reference=self._hits_reference(name, model, view, references) if model else None)
                 for alertname, settings in rc.rules.items():
-                    if not settings.enabled or (alertname == TARGET_DOWN) != (model == ""):
+                    if not settings.enabled or (alertname == TARGET_DOWN) != (model == "") or alertname == ROUTER_PREDICTION_GAP:
                         continue
                     key = (alertname, name, model, "")
                     evaluated.add(key)
@@ -289,6 +301,7 @@ class Engine:
                     new, transition = step(alert, cond, now, settings, lambda a, c, f=facts: self._describe(a, c, f))
                     self._keep(key, new, transition, transitions)
         self.hits_references = references
+        self._evaluate_routing(now, evaluated, transitions)
         self.verdicts = {}
         if rc.rules[DROP_AFTER_DEPLOY].enabled:
             self._evaluate_versions(now, evaluated, transitions)
@@ -314,6 +327,36 @@ class Engine:
         if ref is not None:
             references[(name, model)] = ref
         return ref
+
+    # --- a router's prediction against the engines ------------------------------------------
+    def _evaluate_routing(self, now: float, evaluated: set, transitions: list[Transition]) -> None:
+        """Each router target's predicted ratio per model and window beside what the engine
+        targets delivered (exporter/router.py); a sustained gap is its own alert."""
+        settings = self.config.rules.rules.get(ROUTER_PREDICTION_GAP)
+        windows = self.config.global_.windows
+        engines = [t.view.stats for name, t in list(self.tracks.items()) if name not in self.routers]
+        window = next((n for n, secs in windows if settings is not None and secs == settings.window), None)
+        gap = routing.GapSettings(settings.drop_points, settings.min_query_tokens) if settings is not None else None
+        predictions = {}
+        for name, history in list(self.routers.items()):
+            predicted = history.predictions(now, windows)
+            predictions[name] = {m: {w: (p, routing.delivered(engines, m, w)) for w, p in by_window.items()}
+                                 for m, by_window in predicted.items()}
+            if settings is None or not settings.enabled or window is None:
+                continue
+            extra = dict(self.tracks[name].target.labels) if name in self.tracks else {}
+            models = set(predicted) | {k[2] for k in self.alerts if k[0] == ROUTER_PREDICTION_GAP and k[1] == name}
+            for model in sorted(models):
+                p = predicted.get(model, {}).get(window)
+                d = routing.delivered(engines, model, window)
+                cond = routing.condition(p, d, gap, window)
+                key = (ROUTER_PREDICTION_GAP, name, model, "")
+                evaluated.add(key)
+                alert = self.alerts.get(key) or Alert(ROUTER_PREDICTION_GAP, name, model)
+                new, transition = step(alert, cond, now, settings,
+                                       lambda a, c, e=extra, n=name: self._labelled(a, c, c.cause[0], c.cause[1], e, {"target": n}))
+                self._keep(key, new, transition, transitions)
+        self.predictions = predictions
 
     # --- versions of a model side by side --------------------------------------------------
     def _started(self, name: str, view: TrackView) -> float | None:

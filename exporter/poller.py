@@ -90,7 +90,7 @@ class TargetPoller:
             for w in snapshot.warnings[:10]:
                 log.warning("target=%s parse: %s", self.target.name, w)
             self._warned = snapshot.warnings
-        if not snapshot.series:
+        if not snapshot.series and snapshot.router is None:  # a router target has predictions, no series
             self._publish_failure(now, NO_VLLM_METRICS, "no vLLM prefix-cache series in the body", result.duration, snapshot)
             return
         over = self._over_limit(snapshot)

@@ -108,7 +108,7 @@ def backtest(lines: IO[bytes] | Iterable[str], config: Config, warn=lambda msg: 
             engine.ingest_failure(record.target, record.t)
             continue
         snapshot = parse(record.body)
-        if snapshot.series:
+        if snapshot.series or snapshot.router is not None:  # a router target has predictions, no series
             engine.ingest(record.target, record.t, snapshot)
         else:
             warn(f"line {n}: no vLLM prefix-cache series in the body")

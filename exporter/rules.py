@@ -29,7 +29,9 @@ HITS_STUCK_AT_ZERO = "PrefixCacheHitsStuckAtZero"
 TTFT_REGRESSION = "PrefixCacheTTFTRegression"
 TARGET_DOWN = "PrefixCacheTargetDown"
 COUNTERS_DISAGREE = "PrefixCacheCountersDisagree"
-ALERT_NAMES = (DROP_AFTER_DEPLOY, HIT_RATE_LOW, CACHING_DISABLED, HITS_STUCK_AT_ZERO, TTFT_REGRESSION, TARGET_DOWN, COUNTERS_DISAGREE)
+ROUTER_PREDICTION_GAP = "PrefixCacheRouterPredictionGap"  # judged by the engine across targets (exporter/router.py)
+ALERT_NAMES = (DROP_AFTER_DEPLOY, HIT_RATE_LOW, CACHING_DISABLED, HITS_STUCK_AT_ZERO, TTFT_REGRESSION, TARGET_DOWN, COUNTERS_DISAGREE,
+               ROUTER_PREDICTION_GAP)
 RUNBOOK_ANCHORS = {name: name.lower() for name in ALERT_NAMES}
 
 
@@ -74,6 +76,7 @@ RULE_KEYS = {
     "ttft_regression": TTFT_REGRESSION,
     "target_down": TARGET_DOWN,
     "counters_disagree": COUNTERS_DISAGREE,
+    "router_prediction_gap": ROUTER_PREDICTION_GAP,
 }
 
 

@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+from .router import RouterSnapshot
+
 # A body of bad lines would otherwise keep a warning per line: keep this many, count the rest.
 MAX_WARNINGS = 100
 
@@ -71,6 +73,7 @@ class Snapshot:
     lora_config: tuple[tuple[str, str], ...] | None = None
     rejected: tuple[tuple[str, int], ...] = ()  # reason -> samples refused (non-finite or negative counters)
     warnings_dropped: int = 0  # warnings past the MAX_WARNINGS kept in `warnings`
+    router: RouterSnapshot | None = None  # a prefix-aware router's predictions (exporter/router.py)
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -104,6 +107,11 @@ class Snapshot:
             "warnings": list(self.warnings),
             "warnings_total": self.warning_count,  # `warnings` holds the first MAX_WARNINGS
             "rejected_samples": dict(self.rejected),
+            "router": None if self.router is None else {
+                "kind": self.router.kind,
+                "models": {m: {"predicted_tokens": c.predicted_tokens, "input_tokens": c.input_tokens,
+                               "ratio_sum": c.ratio_sum, "ratio_count": c.ratio_count} for m, c in self.router.models},
+            },
         }
 
 

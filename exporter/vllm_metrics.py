@@ -12,6 +12,8 @@ import re
 
 # the parsed result, re-exported: callers import it from here with the names
 from .snapshot import MAX_WARNINGS, CounterPair, Histogram, SeriesSnapshot, Snapshot  # noqa: F401
+from . import trtllm
+from .router import RouterBuilder
 
 # --- the one table of upstream names ------------------------------------------------
 # Each entry: exposition name -> (role, field). Roles tell the parser how to file the
@@ -70,6 +72,20 @@ TRTLLM_PROMPT_TOKENS = "trtllm_prompt_tokens_total"
 TRTLLM_GENERATION_TOKENS = "trtllm_generation_tokens_total"
 TRTLLM_RUNNING = "trtllm_num_requests_running"
 TRTLLM_WAITING = "trtllm_num_requests_waiting"
+# Routers (exporter/router.py): what a prefix-aware router predicted it would hit.
+# The EPP (GIE v0.4.0+; llm-d-router v0.9.0+ adds llm_d_epp_* twins of the same values)
+# observes its predicted match once per request, with no labels.
+EPP_HIT_RATIO = "inference_extension_prefix_indexer_hit_ratio"  # histogram of ratios
+EPP_HIT_BYTES = "inference_extension_prefix_indexer_hit_bytes"  # histogram: matched blocks x block tokens x 4
+LLMD_HIT_RATIO = "llm_d_epp_prefix_indexer_hit_ratio"
+LLMD_HIT_BYTES = "llm_d_epp_prefix_indexer_hit_bytes"
+EPP_INPUT_TOKENS = "inference_objective_input_tokens"  # histogram, model_name/target_model_name: usage.prompt_tokens
+LLMD_INPUT_TOKENS = "llm_d_epp_request_input_tokens"
+EPP_MODEL_INPUT_TOKENS = "inference_model_input_tokens"  # the same, before InferenceModel became InferenceObjective
+# Dynamo's frontend: predicted overlap per routed request; newer builds count tokens per `model` and `phase`
+DYNAMO_KV_HIT_RATE = "dynamo_component_router_kv_hit_rate"  # histogram, buckets linear(0, 0.05, 21)
+DYNAMO_SELECTED_TOKENS = "dynamo_component_router_kv_selected_cached_prefix_tokens_total"
+DYNAMO_INPUT_TOKENS = "dynamo_component_router_input_sequence_tokens"  # histogram
 
 # Counters whose `<name>_created` sample marks when the series began: a changed value
 # is a restart. The queries counters move on every request, so they are the ones read.
@@ -132,6 +148,19 @@ _ROLE_BY_NAME: dict[str, tuple[str, str]] = {
     TRTLLM_GENERATION_TOKENS: ("sum", "generation_tokens"),
     TRTLLM_RUNNING: ("sum", "requests_running"),
     TRTLLM_WAITING: ("sum", "requests_waiting"),
+    EPP_HIT_RATIO + "_sum": ("router", "epp.ratio_sum.old"),
+    EPP_HIT_RATIO + "_count": ("router", "epp.ratio_count.old"),
+    EPP_HIT_BYTES + "_sum": ("router", "epp.predicted_bytes.old"),
+    LLMD_HIT_RATIO + "_sum": ("router", "epp.ratio_sum.new"),
+    LLMD_HIT_RATIO + "_count": ("router", "epp.ratio_count.new"),
+    LLMD_HIT_BYTES + "_sum": ("router", "epp.predicted_bytes.new"),
+    EPP_INPUT_TOKENS + "_sum": ("router", "epp.input_tokens.old"),
+    LLMD_INPUT_TOKENS + "_sum": ("router", "epp.input_tokens.new"),
+    EPP_MODEL_INPUT_TOKENS + "_sum": ("router", "epp.input_tokens.older"),
+    DYNAMO_KV_HIT_RATE + "_sum": ("router", "dynamo.ratio_sum.new"),
+    DYNAMO_KV_HIT_RATE + "_count": ("router", "dynamo.ratio_count.new"),
+    DYNAMO_SELECTED_TOKENS: ("router", "dynamo.predicted_tokens.new"),
+    DYNAMO_INPUT_TOKENS + "_sum": ("router", "dynamo.input_tokens.new"),
 }
 ENGINE_PREFIXES = {"vllm:": "vllm", "sglang:": "sglang", "trtllm_": "trtllm"}
 # A family declared by `# TYPE` but without a sample yet has counted nothing: TRT-LLM
@@ -283,6 +312,7 @@ def parse(text: str) -> Snapshot:
     kinds: set[str] = set()
     declared: set[str] = set()  # TRT-LLM block-counter families with a `# TYPE` line
     trtllm_keys: set[tuple[str, str | None]] = set()
+    router = RouterBuilder()
     roles = _ROLE_BY_NAME
 
     for lineno, line in _lines(text):
@@ -319,7 +349,7 @@ def parse(text: str) -> Snapshot:
             warnings.append(f"line {lineno}: bad value {value_text[:40]!r} for {name}")
             continue
         kind, field_name = role
-        if kind in ("counter", "bucket", "sum", "max", "by_source", "bucket_sum") and not (0.0 <= value < math.inf):
+        if kind in ("counter", "bucket", "sum", "max", "by_source", "bucket_sum", "router") and not (0.0 <= value < math.inf):
             # one +Inf or NaN would poison every window of the series for good
             reason = "negative_counter" if value < 0 else "non_finite_counter"
             rejected[reason] = rejected.get(reason, 0) + 1
@@ -335,6 +365,9 @@ def parse(text: str) -> Snapshot:
             continue
         if kind == "process":
             process_start = value
+            continue
+        if kind == "router":
+            router.add(field_name, labels, value)
             continue
         model = labels.get("model_name")
         if model is None and name.startswith("sglang:"):
@@ -397,7 +430,7 @@ def parse(text: str) -> Snapshot:
     v0_gauges = [b.values["v0_gpu_hit_rate"] for b in series.values() if "v0_gpu_hit_rate" in b.values]
     enabled, block_size = _cache_settings(cache_config, v0_gauges, warnings)
     if block_size is None:
-        block_size = _trtllm_block_size([b.values for b in series.values()], warnings)
+        block_size = trtllm.block_size([b.values for b in series.values()], TRTLLM_TOKENS_PER_BLOCK, warnings)
     if gpu_unit is None and any(b.values.get("gpu_queries") is not None and "queries" not in b.values for b in series.values()):
         warnings.append("vllm:gpu_prefix_cache_* has no HELP line; assuming tokens (0.9.x) not blocks (0.8.x)")
     return Snapshot(
@@ -411,6 +444,7 @@ def parse(text: str) -> Snapshot:
         lora_config=tuple(sorted((k, v) for k, v in lora.items() if k not in ("running_lora_adapters", "waiting_lora_adapters"))) if lora is not None else None,
         rejected=tuple(sorted(rejected.items())),
         engine_kind=_engine_kind(kinds),
+        router=router.build(),
     )
 
 
@@ -420,36 +454,6 @@ def _engine_kind(kinds: set[str]) -> str | None:
     if "vllm" in kinds or len(kinds) > 1:
         return "vllm" if "vllm" in kinds else sorted(kinds)[0]
     return next(iter(kinds), None)
-
-
-def _tokens_per_block(value: float | None) -> int | None:
-    if value is None or not (0 < value < 1e9) or value != int(value):
-        return None
-    return int(value)
-
-
-def _trtllm_block_size(values: list[dict[str, float]], warnings: list[str]) -> int | None:
-    sizes = {v["trtllm_tokens_per_block"] for v in values if "trtllm_tokens_per_block" in v}
-    good = {_tokens_per_block(s) for s in sizes} - {None}
-    if len(good) < len(sizes):
-        warnings.append(f"{TRTLLM_TOKENS_PER_BLOCK}: {sorted(sizes)[:3]!r} is not a positive whole number of tokens")
-    return good.pop() if len(good) == 1 else None
-
-
-def _trtllm_pair(v: dict[str, float], what: str, warnings: list[str]) -> CounterPair | None:
-    """Queries = reused + missed blocks, hits = reused, in tokens where the block size is
-    known; otherwise in blocks (the window then assumes 16 tokens a block for its floor)."""
-    reused, missed = v.get("trtllm_reused"), v.get("trtllm_missed")
-    if reused is None and missed is None:
-        return None
-    if reused is None or missed is None:
-        warnings.append(f"{what}: only one of {TRTLLM_REUSED_BLOCKS} and {TRTLLM_MISSED_BLOCKS} is present")
-        return CounterPair(queries=None, hits=reused, unit="blocks")
-    size = _tokens_per_block(v.get("trtllm_tokens_per_block"))
-    if size is None:
-        warnings.append(f"{what}: no usable {TRTLLM_TOKENS_PER_BLOCK}; the hit ratio is counted in blocks")
-        return CounterPair(queries=reused + missed, hits=reused, unit="blocks")
-    return CounterPair(queries=(reused + missed) * size, hits=reused * size, unit="tokens")
 
 
 def _gpu_pair_unit(helps: dict[str, str]) -> str | None:
@@ -502,7 +506,7 @@ def _series(model: str, engine: str | None, b: _SeriesBuilder, gpu_unit: str | N
         # SGLang: cached tokens of all tiers over prompt tokens, both counted at request finish
         prefix = CounterPair(queries=v["sglang_prompt_tokens"], hits=v.get("sglang_cached_tokens"), unit="tokens")
     if prefix is None:
-        prefix = _trtllm_pair(v, what, warnings)
+        prefix = trtllm.block_pair(v, what, warnings, (TRTLLM_REUSED_BLOCKS, TRTLLM_MISSED_BLOCKS, TRTLLM_TOKENS_PER_BLOCK))
     external = _pair(v, "external_queries", "external_hits", "tokens", what + " external", warnings)
     if external is None and use_lmcache and ("lmcache_requested" in v or "lmcache_hit" in v):
         external = _pair(v, "lmcache_requested", "lmcache_hit", "tokens", what + " lmcache", warnings)

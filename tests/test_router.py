@@ -1,0 +1,186 @@
+"""A prefix-aware router's prediction beside what the engines deliver: parse of the
+router's metrics, and backtests of a router polled next to its engines."""
+import json
+from itertools import groupby
+
+import pytest
+
+from exporter import router
+from exporter.config import Config
+from exporter.engine import Engine
+from exporter.recording import backtest
+from exporter.simulator import Scenario
+from exporter.vllm_metrics import parse
+
+from scenarios import START, lines
+
+# the engines' own traffic: short shared prefixes, long own text: they deliver ~29%
+DELIVERS_ABOUT_30 = dict(request_rate=5.0, system_tokens=150, user_tokens=(300, 400))
+
+
+def epp_body(predicted_tokens: float, input_tokens: float, requests: float, ratio_sum: float) -> str:
+    """An llm-d-router EPP: each value under its llm_d_epp_* name and its deprecated GIE
+    twin (both are emitted), prefix histograms with no model, input tokens per model."""
+    out = []
+    for name, labels in (("inference_extension_prefix_indexer", ""), ("llm_d_epp_prefix_indexer", '{plugin_name="prefix",plugin_type="prefix-cache-scorer"}')):
+        out += [f"# TYPE {name}_hit_bytes histogram",
+                f'{name}_hit_bytes_bucket{{{labels[1:-1] + "," if labels else ""}le="+Inf"}} {requests}',
+                f"{name}_hit_bytes_sum{labels} {predicted_tokens * 4}",
+                f"{name}_hit_bytes_count{labels} {requests}",
+                f"# TYPE {name}_hit_ratio histogram",
+                f"{name}_hit_ratio_sum{labels} {ratio_sum}",
+                f"{name}_hit_ratio_count{labels} {requests}"]
+    for name in ("inference_objective_input_tokens", "llm_d_epp_request_input_tokens"):
+        out += [f"# TYPE {name} histogram",
+                f'{name}_sum{{model_name="demo/llama-3-8b",target_model_name="demo/llama-3-8b"}} {input_tokens}',
+                f'{name}_count{{model_name="demo/llama-3-8b",target_model_name="demo/llama-3-8b"}} {requests}']
+    return "\n".join(out) + "\n"
+
+
+def with_router(rec, predicted_share):
+    """The engines' recording with an EPP target beside them: its input tokens are the
+    engines' query tokens, its predicted tokens `predicted_share(t)` of each poll's new ones."""
+    out, total, predicted, requests = [], 0.0, 0.0, 0.0
+    for t, group in groupby((json.loads(line) for line in rec), key=lambda o: o["t"]):
+        group = list(group)
+        out += [json.dumps(o) for o in group]
+        now_total = sum(s.prefix_cache.queries for o in group if o.get("body") for s in parse(o["body"]).series)
+        if total:
+            requests += 10
+            predicted += predicted_share(t - START) * max(0.0, now_total - total)
+        total = now_total
+        out.append(json.dumps({"t": t, "target": "epp", "body": epp_body(predicted, total, requests, 0.8 * requests)}))
+    return out
+
+
+def run(rec):
+    config = Config()
+    engine = Engine(config)
+    warnings = []
+    return [t.to_json() for t in backtest(rec, config, warnings.append, engine=engine)], engine, warnings
+
+
+def gap_transitions(transitions):
+    return [(t["state"], t["labels"]["target"], t["labels"]["model_name"], t["labels"]["cause"], t["labels"]["severity"])
+            for t in transitions if t["alertname"] == "PrefixCacheRouterPredictionGap"]
+
+
+def test_a_router_predicting_80_percent_over_engines_delivering_30_fires_routing_index_stale_and_resolves():
+    fixed = 900.0  # the router's index is rebuilt here: it predicts what the engines hold again
+    rec = with_router(lines(Scenario(**DELIVERS_ABOUT_30), duration=1800), lambda t: 0.8 if t < fixed else 0.3)
+    transitions, engine, warnings = run(rec)
+    assert warnings == []
+    gaps = [t for t in transitions if t["alertname"] == "PrefixCacheRouterPredictionGap"]
+    assert [(t["state"]) for t in gaps] == ["pending", "firing", "resolved"]
+    pending, firing, resolved = gaps
+    assert firing["labels"]["cause"] == "routing_index_stale" and firing["labels"]["severity"] == "warning"
+    assert firing["labels"]["target"] == "epp" and firing["labels"]["model_name"] == ""  # EPP's prefix metrics name no model
+    assert firing["t"] - pending["t"] >= 300  # sustained: for 5m
+    assert "predicts 80%" in firing["annotations"]["summary"] and "deliver 29%" in firing["annotations"]["summary"]
+    assert fixed < resolved["t"] - START <= fixed + 300 + 60 + 30
+    # the engines' own rules judge the engines (30% is low): the router target has only this alert
+    assert {t["alertname"] for t in transitions if t["labels"]["target"] == "epp"} == {"PrefixCacheRouterPredictionGap"}
+    assert all(t["labels"]["cause"] != "routing_index_stale" for t in transitions if t["labels"]["target"] != "epp")
+
+
+def test_a_router_that_agrees_with_its_engines_stays_quiet():
+    rec = with_router(lines(Scenario(request_rate=5.0), duration=900), lambda t: 0.87)  # engines deliver ~89%
+    transitions, engine, warnings = run(rec)
+    assert transitions == [] and warnings == []
+    (p, d) = engine.predictions["epp"][""]["5m"]
+    assert p.ratio == pytest.approx(0.87, abs=0.01) and d.ratio == pytest.approx(0.89, abs=0.03)
+
+
+def test_agreeing_at_30_percent_never_fires_the_gap_and_both_ratios_are_kept():
+    rec = with_router(lines(Scenario(**DELIVERS_ABOUT_30), duration=900), lambda t: 0.3)
+    transitions, engine, warnings = run(rec)
+    assert gap_transitions(transitions) == [] and warnings == []
+    (p, d) = engine.predictions["epp"][""]["5m"]
+    assert p.weighting == router.TOKENS and p.ratio == pytest.approx(0.3, abs=0.01)
+    assert d.ratio == pytest.approx(0.29, abs=0.03) and d.targets == 2
+
+
+def test_delivered_above_predicted_is_fine():
+    rec = with_router(lines(Scenario(request_rate=5.0), duration=900), lambda t: 0.1)  # engines deliver ~89%
+    transitions, _, _ = run(rec)
+    assert gap_transitions(transitions) == []
+
+
+def test_the_router_goes_with_its_target():
+    rec = with_router(lines(Scenario(**DELIVERS_ABOUT_30), duration=600), lambda t: 0.8)
+    _, engine, _ = run(rec)
+    assert "epp" in engine.routers
+    engine.reconfigure(Config(targets=tuple(t for t in engine.config.targets if t.name != "epp")))
+    assert "epp" not in engine.routers and "epp" not in engine.predictions
+
+
+# --- parse ---------------------------------------------------------------------------------
+def test_the_epp_emits_each_value_twice_and_it_is_read_once():
+    snap = parse(epp_body(800.0, 1000.0, 10.0, 7.0))
+    assert snap.series == () and snap.warnings == ()
+    (model, c), = snap.router.models
+    assert model == router.ALL_MODELS and snap.router.kind == "epp"
+    assert (c.predicted_tokens, c.input_tokens, c.ratio_sum, c.ratio_count) == (800.0, 1000.0, 7.0, 10.0)
+
+
+def test_without_tokens_the_prediction_is_the_per_request_mean():
+    h = router.RouterHistory(3600)
+    for t, (s, n) in enumerate([(0.0, 0.0), (8.0, 10.0), (16.5, 20.0)]):
+        h.append(float(t), parse(f"inference_extension_prefix_indexer_hit_ratio_sum {s}\ninference_extension_prefix_indexer_hit_ratio_count {n}\n").router)
+    (p,) = h.predictions(2.0, [("5m", 300.0)])[""].values()
+    assert p.weighting == router.PER_REQUEST_MEAN and p.ratio == pytest.approx(0.825) and p.requests == 20
+
+
+def test_a_router_restart_is_a_reset_not_a_negative_window():
+    h = router.RouterHistory(3600)
+    for t, (pred, inp) in enumerate([(800.0, 1000.0), (1600.0, 2000.0), (80.0, 100.0)]):
+        h.append(float(t), router.RouterSnapshot("dynamo", (("m", router.RouterCounters(pred, inp)),)))
+    (p,) = h.predictions(2.0, [("5m", 300.0)])["m"].values()
+    assert p.ratio == pytest.approx(0.8) and p.input_tokens == pytest.approx(1100.0)
+
+
+def test_dynamo_decode_routing_is_not_a_prediction_of_hits():
+    text = ("# TYPE dynamo_component_router_kv_selected_cached_prefix_tokens_total counter\n"
+            'dynamo_component_router_kv_selected_cached_prefix_tokens_total{dynamo_namespace="ns",dynamo_component="router",model="m",phase="prefill",router_id="1"} 600\n'
+            'dynamo_component_router_kv_selected_cached_prefix_tokens_total{dynamo_namespace="ns",dynamo_component="router",model="m",phase="decode",router_id="1"} 990\n'
+            "# TYPE dynamo_component_router_input_sequence_tokens histogram\n"
+            'dynamo_component_router_input_sequence_tokens_sum{dynamo_namespace="ns",dynamo_component="router",model="m",phase="prefill",router_id="1"} 1000\n'
+            'dynamo_component_router_input_sequence_tokens_sum{dynamo_namespace="ns",dynamo_component="router",model="m",phase="decode",router_id="1"} 1000\n'
+            "# TYPE dynamo_component_router_kv_hit_rate histogram\n"
+            'dynamo_component_router_kv_hit_rate_sum{dynamo_namespace="ns",dynamo_component="router",router_id="1"} 3.0\n'
+            'dynamo_component_router_kv_hit_rate_count{dynamo_namespace="ns",dynamo_component="router",router_id="1"} 5\n')
+    snap = parse(text)
+    assert snap.router.kind == "dynamo"
+    models = dict(snap.router.models)
+    assert (models["m"].predicted_tokens, models["m"].input_tokens) == (600.0, 1000.0)
+    assert (models[""].ratio_sum, models[""].ratio_count) == (3.0, 5.0)
+
+
+def test_predicted_and_delivered_are_exported_beside_each_other_and_go_with_the_router_target():
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from exporter.collector import PrefixCacheCollector
+    from exporter.config import Target
+    from exporter.state import State, TargetView
+
+    rec = with_router(lines(Scenario(**DELIVERS_ABOUT_30), duration=600), lambda t: 0.8)
+    _, engine, _ = run(rec)
+    state = State()
+    state.set_targets([TargetView(target=Target("epp", "http://epp:9090/metrics", (("namespace", "llm"),)))])
+    state.put("routing", dict(engine.predictions))
+
+    def families():
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(PrefixCacheCollector(state, ["1m", "5m", "15m", "1h"]))
+        return {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+
+    fams = families()
+    predicted = {(s.labels["target"], s.labels["model_name"], s.labels["window"], s.labels["weighting"], s.labels["namespace"]): s.value
+                 for s in fams["prefixcache_predicted_hit_ratio"].samples}
+    assert predicted[("epp", "", "5m", "tokens", "llm")] == pytest.approx(0.8, abs=0.01)
+    delivered = {(s.labels["target"], s.labels["window"]): s.value for s in fams["prefixcache_router_delivered_hit_ratio"].samples}
+    assert delivered[("epp", "5m")] == pytest.approx(0.29, abs=0.03)
+    state.set_targets([])
+    assert "prefixcache_predicted_hit_ratio" not in families()
