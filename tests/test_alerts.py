@@ -66,6 +66,9 @@ def test_every_recording_rule_has_a_positive_and_a_negative_case():
 def test_alert_conventions(rule):
     assert "for" in rule and rule["labels"]["severity"] in ("critical", "warning", "info", "{{ $labels.severity }}")
     assert {"summary", "description", "runbook_url", "dashboard_url"} <= set(rule["annotations"])
+    # the mixin habit: the values are in the description too (many receivers show only it)
+    assert "$labels." in rule["annotations"]["description"] and (
+        "$value" not in rule["annotations"]["summary"] or "$value" in rule["annotations"]["description"])
     anchor = rule["annotations"]["runbook_url"].rsplit("#", 1)[1]
     assert anchor == rule["alert"].lower() and f"### {anchor}\n" in RUNBOOK
     # a traffic floor, or an alert about a target rather than traffic
@@ -179,7 +182,7 @@ def test_a_global_ruler_config_keeps_cluster_and_namespace_apart(tmp_path):
             "exp_labels": {"severity": "warning", "cluster": "eu", "namespace": "llm", "model_name": "m"},
             "exp_annotations": {
                 "summary": "Prefix-cache hit rate of m is 12.5%",
-                "description": "The token-weighted hit ratio of the whole m fleet has been under 50% for 10m. Misses are prefilled again: TTFT and input cost rise.",
+                "description": "Prefix-cache hit rate of m is 12.5%. The token-weighted hit ratio of the whole m fleet has been under 50% for 10m. Misses are prefilled again: TTFT and input cost rise.",
                 "runbook_url": config["runbook_url"] + "#vllmprefixcachefleethitratelow",
                 "dashboard_url": config["dashboard_url"] + "?var-model_name=m"}}]}],
     }]}
