@@ -209,6 +209,8 @@ def read_body(resp: http.client.HTTPResponse, gzipped: bool, limit: int, cut: bo
     """The body, decompressed; None once it passes `limit` (also a gzip bomb's), or with
     `cut` its first `limit` bytes. A body that ends before its Content-Length, or a gzip
     stream that ends before its trailer, is an error, never a shorter success."""
+    if cut and limit <= 0:
+        return b""  # the status says it all: a stalled error body must not turn it into a timeout
     inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzipped else None
     out, size = [], 0
     while size <= limit:

@@ -1,3 +1,5 @@
+import time
+
 import pytest
 
 from exporter import scrape
@@ -137,3 +139,15 @@ def test_a_gzip_stream_cut_before_its_end_is_a_decode_error():
     with FakeServer({"/cut": lambda h: reply(h, 200, cut, [("Content-Encoding", "gzip")])}) as s:
         res = scraper(s.base + "/cut").scrape()
     assert res.result == scrape.DECODE_ERROR and "ends before" in res.error
+
+
+def test_an_error_status_is_told_at_once_even_when_its_body_stalls():
+    def stalled_500(h):
+        h.wfile.write(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 100\r\n\r\n")
+        h.wfile.flush()
+        time.sleep(3)
+        h.close_connection = True
+
+    with FakeServer({"/metrics": stalled_500}) as s:
+        res = scraper(s.base + "/metrics").scrape()
+    assert res.result == scrape.HTTP_ERROR and res.status == 500 and res.duration < 1.0
