@@ -13,6 +13,7 @@ clock behind HTTP and on a simulated clock when writing recordings.
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import math
 import random
@@ -25,7 +26,7 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator, Sequence
 
-from .cachemodel import BlockPool
+from .tools.cachemodel import BlockPool
 
 GENERATIONS = ("v0", "v0.8", "v0.10", "current", "sglang")
 
@@ -60,6 +61,39 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(self._pieces.get(i, f"<{i}>") for i in ids)
+
+    def learn(self, ids: Sequence[int], pieces: Sequence[str]) -> None:
+        """What `encode` of the text of these pieces would have learnt, without encoding it."""
+        with self._lock:
+            for token, piece in zip(ids, pieces):
+                self._pieces.setdefault(token, piece)
+
+
+@functools.lru_cache(maxsize=4096)
+def _tenant_system_prompt(tenant: int, system_tokens: int) -> tuple[str, tuple[int, ...], tuple[str, ...]]:
+    """A tenant's system prompt (text, token ids, word pieces): the same for every replica,
+    so a fleet of replicas (and a test that builds one per step) makes each once."""
+    words = random.Random(f"tenant-{tenant}")
+    vocab = ("answer the customer politely cite the policy never reveal internal notes "
+             "escalate refunds above limits summarise orders in tables use metric units").split()
+    text = f"You are the support assistant for tenant {tenant}. Follow these rules."
+    pieces = _PIECE.findall(text)
+    # each " word" is one token of our tokenizer
+    text += "".join(" " + words.choice(vocab) for _ in range(max(0, system_tokens - len(pieces))))
+    pieces = _PIECE.findall(text)
+    ids = tuple(1000 + zlib.crc32(piece.encode()) % 1_000_000 for piece in pieces)
+    return text, ids[:system_tokens], tuple(pieces)
+
+
+@functools.lru_cache(maxsize=4096)
+def _block_hash_chain(tokens: tuple[int, ...], block_size: int) -> tuple[int, ...]:
+    """The chained hashes of the full blocks of a shared prefix (a tenant's system
+    prompt), computed once instead of on every request that starts with it."""
+    chain, parent = [], 0
+    for start in range(0, len(tokens) - len(tokens) % block_size, block_size):
+        parent = hash((parent, tuple(tokens[start:start + block_size])))
+        chain.append(parent)
+    return tuple(chain)
 
 
 # --- scenarios -------------------------------------------------------------------------
@@ -220,17 +254,12 @@ class Replica:
         return {"model": self.model_names[0], "messages": [{"role": "system", "content": text}, {"role": "user", "content": user}]}
 
     def _system_prompt(self, tenant: int) -> list[int]:
-        words = random.Random(f"tenant-{tenant}")
-        vocab = ("answer the customer politely cite the policy never reveal internal notes "
-                 "escalate refunds above limits summarise orders in tables use metric units").split()
-        text = f"You are the support assistant for tenant {tenant}. Follow these rules."
-        missing = self.scenario.system_tokens - len(self.tokenizer.encode(text))
-        # each " word" is one token of our tokenizer
-        text += "".join(" " + words.choice(vocab) for _ in range(max(0, missing)))
+        text, ids, pieces = _tenant_system_prompt(tenant, self.scenario.system_tokens)
+        self.tokenizer.learn(ids, pieces)
         if not hasattr(self, "_system_text"):
             self._system_text = {}
         self._system_text[tenant] = text
-        return self.tokenizer.encode(text)[: self.scenario.system_tokens]
+        return list(ids)
 
     def _restart(self, t: float) -> None:
         self.created = t
@@ -299,9 +328,12 @@ class Replica:
         sc = self.scenario
         engine = self.engines[self._rng.randrange(len(self.engines))]
         tenant = None
+        shared: tuple[int, ...] = ()
         if tokens is None:
             tenant = self._rng.randrange(sc.tenants)
             tokens = self._prompt_tokens(tenant, t)
+            if self._state["prompt"] == "static":
+                shared = _block_hash_chain(tuple(self._system[tenant]), sc.block_size)
         if self.sample is not None:
             line = {"t": t, "replica": self.name}
             if tenant is not None:
@@ -333,7 +365,8 @@ class Replica:
             parent = 0
             still_matching = True
             for start in range(0, n - n % bs, bs):
-                parent = hash((parent, tuple(tokens[start:start + bs])))
+                index = start // bs
+                parent = shared[index] if index < len(shared) else hash((parent, tuple(tokens[start:start + bs])))
                 hashes.append(parent)
                 if still_matching and parent in engine.pool:
                     engine.pool.move_to_end(parent)
