@@ -246,6 +246,8 @@ def test_discovered_targets_are_polled_and_a_removed_one_is_forgotten_once_its_a
 
     clock = Clock(time.time())
     replicas = [simulator.Replica(n, simulator.Scenario(), start=clock.t - 900, seed=i) for i, n in enumerate(("a", "c"))]
+    for replica in replicas:  # its 900 s of traffic, simulated now rather than inside the first scrape's 1 s deadline
+        replica.advance(clock.t)
     fleet = simulator.Fleet(replicas, clock=lambda: clock.t).start()
     sd = tmp_path / "sd.json"
 
