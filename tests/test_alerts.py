@@ -52,6 +52,26 @@ def test_every_alert_has_a_positive_and_a_negative_case():
         assert seen.get(r["alert"]) == {True, False}, r["alert"]
 
 
+def _seconds(duration: str) -> int:
+    return sum(int(n) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[u] for n, u in re.findall(r"(\d+)([smhd])", duration))
+
+
+def test_every_case_that_fires_an_alert_also_shows_it_resolving():
+    """A test that shows an alert firing also shows it resolving: a later evaluation of
+    the same case with no alert."""
+    unresolved = []
+    for group in _tests():
+        cases = group.get("alert_rule_test", [])
+        fired: dict[str, int] = {}
+        for case in cases:
+            if case.get("exp_alerts"):
+                fired[case["alertname"]] = max(fired.get(case["alertname"], 0), _seconds(case["eval_time"]))
+        for name, last in fired.items():
+            if not any(c["alertname"] == name and not c.get("exp_alerts") and _seconds(c["eval_time"]) > last for c in cases):
+                unresolved.append((group["name"], name))
+    assert unresolved == []
+
+
 def test_every_recording_rule_has_a_positive_and_a_negative_case():
     seen = {}
     for group in _tests():
