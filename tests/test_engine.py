@@ -318,3 +318,16 @@ def test_a_rollout_judged_against_before_is_no_fail_when_only_the_traffic_mix_ch
     broken = [fleet.Member(f"new-{i}", "v2", _window(0.05 * 6500 * 300 / 2, 6500.0 * 300 / 2)) for i in range(2)]
     assert fleet.judge(broken, "m", "v2", "v1", 0.9, 6500.0 * 300, 2, "", 20000.0, 0.25, before).verdict == fleet.FAIL
     assert fleet.judge(diluted, "m", "v2", "v1", 0.9, 6500.0 * 300, 2, "", 20000.0, 0.25).verdict == fleet.FAIL
+
+
+def test_the_ttft_from_before_the_hits_stopped_is_kept_while_they_stand_still_and_goes_with_its_target():
+    stuck = Scenario(events=(Event(900 + 60, "counter_bug", simulator.HITS_NOT_WIRED),))
+    replicas = [Replica(f"vllm-{i}", stuck, start=START - 900, seed=i, generation="v0.10") for i in range(2)]
+    e = engine_for(2)
+    drive(e, replicas, 240)
+    kept = e.hits_references
+    assert set(kept) == {("vllm-0", "demo/llama-3-8b"), ("vllm-1", "demo/llama-3-8b")}
+    assert all(START < last <= START + 70 and 0 < p50 < 1 for last, p50 in kept.values())
+    e.reconfigure(load({"targets": [{"name": "vllm-0", "url": "http://127.0.0.1:1/0"}]}))
+    e.evaluate(START + 245)
+    assert set(e.hits_references) == {("vllm-0", "demo/llama-3-8b")}
