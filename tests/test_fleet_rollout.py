@@ -2,6 +2,7 @@
 from a file_sd file (with their version labels), the sidecar discovers them through
 that Prometheus's targets API, and the pods are replaced one at a time."""
 import json
+import re
 import subprocess
 import sys
 import time
@@ -121,7 +122,9 @@ def test_a_rolling_update_is_caught_through_prometheus_discovery_before_half_the
         assert wait_for(lambda: 'prefixcache_discovery_last_refresh_successful{source="prometheus"} 0.0'
                         in requests.get(sidecar_url + "/metrics", timeout=5).text, timeout=20, step=0.5)
         assert polled(sidecar_url) == before and len(before) == 6
-        assert "unreachable" in (tmp_path / "sidecar.log").read_text()
+        # a Prometheus shutting down may still answer 503 before its port closes: either is the failure, said once
+        log = (tmp_path / "sidecar.log").read_text()
+        assert re.search(r"discovery prometheus: .*(unreachable|HTTP 503)", log), log[-2000:]
     finally:
         if sidecar is not None:
             sidecar.terminate()
