@@ -80,6 +80,7 @@ def test_run_serves_metrics_and_stops_on_sigterm(tmp_path):
     assert "target=dead is down" in err
 
 
+@pytest.mark.slow  # the demo plays its 120 s story in real time
 def test_demo_runs_the_story_and_exits_by_itself():
     proc = run_cli("demo", f"--web.listen-address=127.0.0.1:{free_port()}", timeout=200)
     assert proc.returncode == 0, proc.stderr
