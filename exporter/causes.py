@@ -62,10 +62,10 @@ def classify(e: Evidence, s: Settings = Settings()) -> tuple[str, str]:
         climbing = e.ratio is not None and e.ratio_earlier is not None and e.ratio >= e.ratio_earlier
         return COLD_START, (f"restart {e.now - restarts[-1].t:.0f}s ago ({restarts[-1].description}); "
                             f"the cache is {'refilling' if climbing else 'still cold'}")
-    mix = traffic_mix(e, s)
-    if mix:
-        return TRAFFIC_MIX, mix
     kv_full = e.kv_usage_max is not None and e.kv_usage_max >= s.kv_usage_high
+    mix = traffic_mix(e, s)
+    if mix and not kv_full:  # new traffic that fills the KV cache evicts: capacity, not mix
+        return TRAFFIC_MIX, mix
     preempted = _preempted_share(e)
     pressure = kv_full or preempted >= s.preempted_share
     deploys = [ev for ev in recent if not ev.is_restart]

@@ -45,6 +45,8 @@ def evidence(**kw):
                  causes.PROMPT_PREFIX_CHANGE, id="hits-fell-at-the-same-traffic"),
     pytest.param(dict(events=(ev("restart", 60),), token_rates=(5900.0, 10500.0), baseline_token_rates=(5800.0, 6500.0)),
                  causes.COLD_START, id="a-restart-outranks-the-mix"),
+    pytest.param(dict(events=(ev("api", 20),), kv_usage_max=0.97, token_rates=(5900.0, 10500.0), baseline_token_rates=(5800.0, 6500.0)),
+                 causes.EVICTION_PRESSURE, id="new-traffic-that-fills-the-kv-cache-is-pressure"),
 ])
 def test_classify(kw, cause):
     got, why = classify(evidence(**kw))
