@@ -289,8 +289,8 @@ def rule_hits_stuck_at_zero(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condi
 
 def _cache_works_by_other_evidence(f: Facts, ws: WindowStats, s: RuleSettings) -> str:
     """Why the cache works although its hit counter says zero, or "": the admitted-prefill
-    counters count hits, or (without them) TTFT since the hits stopped stays at its level
-    of the time before they stopped."""
+    counters count hits, or (without them) the recent TTFT stays at its level of the time
+    before the hits stopped, however long ago that was (the engine keeps that level)."""
     if ws.admitted_hit_increase is not None:
         return f"admitted prefill counted {ws.admitted_hit_increase:.0f} cached tokens" if ws.admitted_hit_increase > 0 else ""
     ref = f.hits_reference or hits_reference(f.samples, f.model, f.block_size)
