@@ -32,8 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter import cachemodel, capacitycurve, whatif  # noqa: E402
-from exporter.whatif import read_requests  # noqa: E402
+from exporter.tools import cachemodel, capacitycurve, whatif  # noqa: E402
+from exporter.tools.whatif import read_requests  # noqa: E402
 
 TRACE_BLOB = "5a371794b81d7fc7487ec8a02a2c631bcc7fbdf8"  # FAST25-release/traces/conversation_trace.jsonl
 PAPER_RATIO = 0.40  # the FAST'25 paper's Table 2, conversation workload

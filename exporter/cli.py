@@ -20,7 +20,8 @@ from typing import Callable, Sequence
 
 from prometheus_client import CollectorRegistry
 
-from . import __version__, config as config_mod, console, divergence, jsonlines, lint as lint_mod, simulator, whatif as whatif_mod
+from . import __version__, config as config_mod, console, jsonlines, simulator
+from .tools import divergence, lint as lint_mod, whatif as whatif_mod
 from .collector import PrefixCacheCollector
 from .config import Config, ConfigError, ShardConfig, Target
 from .discoverers import Discovery
@@ -32,7 +33,7 @@ from .poller import Poller
 from .recording import backtest, write_line
 from .scrape import SUCCESS, Scraper, redact_url
 from .state import State
-from .vllm_client import VLLMClient, VLLMError
+from .tools.vllm_client import VLLMClient, VLLMError
 from .warmup import Warmer
 from .vllm_metrics import parse
 from .webconfig import WebSecurity, load_web_config
@@ -693,7 +694,7 @@ def cmd_whatif(args) -> int:
         print(f"whatif: {bad} bad line(s) skipped", file=sys.stderr)
     if args.svg:
         try:
-            from .capacitycurve import svg
+            from .tools.capacitycurve import svg
             with open(args.svg, "w", encoding="utf-8") as out:
                 out.write(svg(analysis.curve, f"whatif: {os.path.basename(args.requests)}"))
         except OSError as exc:
@@ -704,7 +705,7 @@ def cmd_whatif(args) -> int:
 
 def default_policies(requests_) -> tuple[str, ...]:
     """Every policy; `observed` first when the sample says which replica served each request."""
-    from .cachemodel import OBSERVED, POLICIES, SESSION
+    from .tools.cachemodel import OBSERVED, POLICIES, SESSION
     # a block-hash trace has no session key: session routing would be round robin by another name
     sessionless = any(r.is_hashes for r in requests_) and not all(r.session for r in requests_)
     rest = tuple(p for p in POLICIES if p != OBSERVED and not (p == SESSION and sessionless))
@@ -776,7 +777,7 @@ LOG_LEVELS = ["debug", "info", "warn", "warning", "error"]
 
 
 def cachemodel_policies() -> tuple[str, ...]:
-    from .cachemodel import POLICIES
+    from .tools.cachemodel import POLICIES
     return POLICIES
 
 

@@ -1,8 +1,8 @@
 """vLLM's block-hash prefix cache, against hand-computed cases."""
 import pytest
 
-from exporter import cachemodel
-from exporter.cachemodel import BlockPool, block_hashes, replay
+from exporter.tools import cachemodel
+from exporter.tools.cachemodel import BlockPool, block_hashes, replay
 
 BS = 16
 

@@ -5,7 +5,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from exporter import cachemodel, capacitycurve, hashtrace
+from exporter.tools import cachemodel, capacitycurve, hashtrace
 
 from conftest import FIXTURES
 

@@ -6,9 +6,10 @@ import sys
 
 import pytest
 
-from exporter import divergence, simulator
+from exporter import simulator
+from exporter.tools import divergence
 from exporter.cli import diagnose_requests
-from exporter.divergence import first_divergence, reusable_blocks
+from exporter.tools.divergence import first_divergence, reusable_blocks
 
 from conftest import FIXTURES, free_port
 

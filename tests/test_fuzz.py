@@ -120,7 +120,7 @@ def test_no_sample_poisons_a_models_windows(values):
 
 
 # --- the command line's readers: a hostile file is counted skips or a clear error -------
-from exporter import lint as lint_mod, whatif  # noqa: E402
+from exporter.tools import lint as lint_mod, whatif  # noqa: E402
 from exporter.recording import RecordingError, backtest, read_lines  # noqa: E402
 
 JSON_ATOMS = st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "1e308", "0", "-1", "true", "null",

@@ -4,7 +4,7 @@ import sys
 import pytest
 import yaml
 
-from exporter import lint
+from exporter.tools import lint
 
 from conftest import FIXTURES
 

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from exporter.cli import main
-from exporter.vllm_client import VLLMClient, VLLMError
+from exporter.tools.vllm_client import VLLMClient, VLLMError
 
 from conftest import FIXTURES, free_port
 from fakeserver import FakeServer, MisbehavingServer, reply

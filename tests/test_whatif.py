@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from exporter import simulator, whatif
+from exporter import simulator
+from exporter.tools import whatif
 from exporter.vllm_metrics import parse
 
 from conftest import FIXTURES

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from urllib.parse import urlsplit
 
-from .peerhttp import Endpoint, PeerError, exchange
-from .scrape import redact_url
-from .vllm_metrics import parse
+from ..peerhttp import Endpoint, PeerError, exchange
+from ..scrape import redact_url
+from ..vllm_metrics import parse
 
 MAX_ANSWER = 64 * 1024 * 1024
 
