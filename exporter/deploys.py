@@ -7,6 +7,7 @@ for deploys nobody announced. Everything here but `AnnotationsWatcher.poll` is p
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections import deque
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from typing import Sequence
 
 from .vllm_metrics import Snapshot
 from .window import Interval, is_reset, ratio
+
+log = logging.getLogger(__name__)
 
 API = "api"
 RESTART = "restart"
@@ -31,9 +34,6 @@ class DeployEvent:
     version: str
     source: str
     description: str = ""
-
-    def applies_to(self, target: str) -> bool:
-        return self.target is None or self.target == target
 
     @property
     def is_restart(self) -> bool:
@@ -199,16 +199,21 @@ class AnnotationsWatcher:
         self.path, self.key, self.target = path, key, target
         self._value: str | None = None
         self._read_once = False
-        self.last_error: str | None = None
+        self._failing: str | None = None  # the read error last logged: said once, not on every poll
 
     def poll(self, now: float) -> list[DeployEvent]:
         try:
             with open(self.path, encoding="utf-8") as fh:
                 value = parse_annotations(fh.read()).get(self.key)
-            self.last_error = None
         except OSError as exc:
-            self.last_error = f"{self.path}: {exc.strerror}"
+            error = f"{self.path}: {exc.strerror}"
+            if error != self._failing:
+                log.warning("deploy annotations unreadable, no deploy seen from them until they are: %s", error)
+            self._failing = error
             return []
+        if self._failing is not None:
+            log.info("deploy annotations readable again: %s", self.path)
+            self._failing = None
         return self.observe(now, value)
 
     def observe(self, now: float, value: str | None) -> list[DeployEvent]:

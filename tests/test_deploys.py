@@ -81,16 +81,20 @@ def test_annotations_file_format():
                                        "deploy/note": 'a "quoted" note'}
 
 
-def test_annotations_watcher_reports_changes_not_the_first_read(tmp_path):
+def test_annotations_watcher_reports_changes_not_the_first_read(tmp_path, caplog):
     path = tmp_path / "annotations"
+    caplog.set_level("INFO", logger="exporter.deploys")
     w = AnnotationsWatcher(str(path), "app.kubernetes.io/version")
-    assert w.poll(1.0) == [] and "No such file" in w.last_error
+    assert w.poll(1.0) == [] and w.poll(1.5) == []
+    unreadable = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
+    assert len(unreadable) == 1 and "No such file" in unreadable[0], "said once, not on every poll"
     path.write_text('app.kubernetes.io/version="v41"\n')
     assert w.poll(2.0) == []
     assert w.poll(3.0) == []
     path.write_text('app.kubernetes.io/version="v42"\n')
     (e,) = w.poll(4.0)
     assert (e.t, e.version, e.source, e.target) == (4.0, "v42", deploys.ANNOTATIONS, None)
+    assert any("readable again" in r.getMessage() for r in caplog.records)
 
 
 def iv(end, ratio, tokens=10000.0, kv=0.1):
