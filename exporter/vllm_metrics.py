@@ -358,7 +358,7 @@ def parse(text: str) -> Snapshot:
         if kind == "info":
             infos.setdefault(field_name, []).append(labels)
             continue
-        if kind in ("process", "created") and not (0.0 <= value < math.inf):
+        if kind in ("process", "created") and not math.isfinite(value):
             # NaN != NaN: kept, it would be a changed start time, a restart, on every poll
             rejected["non_finite_start_time"] = rejected.get("non_finite_start_time", 0) + 1
             warnings.append(f"line {lineno}: {name} has the value {value_text[:40]}; a start time must be a finite time; sample dropped")
