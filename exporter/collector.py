@@ -18,7 +18,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from . import __version__
+from . import __version__, roles
 from .deploys import SOURCES as DEPLOY_SOURCES
 from .poller import RESULTS as POLL_RESULTS
 from .scrape import redact_url
@@ -76,6 +76,7 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("vllm_prompt_tokens_by_source", "counter", "vLLM 0.16+ admitted prefill: prompt tokens by `source` (local_compute, local_cache_hit, external_kv_transfer), counted once per request when its first token is out.", "target", "model_name", "engine", "source"),
     _m("vllm_prompt_tokens_cached", "counter", "vLLM 0.16+ admitted prefill: cached prompt tokens (local + external).", "target", "model_name", "engine"),
     _m("engine_cache_hit_rate", "gauge", "The engine's own hit-rate gauge: SGLang's sglang:cache_hit_rate (the LAST prefill batch, or since start in old versions), TensorRT-LLM's trtllm_kv_cache_hit_rate (blocks since start); never a windowed rate; exported as read, never alerted on.", "target", "model_name"),
+    _m("decode_target", "gauge", "1 if the target is a prefill/decode decode pod, from its `role: decode` label or its shape (90%+ of prompt tokens since start arrived as KV transfer), else 0: its transfers are not hits, and the hit-rate rules and the fleet leave it out.", "target"),
     _m("target_engine_info", "gauge", "Which engine's metric names the target serves (`engine`: vllm, sglang or trtllm); value 1.", "target", "engine"),
     _m("vllm_hit_ratio_since_start", "gauge", "V0 engines only: vLLM's block hit rate averaged since start (vllm:gpu_prefix_cache_hit_rate); no window can be derived from it.", "target", "model_name"),
     # derived per window
@@ -240,6 +241,9 @@ class PrefixCacheCollector(Collector):
             f.add("prefixcache_parse_warnings", (), snap.warning_count, target=t)
             if snap.engine_kind is not None:
                 f.add("prefixcache_target_engine_info", (snap.engine_kind,), 1.0, target=t)
+        if snap is not None or t.labels:
+            f.add("prefixcache_decode_target", (), 1.0 if roles.role(t.labels, snap)[0] == roles.DECODE else 0.0, target=t)
+        if snap is not None:
             if snap.prefix_caching_enabled is not None:
                 f.add("prefixcache_prefix_caching_enabled", (), 1.0 if snap.prefix_caching_enabled else 0.0, target=t)
             if snap.block_size is not None:

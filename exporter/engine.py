@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from . import causes, fleet
+from . import roles
 from . import router as routing
 from .config import Config, Target
 from .deploys import CHANGE_POINT, DeployEvent, SnapshotChangeDetector, detect_change_point
@@ -279,7 +280,8 @@ class Engine:
         references: dict[tuple[str, str], tuple[float, float]] = {}  # rebuilt: gone targets and models drop out
         for name, track in list(self.tracks.items()):
             view = track.view
-            for model in [""] + sorted(view.stats):
+            # a decode pod's prompt arrives as KV from prefill pods: its ratio is near zero by design
+            for model in [""] + ([] if self._decode(track) else sorted(view.stats)):
                 peers = [(other, r) for other, r in by_model.get(model, ()) if other != name] if model else []
                 base = Facts(now=now, target=name, model=model, up=view.up, down_since=view.down_since,
                              snapshot=view.snapshot, samples=view.samples, stats=view.stats.get(model, {}),
@@ -328,13 +330,18 @@ class Engine:
             references[(name, model)] = ref
         return ref
 
+    @staticmethod
+    def _decode(track: Track) -> bool:
+        """A P/D decode pod (exporter/roles.py): the hit-rate rules and the fleet leave it out."""
+        return roles.role(track.target.labels, track.view.snapshot)[0] == roles.DECODE
+
     # --- a router's prediction against the engines ------------------------------------------
     def _evaluate_routing(self, now: float, evaluated: set, transitions: list[Transition]) -> None:
         """Each router target's predicted ratio per model and window beside what the engine
         targets delivered (exporter/router.py); a sustained gap is its own alert."""
         settings = self.config.rules.rules.get(ROUTER_PREDICTION_GAP)
         windows = self.config.global_.windows
-        engines = [t.view.stats for name, t in list(self.tracks.items()) if name not in self.routers]
+        engines = [t.view.stats for name, t in list(self.tracks.items()) if name not in self.routers and not self._decode(t)]
         window = next((n for n, secs in windows if settings is not None and secs == settings.window), None)
         gap = routing.GapSettings(settings.drop_points, settings.min_query_tokens) if settings is not None else None
         predictions = {}
@@ -374,7 +381,7 @@ class Engine:
         out = []
         for name, track in list(self.tracks.items()):
             view = track.view
-            if model not in view.stats:
+            if model not in view.stats or self._decode(track):
                 continue
             started = self._started(name, view)
             warm_from = started + cfg.warmup if started is not None else -math.inf
@@ -524,6 +531,8 @@ class Engine:
         name = next((n for n, s in self.config.global_.windows if s == seconds), None)
         out: dict[str, list[tuple[str, float]]] = {}
         for target, track in list(self.tracks.items()):
+            if self._decode(track):
+                continue
             for model, windows in track.view.stats.items():
                 ws = windows.get(name) if name else None
                 if ws is not None and ws.hit_ratio is not None:

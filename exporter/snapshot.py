@@ -55,6 +55,7 @@ class SeriesSnapshot:
     prefill_kv_computed: tuple[float, float] | None = None  # (sum, count) of the 0.13+ histogram
     engine_hit_rate: float | None = None  # SGLang's cache_hit_rate gauge: the last prefill batch
     lmcache_lookups: tuple[float | None, float | None, float | None] | None = None  # (requests, tokens, hit tokens), max over workers
+    prompt_tokens_cached_by_source: tuple[tuple[str, float], ...] | None = None  # 0.33 on: device, host, p2p (a transfer), disk, ...
 
     @property
     def key(self) -> tuple[str, str | None]:
@@ -143,4 +144,5 @@ def _series_json(s: SeriesSnapshot) -> dict:
         "prefill_kv_computed": {"sum": s.prefill_kv_computed[0], "count": s.prefill_kv_computed[1]} if s.prefill_kv_computed else None,
         "engine_hit_rate": s.engine_hit_rate,
         "lmcache_lookups": dict(zip(("requests", "tokens", "hits"), s.lmcache_lookups)) if s.lmcache_lookups else None,
+        "prompt_tokens_cached_by_source": dict(s.prompt_tokens_cached_by_source) if s.prompt_tokens_cached_by_source is not None else None,
     }

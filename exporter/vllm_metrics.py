@@ -41,6 +41,8 @@ PROCESS_START_TIME = "process_start_time_seconds"
 # admitted prefill (0.16 on): each request counted once, when its first token is out
 PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"  # source=local_compute|local_cache_hit|external_kv_transfer
 PROMPT_TOKENS_RECOMPUTED = "vllm:prompt_tokens_recomputed_total"  # 0.16-0.19 only
+# 0.33 on: cached prompt tokens by tier; `p2p` is KV sent by another replica (P/D), not a hit
+PROMPT_TOKENS_CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"  # source=device|host|p2p|disk|external_unspecified
 PREFILL_KV_COMPUTED = "vllm:request_prefill_kv_computed_tokens"  # histogram, 0.13 on
 # SGLang (--enable-metrics): tokenizer counters count at request finish; label model_name
 # (old builds: name); sums over cache_source / is_streaming / engine_type
@@ -119,6 +121,7 @@ _ROLE_BY_NAME: dict[str, tuple[str, str]] = {
     PROCESS_START_TIME: ("process", "process_start_time"),
     **{name: ("created", kind) for name, kind in CREATED_OF.items()},
     PROMPT_TOKENS_BY_SOURCE: ("by_source", "source_"),
+    PROMPT_TOKENS_CACHED_BY_SOURCE: ("by_cached_source", "cached_source_"),
     PROMPT_TOKENS_RECOMPUTED: ("counter", "prompt_tokens_recomputed"),
     PREFILL_KV_COMPUTED + "_sum": ("counter", "prefill_kv_computed_sum"),
     PREFILL_KV_COMPUTED + "_count": ("counter", "prefill_kv_computed_count"),
@@ -168,6 +171,7 @@ ENGINE_PREFIXES = {"vllm:": "vllm", "sglang:": "sglang", "trtllm_": "trtllm"}
 _TRTLLM_ZERO_WHEN_DECLARED = {"trtllm_kv_cache_reused_blocks": "trtllm_reused", "trtllm_kv_cache_missed_blocks": "trtllm_missed"}
 _DECLARED_FAMILY = {n: n for n in _TRTLLM_ZERO_WHEN_DECLARED} | {n + "_total": n for n in _TRTLLM_ZERO_WHEN_DECLARED}  # TYPE names either
 BY_SOURCE = ("local_compute", "local_cache_hit", "external_kv_transfer")
+CACHED_BY_SOURCE = ("device", "host", "p2p", "disk", "external_unspecified")
 # HELP lines are read for these only: the 0.7.3-0.8.x `gpu_` pair counts blocks, the
 # 0.9.x pair counts tokens, and HELP is the only place the text says which.
 _UNIT_FROM_HELP = {GPU_PREFIX_QUERIES, GPU_PREFIX_HITS}
@@ -349,7 +353,7 @@ def parse(text: str) -> Snapshot:
             warnings.append(f"line {lineno}: bad value {value_text[:40]!r} for {name}")
             continue
         kind, field_name = role
-        if kind in ("counter", "bucket", "sum", "max", "by_source", "bucket_sum", "router") and not (0.0 <= value < math.inf):
+        if kind in ("counter", "bucket", "sum", "max", "by_source", "by_cached_source", "bucket_sum", "router") and not (0.0 <= value < math.inf):
             # one +Inf or NaN would poison every window of the series for good
             reason = "negative_counter" if value < 0 else "non_finite_counter"
             rejected[reason] = rejected.get(reason, 0) + 1
@@ -397,6 +401,12 @@ def parse(text: str) -> Snapshot:
         elif kind == "by_source":
             source = labels.get("source")
             if source not in BY_SOURCE:
+                warnings.append(f"line {lineno}: {name} has an unknown source {source!r}")
+                continue
+            builder.values[field_name + source] = value
+        elif kind == "by_cached_source":
+            source = labels.get("source")
+            if source not in CACHED_BY_SOURCE:
                 warnings.append(f"line {lineno}: {name} has an unknown source {source!r}")
                 continue
             builder.values[field_name + source] = value
@@ -511,6 +521,7 @@ def _series(model: str, engine: str | None, b: _SeriesBuilder, gpu_unit: str | N
     if external is None and use_lmcache and ("lmcache_requested" in v or "lmcache_hit" in v):
         external = _pair(v, "lmcache_requested", "lmcache_hit", "tokens", what + " lmcache", warnings)
     by_source = tuple((s, v["source_" + s]) for s in BY_SOURCE if "source_" + s in v) or None
+    cached_by_source = tuple((s, v["cached_source_" + s]) for s in CACHED_BY_SOURCE if "cached_source_" + s in v) or None
     # either `_created` dates the same process start; a change of it is a restart
     created = b.created.get("new", b.created.get("deprecated"))
     ttft = None
@@ -537,6 +548,7 @@ def _series(model: str, engine: str | None, b: _SeriesBuilder, gpu_unit: str | N
         hit_rate_since_start=v0 if v0 is not None and 0 <= v0 <= 1 else None,  # -1: caching off; a ratio is 0-1
         created=created,
         prompt_tokens_by_source=by_source,
+        prompt_tokens_cached_by_source=cached_by_source,
         prompt_tokens_recomputed=v.get("prompt_tokens_recomputed"),
         prefill_kv_computed=(v["prefill_kv_computed_sum"], v.get("prefill_kv_computed_count", 0.0)) if "prefill_kv_computed_sum" in v else None,
         engine_hit_rate=_ratio_or_none(v.get("engine_hit_rate"), what, warnings),
