@@ -15,6 +15,7 @@ from conftest import require_binary
 from helpers import canonical_name, locked_pins, pinned_base_image
 
 ROOT = Path(__file__).parent.parent
+KUBERNETES_DOC = ROOT / "docs" / "kubernetes.md"  # the recipes a user follows, tested here as written
 DEPLOY = ROOT / "deploy" / "kubernetes"
 VARIANTS = ["sidecar", "central"]
 
@@ -132,7 +133,7 @@ def assert_references_resolve(docs, user_secrets=()):
     """What the API server, the kubelet and Prometheus Operator would find, without a
     cluster: every pod lives in a namespace, and each of its volumes and env references
     names a ConfigMap, Secret or claim of the build in that namespace (optional ones, and
-    Secrets the README tells the user to create, may be absent), every probe port is one
+    Secrets docs/kubernetes.md tells the user to create, may be absent), every probe port is one
     of the container's; every PodMonitor selects pods in the namespaces it watches (its
     own, without namespaceSelector) on ports they name; every Service selects pods in its
     namespace with the ports it targets."""
@@ -188,9 +189,9 @@ def assert_references_resolve(docs, user_secrets=()):
 
 
 def user_secrets() -> set[str]:
-    """Secrets the README tells the user to create (`kubectl -n ... create secret generic NAME`)."""
+    """Secrets docs/kubernetes.md tells the user to create (`kubectl -n ... create secret generic NAME`)."""
     import re
-    return set(re.findall(r"create secret generic ([a-z0-9-]+)", (ROOT / "README.md").read_text()))
+    return set(re.findall(r"create secret generic ([a-z0-9-]+)", KUBERNETES_DOC.read_text()))
 
 
 def gate_urls(docs) -> list[str]:
@@ -315,7 +316,7 @@ def test_every_secret_a_variant_mounts_is_created_or_documented(variant):
     docs = build(variant)
     created = {d["metadata"]["name"] for d in docs if d["kind"] == "Secret"}
     kustomization = (DEPLOY / variant / "kustomization.yaml").read_text()
-    readme = (ROOT / "README.md").read_text()
+    readme = KUBERNETES_DOC.read_text()
     for d in docs:
         if d["kind"] not in ("Deployment", "StatefulSet"):
             continue
@@ -347,7 +348,7 @@ PUSHED_IMAGE = "ghcr.io/vllm-prefix-cache-exporter/vllm-prefix-cache-exporter"
     pytest.param("examples/production-stack/deployment.yaml", "components/attach-native-sidecar", id="attach-native-sidecar"),
 ])
 def test_a_users_overlay_changes_the_image_by_the_pushed_name(base, component, tmp_path):
-    """What the README tells a user with a mirror: `kustomize edit set image` by the pushed
+    """What docs/kubernetes.md tells a user with a mirror: `kustomize edit set image` by the pushed
     name. The name `vllm-prefix-cache-exporter` is gone by the time a user's images entry
     runs (the variant's or component's entry has already replaced it)."""
     own = (base,) if base.endswith(".yaml") else ()
@@ -408,7 +409,7 @@ def test_the_kube_prometheus_stack_component_labels_what_the_chart_selects(varia
 
 @pytest.mark.parametrize("attach", ["attach-sidecar", "attach-native-sidecar"])
 def test_the_readmes_five_minute_recipe_builds_for_a_users_deployment(attach, tmp_path):
-    """README, kube-prometheus-stack in 5 minutes, step 2, followed literally: the user's
+    """docs/kubernetes.md, kube-prometheus-stack in 5 minutes, step 2, followed literally: the user's
     Deployment and deploy/kubernetes/base, with the attach, attach-podmonitor, relay and
     kube-prometheus-stack components."""
     import jsonschema
@@ -624,10 +625,10 @@ def test_the_locks_pin_every_runtime_and_build_dependency_with_hashes():
 
 FIVE_MINUTES = ("attach-podmonitor", "relay", "kube-prometheus-stack")
 RECIPES = {
-    # README, kube-prometheus-stack in 5 minutes, step 2, with either attach component
+    # docs/kubernetes.md, kube-prometheus-stack in 5 minutes, step 2, with either attach component
     "five-minutes-attach-sidecar": dict(resources=("base",), components=("components/attach-sidecar",) + tuple(f"components/{c}" for c in FIVE_MINUTES)),
     "five-minutes-attach-native-sidecar": dict(resources=("base",), components=("components/attach-native-sidecar",) + tuple(f"components/{c}" for c in FIVE_MINUTES)),
-    # README, Run as a sidecar: the variants, and the examples on top of them
+    # docs/kubernetes.md, Run as a sidecar: the variants, and the examples on top of them
     "sidecar": dict(resources=("sidecar",), user=False),
     "kube-prometheus-stack": dict(resources=("examples/kube-prometheus-stack",), user=False),
     "attach-to-a-statefulset": dict(resources=("base",), components=("components/attach-sidecar",) + tuple(f"components/{c}" for c in FIVE_MINUTES),
@@ -644,7 +645,7 @@ RECIPES = {
 def test_every_readme_recipe_resolves_every_reference_for_a_namespaced_deployment(recipe, tmp_path):
     """Each recipe as a user follows it: their Deployment carries metadata.namespace (as
     `helm template -n llm` renders it) and their kustomization sets `namespace:` as the
-    README says. The 5-minute recipe without it built a pod whose ConfigMap volume named
+    docs/kubernetes.md says. The 5-minute recipe without it built a pod whose ConfigMap volume named
     an object in no namespace (and without its hash suffix): the pods never started."""
     spec = dict(RECIPES[recipe])
     with_user = spec.pop("user", True)
@@ -657,7 +658,7 @@ def test_every_readme_recipe_resolves_every_reference_for_a_namespaced_deploymen
 
 def test_a_pod_mounting_a_config_map_of_another_namespace_does_not_resolve(tmp_path):
     """The check is real: the 5-minute recipe without `namespace:` in the user's
-    kustomization, as the README had it."""
+    kustomization, as the README once had it."""
     docs = build_overlay(tmp_path, own=(str(USER_VLLM),), **RECIPES["five-minutes-attach-sidecar"])
     with pytest.raises(AssertionError, match="ConfigMap vllm-prefix-cache-exporter-attached"):
         assert_references_resolve(docs, user_secrets())
@@ -667,16 +668,16 @@ REMOTE = "https://github.com/vllm-prefix-cache-exporter/vllm-prefix-cache-export
 
 
 def readme_yaml_blocks(containing: str) -> list[str]:
-    """The README's fenced YAML blocks that contain `containing`, unindented."""
+    """The fenced YAML blocks of docs/kubernetes.md that contain `containing`, unindented."""
     import re
     import textwrap
-    readme = (ROOT / "README.md").read_text()
+    readme = KUBERNETES_DOC.read_text()
     blocks = re.findall(r"^( *)```yaml\n(.*?)^\1```", readme, re.S | re.M)
     return [textwrap.dedent("\n".join(line[len(indent):] for line in body.splitlines())) for indent, body in blocks if containing in body]
 
 
 def five_minute_kustomization(tmp_path: Path, base: str | None = None) -> dict:
-    """README step 2's kustomization.yaml, with step 1's patch, in tmp_path beside the
+    """docs/kubernetes.md step 2's kustomization.yaml, with step 1's patch, in tmp_path beside the
     user's vllm.yaml: this repository's remote URLs point at this checkout."""
     (block,) = readme_yaml_blocks("components/attach-sidecar?ref=")
     (patch,) = readme_yaml_blocks("path: /metadata/labels/release")
@@ -698,7 +699,7 @@ def write_and_build(tmp_path: Path, kustomization: dict) -> list[dict]:
 
 
 def test_the_readmes_five_minute_kustomization_resolves_for_a_namespaced_deployment(tmp_path, monkeypatch):
-    """The README's step 1 and 2 as written, for a Deployment rendered with `helm template
+    """docs/kubernetes.md's step 1 and 2 as written, for a Deployment rendered with `helm template
     -n llm`: the sidecar's ConfigMap is the one its pod mounts, in its namespace, the
     PodMonitor watches that namespace, and the release label is the user's."""
     docs = write_and_build(tmp_path, five_minute_kustomization(tmp_path))
@@ -712,7 +713,7 @@ def test_the_readmes_five_minute_kustomization_resolves_for_a_namespaced_deploym
 
 
 def test_a_copy_of_the_base_with_your_own_rules_builds_in_the_five_minute_recipe(tmp_path):
-    """README, Your own rules: the folder deploy/kubernetes/base copied into the user's
+    """docs/kubernetes.md, Your own rules: the folder deploy/kubernetes/base copied into the user's
     repository stands alone."""
     shutil.copytree(DEPLOY / "base", tmp_path / "prefix-cache-rules")
     docs = write_and_build(tmp_path, five_minute_kustomization(tmp_path, base="prefix-cache-rules"))
@@ -721,7 +722,7 @@ def test_a_copy_of_the_base_with_your_own_rules_builds_in_the_five_minute_recipe
 
 
 def test_vllm_on_another_port_is_one_component_of_your_own(tmp_path, monkeypatch):
-    """README: copy examples/llm-d/vllm-on-8200, edit its config, list it after ours; here
+    """docs/kubernetes.md: copy examples/llm-d/vllm-on-8200, edit its config, list it after ours; here
     two vLLM containers, on 8100 and 8101."""
     shutil.copytree(DEPLOY / "examples" / "llm-d" / "vllm-on-8200", tmp_path / "my-vllm-ports")
     config = yaml.safe_load((tmp_path / "my-vllm-ports" / "config.yml").read_text())
@@ -742,7 +743,7 @@ def test_vllm_on_another_port_is_one_component_of_your_own(tmp_path, monkeypatch
 
 
 def test_a_replacing_config_map_generator_in_your_own_kustomization_fails(tmp_path):
-    """Why the README says to use a Component: the user's own generators run before the
+    """Why docs/kubernetes.md says to use a Component: the user's own generators run before the
     components that create the ConfigMap."""
     kustomization = five_minute_kustomization(tmp_path)
     (tmp_path / "config.yml").write_text("targets: []\n")
@@ -799,7 +800,7 @@ def test_every_namespace_a_variant_uses_is_created(variant):
 
 
 def test_the_readmes_basic_auth_patch_gives_the_podmonitor_credentials(tmp_path):
-    """README: with basic auth on, the PodMonitor authenticates from a Secret; the probes
+    """docs/kubernetes.md: with basic auth on, the PodMonitor authenticates from a Secret; the probes
     need none."""
     import jsonschema
     (patch,) = readme_yaml_blocks("path: /spec/podMetricsEndpoints/0/basicAuth")
