@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-from collections import deque
 import logging
 import math
 import os
@@ -13,15 +12,16 @@ import socket
 import sys
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from prometheus_client import CollectorRegistry
 
-from . import __version__, config as config_mod, console, jsonlines, simulator
-from .tools import divergence, lint as lint_mod, whatif as whatif_mod
+from . import __version__, config as config_mod, jsonlines, simulator
+from .exitcodes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from .sim import demo
+from .tools import diagnose, divergence, lint as lint_mod, whatif as whatif_mod
 from .collector import PrefixCacheCollector
 from .config import Config, ConfigError, ShardConfig, Target
 from .discoverers import Discovery
@@ -39,8 +39,6 @@ from .vllm_metrics import parse
 from .webconfig import WebSecurity, load_web_config
 
 log = logging.getLogger("exporter")
-
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
 
 @dataclass
@@ -346,142 +344,6 @@ def _leave(code: int, stopped: bool) -> int:
     os._exit(code)
 
 
-DEMO_RULES = {
-    # the demo tells in a minute what takes minutes in production: shorter rule windows
-    "hit_rate_drop_after_deploy": {"for": "5s", "keep_firing_for": "3s", "baseline": "30s", "after": "15s", "min_query_tokens": 5000},
-    "hit_rate_low": {"window": "1m", "for": "20s", "keep_firing_for": "3s"},
-    "ttft_regression": {"window": "10s", "reference": "4m", "for": "5s", "keep_firing_for": "3s"},
-}
-
-
-def demo_config(fleet: simulator.Fleet, names: Sequence[str], listen: str, alertmanager_urls: Sequence[str] = ()) -> Config:
-    return config_mod.load({
-        "global": {"poll_interval": "1s", "connect_timeout": "500ms", "read_timeout": "1s", "jitter": "0s",
-                   "windows": ["10s", "1m", "5m"]},
-        "web": {"listen_address": listen},
-        "targets": [{"name": n, "url": fleet.metrics_url(n)} for n in names],
-        "alertmanager": {"urls": list(alertmanager_urls), "resend_interval": "10s"},
-        "rules": DEMO_RULES,
-    })
-
-
-def _post_deploy(sidecar: Sidecar, version: str, description: str) -> None:
-    body = json.dumps({"version": version, "description": description}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{sidecar.server.port}/api/v1/deploys", data=body,
-                                 headers={"Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(req, timeout=5) as resp:
-        resp.read()
-
-
-def cmd_demo(args) -> int:
-    duration = args.duration
-    now = time.time()
-    deploy_at, rollback_at = duration * 0.25, duration * 0.5  # the second half shows the recovery
-    names = ("vllm-0", "vllm-1")
-    warm = 660.0  # simulated healthy traffic before the demo starts: past vLLM's cold-start grace
-    story = simulator.Scenario(events=(simulator.Event(warm + deploy_at, "prompt", "timestamp"),
-                                       simulator.Event(warm + rollback_at, "prompt", "static")))
-    replicas = [simulator.Replica(n, story, start=now - warm, seed=i) for i, n in enumerate(names)]
-    for r in replicas:
-        r.advance(now - 120.0)
-        r.sample, r.sample_bodies = [], True  # the traffic from here on, for the what-if analysis at the end
-        r.advance(now)
-    fleet = simulator.Fleet(replicas, clock=time.time).start()
-    transitions: deque = deque()
-    try:
-        cfg = demo_config(fleet, names, args.listen_address, args.alertmanager_urls)
-        sidecar = build_sidecar(cfg, cfg.web.listen_address, on_transitions=transitions.extend).start()
-    except (OSError, ConfigError) as exc:
-        fleet.stop()
-        print(f"error: cannot start the demo sidecar on {args.listen_address}: {exc} (try --web.listen-address=127.0.0.1:0)", file=sys.stderr)
-        return EXIT_ERROR
-    out = sys.stdout
-    screen = console.Screen(out, tty=out.isatty())
-    screen.say(f"demo: 2 simulated vLLM replicas at http://127.0.0.1:{fleet.port}/<name>/metrics; "
-               f"exporter at http://127.0.0.1:{sidecar.server.port}/metrics", header=True)
-    screen.say(f"demo: at t={deploy_at:.0f}s deploy v42 puts 'Current date and time: ...' atop the system prompt; "
-               f"at t={rollback_at:.0f}s v43 rolls it back", header=True)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    windows = [w for w, _ in cfg.global_.windows]
-    phases: dict[str, list[float]] = {"before": [], "after": [], "rollback": []}
-    announced: set[str] = set()
-    try:
-        while not stop.is_set():
-            elapsed = time.time() - now
-            if elapsed >= duration:
-                break
-            for version, at, what in (("v42", deploy_at, "timestamp atop the system prompt"), ("v43", rollback_at, "rollback of v42")):
-                if elapsed >= at and version not in announced:
-                    _post_deploy(sidecar, version, what)
-                    screen.say(f"demo: t={elapsed:.1f}s deploy {version} ({what}) announced to POST /api/v1/deploys")
-                    announced.add(version)
-            if "v43" in announced and "explained" not in announced:
-                announced.add("explained")
-                screen.say(f"demo: the {windows[0]} window recovers within seconds of the rollback; the {windows[1]} window still "
-                           f"holds the incident's traffic for {windows[1]}, so PrefixCacheHitRateLow (on the {windows[1]} window) "
-                           "can fire or stay firing until it slides past")
-            while transitions:
-                tr = transitions.popleft()
-                a = tr.alert
-                what = {"inactive": "PENDING ENDED WITHOUT FIRING"}.get(tr.state, tr.state.upper())
-                screen.say(f"demo: t={tr.t - now:.1f}s ALERT {what} {a.alertname} on {a.target}: {dict(a.annotations).get('summary')} "
-                           f"[cause={dict(a.labels).get('cause')} severity={dict(a.labels).get('severity')}]")
-                if tr.state == "firing" and "diagnosed" not in announced:
-                    announced.add("diagnosed")
-                    for line in _demo_diagnose(replicas[0], fleet):
-                        screen.say(line)
-            views = sidecar.state.targets()
-            screen.show(console.table(views, elapsed, windows), elapsed)
-            ratios = [s[windows[0]].hit_ratio for v in views for s in v.stats.values() if s[windows[0]].hit_ratio is not None]
-            if ratios:
-                phase = "before" if elapsed < deploy_at else "after" if elapsed < rollback_at else "rollback"
-                phases[phase].append(sum(ratios) / len(ratios))
-            stop.wait(min(1.0, max(0.0, duration - elapsed)))
-    finally:
-        sidecar.stop()
-        fleet.stop()
-    if phases["before"] and phases["after"]:
-        summary = (f"demo: hit rate {windows[0]}: before the deploy {phases['before'][-1] * 100:.1f}%, "
-                   f"lowest after it {min(phases['after']) * 100:.1f}%")
-        if phases["rollback"]:
-            summary += f", at the end (after the rollback) {phases['rollback'][-1] * 100:.1f}%"
-        print(summary, file=out)
-    for line in _demo_whatif(replicas, now + deploy_at, now + rollback_at):
-        print(line, file=out)
-    return EXIT_OK
-
-
-def _demo_whatif(replicas: Sequence[simulator.Replica], start: float, end: float) -> list[str]:
-    """Where the incident's points went: its traffic through the what-if analysis."""
-    lines = [json.dumps(line) for r in replicas for line in (r.sample or []) if line["t"] < end]
-    lines.sort(key=lambda l: json.loads(l)["t"])
-    requests_ = [x for x in whatif_mod.read_requests(lines) if isinstance(x, whatif_mod.Request)]
-    if not requests_:
-        return []
-    tok = replicas[0]
-    tokenizer = whatif_mod.Tokenizer(tok.tokenizer.encode, tok.render_chat, True, "the simulator's own tokenizer and chat template")
-    analysis = whatif_mod.analyze(requests_, len(replicas), ("round_robin", "session", "prefix_hash"), None, 16, tokenizer,
-                                  measure_from=start)
-    return ["demo: the incident's traffic through `whatif`, the traffic before it warming the caches "
-            "(vllm-prefix-cache-exporter whatif SAMPLE --replicas 2 --measure-from T):"] + \
-        [f"demo:   {line}" for line in whatif_mod.report(analysis).splitlines()]
-
-
-def _demo_diagnose(replica: simulator.Replica, fleet: simulator.Fleet) -> list[str]:
-    """What the operator does next: compare two real requests a second apart."""
-    t = time.time()
-    a, b = replica.request_at(0, t - 1.0), replica.request_at(0, t)
-    try:
-        finding = diagnose_requests(a, b, fleet.url(replica.name), None, offline=False)
-    except VLLMError as exc:
-        return [f"demo: diagnose failed: {exc}"]
-    return ["demo: diagnose of two requests of one tenant, a second apart "
-            f"(vllm-prefix-cache-exporter diagnose A.json B.json --target {fleet.url(replica.name)}):"] + \
-        [f"demo:   {line}" for line in divergence.report(finding).splitlines()]
-
-
 def cmd_backtest(args) -> int:
     try:
         cfg = config_mod.load_file(args.config_file) if args.config_file else Config()
@@ -593,51 +455,6 @@ def cmd_record(args) -> int:
     if count and not answered:
         print(f"error: {what} never answered", file=sys.stderr)
         return EXIT_ERROR
-    return EXIT_OK
-
-
-def _read_request(path: str) -> dict:
-    try:
-        data = jsonlines.loads(jsonlines.read_regular_file(path))
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except jsonlines.JSONInputError as exc:
-        raise ValueError(f"{path}: not JSON: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("messages"), list) or not data["messages"]:
-        raise ValueError(f"{path}: not an OpenAI chat-completions request (needs a non-empty `messages` list)")
-    return data
-
-
-def diagnose_requests(a: dict, b: dict, target: str | None, block_size: int | None, offline: bool) -> divergence.Finding:
-    """Raises VLLMError when the target cannot answer."""
-    if offline:
-        return divergence.offline(a, b, block_size or 16)
-    client = VLLMClient(target)
-    tokens_a, tokens_b = client.tokenize_chat(a), client.tokenize_chat(b)
-    size = block_size or client.block_size() or 16
-    d = divergence.first_divergence(tokens_a, tokens_b)
-    model = a.get("model")
-    window = slice(max(0, d - 12), d + 12)
-    context_a = client.detokenize(tokens_a[window], model)
-    context_b = client.detokenize(tokens_b[window], model)
-    return divergence.online(tokens_a, tokens_b, size, context_a, context_b, a, b)
-
-
-def cmd_diagnose(args) -> int:
-    if not args.offline and not args.target:
-        print("error: give --target URL of the vLLM server, or --offline for an approximation", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        a, b = _read_request(args.a), _read_request(args.b)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        finding = diagnose_requests(a, b, args.target, args.block_size, args.offline)
-    except VLLMError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    print(json.dumps(finding.to_json()) if args.json else divergence.report(finding))
     return EXIT_OK
 
 
@@ -802,14 +619,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="poll only the targets whose shard key hashes to I mod N, like Prometheus's hashmod (overrides discovery.shard)")
     run.set_defaults(func=cmd_run)
 
-    demo = command("demo", "play the incident on a simulated vLLM fleet")
-    demo.add_argument("--duration", type=float, default=120.0, help="seconds the story takes")
-    demo.add_argument("--web.listen-address", dest="listen_address", default="127.0.0.1:9464", help="where the demo's exporter listens")
-    demo.add_argument("--alertmanager.url", dest="alertmanager_urls", action="append", default=[],
+    demo_cmd = command("demo", "play the incident on a simulated vLLM fleet")
+    demo_cmd.add_argument("--duration", type=float, default=120.0, help="seconds the story takes")
+    demo_cmd.add_argument("--web.listen-address", dest="listen_address", default="127.0.0.1:9464", help="where the demo's exporter listens")
+    demo_cmd.add_argument("--alertmanager.url", dest="alertmanager_urls", action="append", default=[],
                       help="also deliver the demo's alerts to this Alertmanager (repeatable)")
-    demo.add_argument("--log.file", dest="log_file", default=None, help="write the sidecar's log lines here (default: only errors, to stderr)")
-    demo.add_argument("--log.level", dest="log_level", default=argparse.SUPPRESS, choices=LOG_LEVELS, help="log level (default: error, or info with --log.file)")
-    demo.set_defaults(func=cmd_demo)
+    demo_cmd.add_argument("--log.file", dest="log_file", default=None, help="write the sidecar's log lines here (default: only errors, to stderr)")
+    demo_cmd.add_argument("--log.level", dest="log_level", default=argparse.SUPPRESS, choices=LOG_LEVELS, help="log level (default: error, or info with --log.file)")
+    demo_cmd.set_defaults(func=lambda args: demo.command(args, build_sidecar))
 
     bt = command("backtest", "replay a recording through the rules; prints alert transitions as JSON lines")
     bt.add_argument("--config.file", dest="config_file", default=None, help="rules and windows (default: the built-in defaults)")
@@ -841,7 +658,7 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--block-size", dest="block_size", type=int, default=None, help="default: from vllm:cache_config_info, else 16")
     diag.add_argument("--offline", action="store_true", help="no server: an approximation on the rendered text")
     diag.add_argument("--json", action="store_true", help="print JSON instead of text")
-    diag.set_defaults(func=cmd_diagnose)
+    diag.set_defaults(func=diagnose.command)
 
     lint_cmd = command("lint", "flag volatile content before static content in prompt templates or request JSON")
     lint_cmd.add_argument("files", nargs="+", help="templates or request JSON files")

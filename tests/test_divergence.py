@@ -8,7 +8,7 @@ import pytest
 
 from exporter import simulator
 from exporter.tools import divergence
-from exporter.cli import diagnose_requests
+from exporter.tools.diagnose import diagnose_requests
 from exporter.tools.divergence import first_divergence, reusable_blocks
 
 from conftest import FIXTURES, free_port
