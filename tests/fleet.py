@@ -13,6 +13,7 @@ import yaml
 from exporter import simulator
 
 from conftest import free_port
+from fakeserver import FakeServer, reply
 from prom import Prometheus
 
 ROOT = Path(__file__).parent.parent
@@ -28,6 +29,26 @@ class FleetSetup:
     fleet: simulator.Fleet
     sidecar_url: str
     started: float
+    router: FakeServer | None = None
+
+
+ROUTER_INPUT_TOKENS_PER_SECOND = 4000.0
+ROUTER_PREDICTS = 0.8
+
+
+def _epp(started: float) -> FakeServer:
+    """An llm-d EPP's prefix metrics, growing with the wall clock: it predicts 80%."""
+    def metrics(h):
+        elapsed = max(0.0, time.time() - started)
+        tokens, requests = ROUTER_INPUT_TOKENS_PER_SECOND * elapsed, 5.0 * elapsed
+        body = ("# TYPE llm_d_epp_prefix_indexer_hit_bytes histogram\n"
+                f"llm_d_epp_prefix_indexer_hit_bytes_sum {4 * ROUTER_PREDICTS * tokens}\n"
+                f"llm_d_epp_prefix_indexer_hit_bytes_count {requests}\n"
+                "# TYPE llm_d_epp_request_input_tokens histogram\n"
+                f'llm_d_epp_request_input_tokens_sum{{model_name="{MODEL}",target_model_name="{MODEL}"}} {tokens}\n'
+                f'llm_d_epp_request_input_tokens_count{{model_name="{MODEL}",target_model_name="{MODEL}"}} {requests}\n')
+        reply(h, 200, body.encode(), [("Content-Type", "text/plain")])
+    return FakeServer({"/metrics": metrics}).__enter__()
 
 
 def start(workdir: Path, history_seconds: float = 125.0, timeout: float = 300.0):
@@ -45,11 +66,13 @@ def start(workdir: Path, history_seconds: float = 125.0, timeout: float = 300.0)
         r.advance(now)
         replicas.append(r)
     fleet = simulator.Fleet(replicas, clock=time.time).start()
+    router = _epp(now)
     port = free_port()
     config = workdir / "sidecar.yml"
     config.write_text(yaml.safe_dump({
         "global": {"poll_interval": "1s", "connect_timeout": "500ms", "read_timeout": "1s", "jitter": "0s"},
-        "targets": [{"name": r.name, "url": fleet.metrics_url(r.name), "labels": {"namespace": "llm", "pod": r.name}} for r in replicas],
+        "targets": [{"name": r.name, "url": fleet.metrics_url(r.name), "labels": {"namespace": "llm", "pod": r.name}} for r in replicas]
+        + [{"name": "epp", "url": router.base + "/metrics", "labels": {"namespace": "llm", "pod": "epp"}}],
     }))
     sidecar = subprocess.Popen([sys.executable, "-m", "exporter", "run", f"--config.file={config}",
                                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warning"], cwd=ROOT)
@@ -69,8 +92,9 @@ def start(workdir: Path, history_seconds: float = 125.0, timeout: float = 300.0)
         prom.stop()
         sidecar.terminate()
         fleet.stop()
+        router.__exit__(None, None, None)
         raise
-    return FleetSetup(prom, fleet, sidecar_url, now), sidecar
+    return FleetSetup(prom, fleet, sidecar_url, now, router), sidecar
 
 
 def _announce_deploy(url: str) -> None:
@@ -91,3 +115,5 @@ def stop(setup: FleetSetup, sidecar) -> None:
     sidecar.terminate()
     sidecar.wait(timeout=30)
     setup.fleet.stop()
+    if setup.router is not None:
+        setup.router.__exit__(None, None, None)

@@ -86,6 +86,7 @@ def test_every_query_filters_by_the_dashboards_variables():
             assert all(f'{v}=~"${v}"' in selector[1] for v in ("job", "namespace", "instance", "pod", "model_name")), (title, selector)
         for name, selector in re.findall(r"\b(prefixcache_\w+|ALERTS)\{([^}]*)\}", expr):
             wanted = ("model_name",) if name == "prefixcache_alert_state" else \
+                ("namespace", "model_name") if name in ("prefixcache_predicted_hit_ratio", "prefixcache_router_delivered_hit_ratio") else \
                 ("namespace", "pod") if name in ("prefixcache_deploy_events_total", "prefixcache_last_deploy_timestamp_seconds") else \
                 ("namespace", "pod", "model_name")
             assert all(f"${v}" in selector for v in wanted), (title, name, selector)
