@@ -374,7 +374,8 @@ class History:
         self._prev = array("d")
         self._add = array("d")
         self._offsets = False  # whether any slot of _add is not 0: the usual poll skips adding
-        self._started: tuple = (None, {})  # (process start, series key -> _created) last seen
+        self._start: float | None = None  # the process start time last seen
+        self._created: dict = {}  # series key -> its `_created` last seen
         self.steps_back: list[str] = []  # the counters the last append held (see RESET_FRACTION)
         self.logs: dict[str, ModelLog] = {}
         self.running: dict[str, dict[float, _Running]] = {}
@@ -471,11 +472,14 @@ class History:
     def _restarted(self, process_start: float | None, created: dict) -> bool:
         """Whether the target's process start time or a series' `_created` changed since
         the last append: then every decrease is a reset, however small."""
-        before, before_created = self._started
-        self._started = (process_start if process_start is not None else before, {**before_created, **created})
-        if process_start is not None and before is not None and process_start != before:
-            return True
-        return any(key in before_created and before_created[key] != value for key, value in created.items())
+        before, known = self._start, self._created
+        changed = process_start is not None and before is not None and process_start != before
+        if process_start is not None:
+            self._start = process_start
+        if created and created != known:  # a C-speed compare: the usual poll changes nothing
+            changed = changed or any(key in known and known[key] != value for key, value in created.items())
+            known.update(created)
+        return changed
 
     def _adjusted(self, raw: array, layout: Layout, restarted: bool = False) -> array:
         prev, add = self._prev, self._add
@@ -581,8 +585,7 @@ class History:
         for slot in [k for k in self._last_raw if k[0] not in alive]:
             self._last_raw.pop(slot, None)
             self._offset.pop(slot, None)
-        start, created = self._started
-        self._started = (start, {k: v for k, v in created.items() if k in alive})
+        self._created = {k: v for k, v in self._created.items() if k in alive}
 
     def retarget(self, keep_seconds: float, windows: Sequence[float]) -> None:
         """A reload changed the windows: keep every sample, track the new windows."""
