@@ -18,7 +18,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from . import __version__, roles
+from . import __version__, roles, tiers
 from .deploys import SOURCES as DEPLOY_SOURCES
 from .poller import RESULTS as POLL_RESULTS
 from .scrape import redact_url
@@ -75,6 +75,10 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("vllm_kv_cache_usage_ratio", "gauge", "vLLM KV-cache usage, 0-1 (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc).", "target", "model_name", "engine"),
     _m("vllm_prompt_tokens_by_source", "counter", "vLLM 0.16+ admitted prefill: prompt tokens by `source` (local_compute, local_cache_hit, external_kv_transfer), counted once per request when its first token is out.", "target", "model_name", "engine", "source"),
     _m("vllm_prompt_tokens_cached", "counter", "vLLM 0.16+ admitted prefill: cached prompt tokens (local + external).", "target", "model_name", "engine"),
+    _m("cached_tokens_by_tier", "counter", "Cached prompt tokens by cache `tier` as the engine counts them: device, host, storage/disk, unattributed (SGLang's cache_source=total fallback), p2p (vLLM 0.33: KV another replica sent, a transfer); SGLang cached_tokens_total, vLLM prompt_tokens_cached_by_source, TensorRT-LLM prompt_cache_hit_tokens_total.", "target", "model_name", "engine", "tier"),
+    _m("vllm_kv_block_idle_before_evict_seconds", "histogram", "vLLM 0.12+ with --kv-cache-metrics: how long sampled KV blocks sat unused before eviction, as read from the target.", "target", "model_name", "engine"),
+    _m("vllm_kv_block_reuse_gap_seconds", "histogram", "vLLM 0.12+ with --kv-cache-metrics: gaps between uses of one sampled KV block, as read from the target.", "target", "model_name", "engine"),
+    _m("kv_evicted_before_reuse", "gauge", "1 if sampled KV blocks are evicted sooner (median idle time before eviction) than they are typically reused (median reuse gap), since the engine started: direct evidence of eviction pressure; 0 if not; absent without vLLM's residency histograms.", "target", "model_name", "engine"),
     _m("engine_cache_hit_rate", "gauge", "The engine's own hit-rate gauge: SGLang's sglang:cache_hit_rate (the LAST prefill batch, or since start in old versions), TensorRT-LLM's trtllm_kv_cache_hit_rate (blocks since start); never a windowed rate; exported as read, never alerted on.", "target", "model_name"),
     _m("decode_target", "gauge", "1 if the target is a prefill/decode decode pod, from its `role: decode` label or its shape (90%+ of prompt tokens since start arrived as KV transfer), else 0: its transfers are not hits, and the hit-rate rules and the fleet leave it out.", "target"),
     _m("target_engine_info", "gauge", "Which engine's metric names the target serves (`engine`: vllm, sglang or trtllm); value 1.", "target", "engine"),
@@ -274,6 +278,15 @@ class PrefixCacheCollector(Collector):
                     f.add("prefixcache_vllm_prompt_tokens_cached", (s.model_name, engine), s.prompt_tokens_cached, target=t)
                 if s.engine_hit_rate is not None:
                     f.add("prefixcache_engine_cache_hit_rate", (s.model_name,), s.engine_hit_rate, target=t)
+                for tier, value in s.cached_tokens_by_tier or ():
+                    f.add("prefixcache_cached_tokens_by_tier", (s.model_name, engine, tier), value, target=t)
+                for name, hist in (("prefixcache_vllm_kv_block_idle_before_evict_seconds", s.kv_idle_before_evict),
+                                   ("prefixcache_vllm_kv_block_reuse_gap_seconds", s.kv_reuse_gap)):
+                    if hist is not None and hist.sum is not None:
+                        f.histogram(name, (s.model_name, engine), hist.buckets, hist.sum, target=t)
+                pressure = tiers.evicted_before_reuse(s.kv_idle_before_evict, s.kv_reuse_gap)
+                if pressure is not None:
+                    f.add("prefixcache_kv_evicted_before_reuse", (s.model_name, engine), 1.0 if pressure else 0.0, target=t)
                 h = s.ttft
                 if h is not None and h.buckets and math.isinf(h.buckets[-1][0]) and h.sum is not None:
                     f.histogram("prefixcache_vllm_time_to_first_token_seconds", (s.model_name, engine), h.buckets, h.sum, target=t)

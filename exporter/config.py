@@ -424,7 +424,7 @@ def _targets(r: _Reader, raw: Any) -> tuple[Target, ...]:
 # our metrics' labels and the labels every alert carries: a target label must not shadow them
 # (test_config checks it against every label of collector.METRICS; discovery renames them exported_*)
 RESERVED_LABELS = {"target", "model_name", "engine", "window", "quantile", "result", "unit", "alertname", "state", "le",
-                   "severity", "cause", "source", "baseline_version", "alertmanager", "reason", "weighting"}
+                   "severity", "cause", "source", "baseline_version", "alertmanager", "reason", "weighting", "tier"}
 
 
 def is_reserved_label(name: str) -> bool:

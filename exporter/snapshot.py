@@ -56,6 +56,9 @@ class SeriesSnapshot:
     engine_hit_rate: float | None = None  # SGLang's cache_hit_rate gauge: the last prefill batch
     lmcache_lookups: tuple[float | None, float | None, float | None] | None = None  # (requests, tokens, hit tokens), max over workers
     prompt_tokens_cached_by_source: tuple[tuple[str, float], ...] | None = None  # 0.33 on: device, host, p2p (a transfer), disk, ...
+    cached_tokens_by_tier: tuple[tuple[str, float], ...] | None = None  # exporter/tiers.py
+    kv_idle_before_evict: Histogram | None = None  # vLLM 0.12+ with --kv-cache-metrics
+    kv_reuse_gap: Histogram | None = None
 
     @property
     def key(self) -> tuple[str, str | None]:
@@ -145,4 +148,7 @@ def _series_json(s: SeriesSnapshot) -> dict:
         "engine_hit_rate": s.engine_hit_rate,
         "lmcache_lookups": dict(zip(("requests", "tokens", "hits"), s.lmcache_lookups)) if s.lmcache_lookups else None,
         "prompt_tokens_cached_by_source": dict(s.prompt_tokens_cached_by_source) if s.prompt_tokens_cached_by_source is not None else None,
+        "cached_tokens_by_tier": dict(s.cached_tokens_by_tier) if s.cached_tokens_by_tier is not None else None,
+        "kv_idle_before_evict": {"count": s.kv_idle_before_evict.count, "sum": s.kv_idle_before_evict.sum} if s.kv_idle_before_evict else None,
+        "kv_reuse_gap": {"count": s.kv_reuse_gap.count, "sum": s.kv_reuse_gap.sum} if s.kv_reuse_gap else None,
     }

@@ -12,7 +12,7 @@ import re
 
 # the parsed result, re-exported: callers import it from here with the names
 from .snapshot import MAX_WARNINGS, CounterPair, Histogram, SeriesSnapshot, Snapshot  # noqa: F401
-from . import trtllm
+from . import cacheconfig, tiers, trtllm
 from .router import RouterBuilder
 
 # --- the one table of upstream names ------------------------------------------------
@@ -44,6 +44,9 @@ PROMPT_TOKENS_RECOMPUTED = "vllm:prompt_tokens_recomputed_total"  # 0.16-0.19 on
 # 0.33 on: cached prompt tokens by tier; `p2p` is KV sent by another replica (P/D), not a hit
 PROMPT_TOKENS_CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"  # source=device|host|p2p|disk|external_unspecified
 PREFILL_KV_COMPUTED = "vllm:request_prefill_kv_computed_tokens"  # histogram, 0.13 on
+# KV residency (0.12 on, with --kv-cache-metrics; sampled blocks, observed at eviction)
+KV_IDLE_BEFORE_EVICT = "vllm:kv_block_idle_before_evict_seconds"  # last access -> eviction
+KV_REUSE_GAP = "vllm:kv_block_reuse_gap_seconds"  # between accesses of one block
 # SGLang (--enable-metrics): tokenizer counters count at request finish; label model_name
 # (old builds: name); sums over cache_source / is_streaming / engine_type
 SGLANG_PROMPT_TOKENS = "sglang:prompt_tokens_total"
@@ -74,6 +77,7 @@ TRTLLM_PROMPT_TOKENS = "trtllm_prompt_tokens_total"
 TRTLLM_GENERATION_TOKENS = "trtllm_generation_tokens_total"
 TRTLLM_RUNNING = "trtllm_num_requests_running"
 TRTLLM_WAITING = "trtllm_num_requests_waiting"
+TRTLLM_CACHE_HIT_TOKENS = "trtllm_prompt_cache_hit_tokens_total"  # by cache_level and cache_tier (gpu, host, disk...)
 # Routers (exporter/router.py): what a prefix-aware router predicted it would hit.
 # The EPP (GIE v0.4.0+; llm-d-router v0.9.0+ adds llm_d_epp_* twins of the same values)
 # observes its predicted match once per request, with no labels.
@@ -123,6 +127,12 @@ _ROLE_BY_NAME: dict[str, tuple[str, str]] = {
     PROMPT_TOKENS_BY_SOURCE: ("by_source", "source_"),
     PROMPT_TOKENS_CACHED_BY_SOURCE: ("by_cached_source", "cached_source_"),
     PROMPT_TOKENS_RECOMPUTED: ("counter", "prompt_tokens_recomputed"),
+    KV_IDLE_BEFORE_EVICT + "_bucket": ("hist_bucket", "idle_before_evict"),
+    KV_IDLE_BEFORE_EVICT + "_sum": ("counter", "idle_before_evict_sum"),
+    KV_IDLE_BEFORE_EVICT + "_count": ("counter", "idle_before_evict_count"),
+    KV_REUSE_GAP + "_bucket": ("hist_bucket", "reuse_gap"),
+    KV_REUSE_GAP + "_sum": ("counter", "reuse_gap_sum"),
+    KV_REUSE_GAP + "_count": ("counter", "reuse_gap_count"),
     PREFILL_KV_COMPUTED + "_sum": ("counter", "prefill_kv_computed_sum"),
     PREFILL_KV_COMPUTED + "_count": ("counter", "prefill_kv_computed_count"),
     SGLANG_PROMPT_TOKENS: ("sum", "sglang_prompt_tokens"),
@@ -151,6 +161,7 @@ _ROLE_BY_NAME: dict[str, tuple[str, str]] = {
     TRTLLM_GENERATION_TOKENS: ("sum", "generation_tokens"),
     TRTLLM_RUNNING: ("sum", "requests_running"),
     TRTLLM_WAITING: ("sum", "requests_waiting"),
+    TRTLLM_CACHE_HIT_TOKENS: ("tier", "cache_tier"),
     EPP_HIT_RATIO + "_sum": ("router", "epp.ratio_sum.old"),
     EPP_HIT_RATIO + "_count": ("router", "epp.ratio_count.old"),
     EPP_HIT_BYTES + "_sum": ("router", "epp.predicted_bytes.old"),
@@ -282,12 +293,14 @@ def _lines(text: str):
 
 
 class _SeriesBuilder:
-    __slots__ = ("values", "buckets", "created")
+    __slots__ = ("values", "buckets", "created", "tiers", "hists")
 
     def __init__(self) -> None:
         self.values: dict[str, float] = {}
         self.buckets: dict[float, float] = {}
         self.created: dict[str, float] = {}
+        self.tiers: dict[str, float] = {}  # cache tier -> cached prompt tokens
+        self.hists: dict[str, dict[float, float]] = {}  # KV residency histograms: name -> le -> count
 
 
 class _Warnings:
@@ -353,7 +366,7 @@ def parse(text: str) -> Snapshot:
             warnings.append(f"line {lineno}: bad value {value_text[:40]!r} for {name}")
             continue
         kind, field_name = role
-        if kind in ("counter", "bucket", "sum", "max", "by_source", "by_cached_source", "bucket_sum", "router") and not (0.0 <= value < math.inf):
+        if kind in ("counter", "bucket", "sum", "max", "by_source", "by_cached_source", "bucket_sum", "router", "tier", "hist_bucket") and not (0.0 <= value < math.inf):
             # one +Inf or NaN would poison every window of the series for good
             reason = "negative_counter" if value < 0 else "non_finite_counter"
             rejected[reason] = rejected.get(reason, 0) + 1
@@ -396,6 +409,18 @@ def parse(text: str) -> Snapshot:
             builder.buckets[le] = value + (builder.buckets.get(le, 0.0) if kind == "bucket_sum" else 0.0)
         elif kind == "sum":
             builder.values[field_name] = builder.values.get(field_name, 0.0) + value
+            if name == SGLANG_CACHED_TOKENS:
+                tier = tiers.of_sglang(labels.get("cache_source"))
+                builder.tiers[tier] = builder.tiers.get(tier, 0.0) + value
+        elif kind == "tier":
+            tier = tiers.of_trtllm(labels.get(field_name))
+            builder.tiers[tier] = builder.tiers.get(tier, 0.0) + value
+        elif kind == "hist_bucket":
+            le = _le(labels.get("le", ""))
+            if le is None:
+                warnings.append(f"line {lineno}: {name} has a bad le label")
+                continue
+            builder.hists.setdefault(field_name, {})[le] = value
         elif kind in ("max", "gauge_max"):
             builder.values[field_name] = max(builder.values.get(field_name, value), value)
         elif kind == "by_source":
@@ -435,10 +460,10 @@ def parse(text: str) -> Snapshot:
     for (model, engine), b in sorted(series.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
         built.append(_series(model, engine, b, gpu_unit, warnings, use_lmcache=model not in vllm_external))
 
-    cache_config = _single_info(infos.get("cache_config"), "cache_config_info", warnings)
-    lora = _single_info(infos.get("lora"), "lora_requests_info", warnings)
+    cache_config = cacheconfig.single_info(infos.get("cache_config"), "cache_config_info", warnings)
+    lora = cacheconfig.single_info(infos.get("lora"), "lora_requests_info", warnings)
     v0_gauges = [b.values["v0_gpu_hit_rate"] for b in series.values() if "v0_gpu_hit_rate" in b.values]
-    enabled, block_size = _cache_settings(cache_config, v0_gauges, warnings)
+    enabled, block_size = cacheconfig.settings(cache_config, v0_gauges, warnings)
     if block_size is None:
         block_size = trtllm.block_size([b.values for b in series.values()], TRTLLM_TOKENS_PER_BLOCK, warnings)
     if gpu_unit is None and any(b.values.get("gpu_queries") is not None and "queries" not in b.values for b in series.values()):
@@ -549,6 +574,9 @@ def _series(model: str, engine: str | None, b: _SeriesBuilder, gpu_unit: str | N
         created=created,
         prompt_tokens_by_source=by_source,
         prompt_tokens_cached_by_source=cached_by_source,
+        cached_tokens_by_tier=tiers.by_tier(b.tiers, cached_by_source),
+        kv_idle_before_evict=tiers.histogram(b.hists.get("idle_before_evict"), v.get("idle_before_evict_sum"), v.get("idle_before_evict_count")),
+        kv_reuse_gap=tiers.histogram(b.hists.get("reuse_gap"), v.get("reuse_gap_sum"), v.get("reuse_gap_count")),
         prompt_tokens_recomputed=v.get("prompt_tokens_recomputed"),
         prefill_kv_computed=(v["prefill_kv_computed_sum"], v.get("prefill_kv_computed_count", 0.0)) if "prefill_kv_computed_sum" in v else None,
         engine_hit_rate=_ratio_or_none(v.get("engine_hit_rate"), what, warnings),
@@ -564,34 +592,3 @@ def _ratio_or_none(value: float | None, what: str, warnings: list[str]) -> float
         return value
     warnings.append(f"{what}: the engine's cache hit rate gauge {value!r} is not a 0-1 ratio (an unreleased build?); ignored")
     return None
-
-
-def _single_info(rows: list[dict[str, str]] | None, what: str, warnings: list[str]) -> dict[str, str] | None:
-    if not rows:
-        return None
-    merged = {k: v for k, v in rows[0].items() if k != "engine"}
-    if any({k: v for k, v in r.items() if k != "engine"} != merged for r in rows[1:]):
-        warnings.append(f"{what}: engines disagree; using the first")
-    return merged
-
-
-def _cache_settings(cache_config: dict[str, str] | None, v0_gauges: list[float], warnings: list[str]) -> tuple[bool | None, int | None]:
-    enabled: bool | None = None
-    block_size: int | None = None
-    if cache_config is not None:
-        flag = cache_config.get("enable_prefix_caching")
-        if flag is not None:
-            enabled = flag.strip().lower() == "true"
-        size = cache_config.get("block_size")
-        if size is not None:
-            try:
-                block_size = int(float(size))  # "inf" and "1e999" raise OverflowError, "nan" ValueError
-            except (ValueError, OverflowError):
-                block_size = None
-            if block_size is None or block_size <= 0 or block_size != float(size):
-                warnings.append(f"cache_config_info: bad block_size {size[:40]!r}; a positive whole number of tokens is expected")
-                block_size = None
-    if enabled is None and v0_gauges:
-        # V0 reports -1 in its hit-rate gauge when prefix caching is off
-        enabled = not any(value < 0 for value in v0_gauges)
-    return enabled, block_size
