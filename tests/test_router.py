@@ -184,3 +184,36 @@ def test_predicted_and_delivered_are_exported_beside_each_other_and_go_with_the_
     assert delivered[("epp", "5m")] == pytest.approx(0.29, abs=0.03)
     state.set_targets([])
     assert "prefixcache_predicted_hit_ratio" not in families()
+
+
+# --- upstream fixtures (tests/fixtures/engine-metrics/SOURCES.md) --------------------------------
+def fixture(name: str) -> str:
+    from pathlib import Path
+    return (Path(__file__).parent / "fixtures" / "engine-metrics" / name).read_text(encoding="utf-8")
+
+
+def test_gie_testdata_input_tokens_under_the_oldest_name_are_the_pools():
+    snap = parse(fixture("gie_6f06bcbe_input_tokens_metric.txt"))
+    assert snap.warnings == () and snap.series == ()
+    ((model, c),) = snap.router.models
+    assert model == router.ALL_MODELS and c.input_tokens == 100.0  # 30 + 30 + 40 over every model
+
+
+def test_gie_hit_ratio_excerpt_is_a_per_request_mean():
+    snap = parse(fixture("gie_v1.5.0_prefix-indexer-hit-ratio_excerpt.txt"))
+    ((model, c),) = snap.router.models
+    assert (c.ratio_sum, c.ratio_count, c.predicted_tokens) == (2.7, 6.0, None)
+    h = router.RouterHistory(3600)
+    h.append(0.0, router.RouterSnapshot("epp", ((model, router.RouterCounters(ratio_sum=0.0, ratio_count=0.0)),)))
+    h.append(5.0, snap.router)
+    (p,) = h.predictions(5.0, [("1m", 60.0)], min_requests=1)[""].values()
+    assert p.weighting == router.PER_REQUEST_MEAN and p.ratio == pytest.approx(0.45)
+
+
+def test_dynamo_fixture_reads_prefill_routing_per_model_and_the_ratio_histogram_for_the_pool():
+    snap = parse(fixture("dynamo_kv-router-metrics-rs_disaggregated.txt"))
+    assert snap.warnings == () and snap.router.kind == "dynamo"
+    models = dict(snap.router.models)
+    # prefill phase only: 3584 predicted of 4608 input tokens; decode's 4544 are a transfer
+    assert (models["Qwen/Qwen3-0.6B"].predicted_tokens, models["Qwen/Qwen3-0.6B"].input_tokens) == (3584.0, 4608.0)
+    assert (models[""].ratio_sum, models[""].ratio_count) == (2.5625, 4.0)
