@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter.cli import GC_THRESHOLDS  # noqa: E402
+from exporter.sidecar import GC_THRESHOLDS  # noqa: E402
 from exporter.config import load  # noqa: E402
 from exporter.engine import Engine  # noqa: E402
 from exporter.vllm_metrics import parse  # noqa: E402

@@ -1,176 +1,31 @@
-"""Command line: subcommands, wiring, exit codes. The only module that exits."""
+"""Command line: parses the arguments, sets up logging and hands each subcommand to the module that owns it;
+the one place a ConfigError is reported. The commands return exit codes; main returns them to the process."""
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import math
 import os
 import signal
-import socket
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Sequence
 
-from prometheus_client import CollectorRegistry
-
-from . import __version__, config as config_mod, jsonlines, simulator
-from .exitcodes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
-from .sim import demo
-from .tools import diagnose, divergence, lint as lint_mod, whatif as whatif_mod
-from .collector import PrefixCacheCollector
+from . import __version__, config as config_mod, jsonlines, sidecar, simulator
 from .config import Config, ConfigError, ShardConfig, Target
 from .discoverers import Discovery
 from .discovery import polled
-from .alertmanager import Notifier
-from .deploys import AnnotationsWatcher
-from .http import App, Server, analysis_handlers, deploy_handlers
-from .poller import Poller
+from .exitcodes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from .recording import backtest, write_line
 from .scrape import SUCCESS, Scraper, redact_url
-from .state import State
+from .sim import demo, serve
+from .tools import diagnose, divergence, lint as lint_mod, parse as parse_command, whatif as whatif_mod
 from .tools.vllm_client import VLLMClient, VLLMError
-from .warmup import Warmer
-from .vllm_metrics import parse
-from .webconfig import WebSecurity, load_web_config
 
 log = logging.getLogger("exporter")
-
-
-@dataclass
-class Sidecar:
-    """Everything `run` and `demo` start, wired one way:
-    poller -> engine -> state -> collector/HTTP, and transitions -> notifier."""
-
-    config: Config
-    state: State
-    registry: CollectorRegistry
-    poller: Poller
-    app: App
-    server: Server
-    notifier: Notifier
-    warmer: Warmer
-    reload_lock: threading.Lock = field(default_factory=threading.Lock)
-    shard: str | None = None  # --shard, which outlives reloads
-
-    def start(self) -> "Sidecar":
-        self.server.start()
-        self.notifier.start()
-        self.poller.start()
-        return self
-
-    def stop(self, budget: float = 5.0) -> bool:
-        """Stop polling, give Alertmanager deliveries what is left of `budget` seconds in
-        all, stop serving: no peer, however slow, holds the stop past its budget. False
-        when a poll still waits on its target (it ends at its own scrape deadline)."""
-        deadline = time.monotonic() + budget
-        idle = self.poller.stop(min(2.0, budget / 3))
-        self.warmer.stop(min(1.0, max(0.0, deadline - time.monotonic()) / 2))
-        self.notifier.stop(max(0.5, deadline - time.monotonic()))
-        self.server.stop()
-        return idle
-
-    def reload(self, path: str) -> bool:
-        with self.reload_lock:  # concurrent SIGHUPs apply one after the other
-            return self._reload(path)
-
-    def _reload(self, path: str) -> bool:
-        try:
-            new = _with_shard(config_mod.load_file(path), self.shard)
-            config_mod.parse_listen_address(new.web.listen_address)
-        except ConfigError as exc:
-            self.state.set_process(config_reload_success=False)
-            for err in exc.errors:
-                log.error("reload failed, keeping the old config: %s", err)
-            return False
-        if new.web.listen_address != self.config.web.listen_address:
-            log.warning("reload: web.listen_address changes need a restart; keeping %s", self.config.web.listen_address)
-            new = replace(new, web=self.config.web)
-        for section in ("alertmanager", "warmup"):
-            if getattr(new, section) != getattr(self.config, section):
-                log.warning("reload: %s changes need a restart; keeping the old settings", section)
-                new = replace(new, **{section: getattr(self.config, section)})
-        # the deploy API token is re-read (rotation without a restart); the annotations file is not
-        if replace(new.deploys, api_token="") != replace(self.config.deploys, api_token=""):
-            log.warning("reload: deploys.annotations_file and annotation_key changes need a restart; keeping the old ones")
-            new = replace(new, deploys=replace(self.config.deploys, api_token=new.deploys.api_token))
-        if new.deploys.api_token != self.config.deploys.api_token:
-            log.info("reload: the deploy API token changed")
-        self.poller.reload(new)
-        self.config = new
-        self.state.set_process(config_reload_success=True, config_reload_time=time.time())
-        log.info("reloaded config from %s: %d static target(s), %d polled", path, len(new.targets), len(self.poller.current.targets))
-        return True
-
-
-# The sidecar keeps a large, slowly changing set of objects (histories, window stats of
-# every model) and allocates a new generation of them every poll. Python's default
-# thresholds run a full collection every few polls of a big target, whose cost grows
-# with everything alive; fewer young collections keep a poll's cost linear in what the
-# target sends (benchmarks/bench_ingest.py measures both settings side by side).
-GC_THRESHOLDS = (50_000, 20, 20)
-
-
-def tune_gc() -> None:
-    gc.set_threshold(*GC_THRESHOLDS)
-    gc.freeze()  # what start-up allocated is never garbage: keep it out of every collection
-
-
-def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.time, security: WebSecurity | None = None,
-                  on_transitions: Callable[[list], None] | None = None) -> Sidecar:
-    state = State()
-    state.set_process(config_reload_success=True, config_reload_time=time.time())
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(PrefixCacheCollector(state, [w for w, _ in cfg.global_.windows]))
-    host, port = config_mod.parse_listen_address(listen)
-    generator = cfg.web.external_url or f"http://{socket.gethostname()}:{port}/"
-    notifier = Notifier(cfg.alertmanager, generator, clock)
-    sources = []
-    if cfg.deploys.annotations_file:
-        sources.append(AnnotationsWatcher(cfg.deploys.annotations_file, cfg.deploys.annotation_key).poll)
-    holder: dict = {}
-    warmer = Warmer(cfg.warmup, clock)
-
-    def on_evaluated(transitions, engine_firing) -> None:
-        if on_transitions is not None and transitions:
-            on_transitions(transitions)
-        notifier.transitions(transitions)
-        notifier.resend(engine_firing)
-        state.put("alertmanager", notifier.stats())
-        state.put("warmup", warmer.snapshot() if cfg.warmup.enabled else None)
-
-    def on_start(target: str, reason: str) -> None:
-        if target == holder["sidecar"].config.warmup_target:
-            warmer.trigger(f"{reason} of {target}")
-
-    def ready() -> tuple[bool, str]:
-        # no evidence is never ready: a discovery source that has not answered once may hold the whole fleet
-        waiting = [f"{s.name} ({s.error or 'first refresh running'})" for s in state.get("discovery") or () if not s.refreshed]
-        if waiting:
-            return False, "discovery has not answered yet: " + "; ".join(waiting)
-        if not state.ready():
-            return False, "not every target has been polled yet"
-        return warmer.ready()
-
-    poller = Poller(cfg, state, clock=clock, after_evaluate=on_evaluated, sources=sources, on_start=on_start)
-    app = App(state, registry, ready=ready, security=security,
-              deploy_api_open=lambda: not holder["sidecar"].config.deploys.api_token)
-    post, get = deploy_handlers(state, poller.add_event, lambda: holder["sidecar"].config.deploys.api_token,
-                                lambda: {t.name for t in poller.current.targets}, clock)
-    app.route("POST", "/api/v1/deploys", post)
-    app.route("GET", "/api/v1/deploys", get)
-    analysis_get, flagger_post = analysis_handlers(lambda model, version, baseline: poller.analyze(clock(), model, version, baseline))
-    app.route("GET", "/api/v1/analysis", analysis_get)
-    app.route("POST", "/api/v1/analysis/flagger", flagger_post)
-    # while a deploy token is configured (asked per request: reloads change it), it stands in for basic auth
-    app.own_auth[("POST", "/api/v1/deploys")] = lambda: bool(holder["sidecar"].config.deploys.api_token)
-    server = Server(app, host, port, security)
-    sidecar = holder["sidecar"] = Sidecar(cfg, state, registry, poller, app, server, notifier, warmer)
-    return sidecar
 
 
 class _OneLineFormatter(logging.Formatter):
@@ -198,152 +53,6 @@ def _setup_logging(level: str, path: str | None = None) -> None:
 
 
 # --- subcommands -------------------------------------------------------------------------
-def cmd_check_config(args) -> int:
-    try:
-        cfg = config_mod.load_file(args.file)
-    except ConfigError as exc:
-        for err in exc.errors:
-            print(f"error: {err}", file=sys.stderr)
-        print(f"{args.file}: {len(exc.errors)} error(s)", file=sys.stderr)
-        return EXIT_USAGE
-    for warning in config_warnings(cfg):
-        print(f"warning: {warning}", file=sys.stderr)
-    sources = [name for name, on in (("prometheus", cfg.discovery.prometheus), ("file_sd", cfg.discovery.file_sd)) if on]
-    print(f"{args.file}: OK, {len(cfg.targets)} target(s)" + (f", discovery: {', '.join(sources)}" if sources else ""))
-    return EXIT_OK
-
-
-def config_warnings(cfg: Config) -> list[str]:
-    """Valid but probably not meant."""
-    out = []
-    if not cfg.targets and not cfg.discovery.enabled:
-        out.append("no targets: the sidecar will poll nothing (add `targets:` or `discovery:`)")
-    if not cfg.deploys.api_token:
-        out.append("no deploys.api_token: POST /api/v1/deploys accepts deploy announcements from anyone who reaches the port")
-    return out
-
-
-def cmd_parse(args) -> int:
-    # bytes as the sidecar gets them: lines end at \n only (text mode would also end them at
-    # a bare \r), the body must be UTF-8, and no larger than the sidecar's default limit
-    limit = config_mod.GlobalConfig.body_size_limit
-    try:
-        if args.file == "-":
-            raw = sys.stdin.buffer.read(limit + 1)
-        else:
-            with open(args.file, "rb") as fh:
-                raw = fh.read(limit + 1)
-    except OSError as exc:
-        print(f"error: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
-        return EXIT_ERROR
-    if len(raw) > limit:
-        print(f"error: {args.file} is larger than {limit} bytes, which the sidecar refuses as too_large", file=sys.stderr)
-        return EXIT_ERROR
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        print(f"error: {args.file} is not UTF-8 at byte {exc.start} (the sidecar counts such a body as decode_error)", file=sys.stderr)
-        return EXIT_ERROR
-    snap = parse(text)
-    json.dump(strict_json(snap.to_json()), sys.stdout, indent=None, allow_nan=False)
-    sys.stdout.write("\n")
-    for w in snap.warnings:
-        print(f"warning: {w}", file=sys.stderr)
-    if snap.warnings_dropped:
-        print(f"warning: {snap.warnings_dropped} more warning(s) not shown", file=sys.stderr)
-    if not snap.series:
-        print("error: no vLLM prefix-cache series found", file=sys.stderr)
-        return EXIT_ERROR
-    return EXIT_OK
-
-
-def strict_json(value):
-    """JSON has no NaN or Infinity: a gauge that reads NaN is printed as null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: strict_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [strict_json(v) for v in value]
-    return value
-
-
-def _load_run_config(args) -> Config:
-    path = args.config_file or os.environ.get(config_mod.ENV_CONFIG_FILE)
-    if not path:
-        raise ConfigError([f"no config: pass --config.file or set {config_mod.ENV_CONFIG_FILE}"])
-    args.config_file = path
-    return _with_shard(config_mod.load_file(path), getattr(args, "shard", None))
-
-
-def _with_shard(cfg: Config, shard: str | None) -> Config:
-    """--shard=I/N wins over discovery.shard (the key label stays the config's)."""
-    if not shard:
-        return cfg
-    try:
-        s = config_mod.parse_shard(shard)
-    except ValueError as exc:
-        raise ConfigError([str(exc)]) from None
-    return replace(cfg, discovery=replace(cfg.discovery, shard=replace(s, key_label=cfg.discovery.shard.key_label)))
-
-
-def cmd_run(args) -> int:
-    try:
-        cfg = _load_run_config(args)
-        listen = args.listen_address or cfg.web.listen_address
-        config_mod.parse_listen_address(listen)
-    except (ConfigError, ValueError) as exc:
-        for err in getattr(exc, "errors", [str(exc)]):
-            log.error("config: %s", err)
-        return EXIT_USAGE
-    security = None
-    if args.web_config_file:
-        try:
-            security = load_web_config(args.web_config_file)
-        except ConfigError as exc:
-            for err in exc.errors:
-                log.error("web config: %s", err)
-            return EXIT_USAGE
-    for warning in config_warnings(cfg):
-        log.warning("config: %s", warning)
-    tune_gc()
-    try:
-        sidecar = build_sidecar(cfg, listen, security=security)
-        sidecar.shard = getattr(args, "shard", None)
-    except OSError as exc:
-        log.error("cannot listen on %s: %s", listen, exc.strerror or exc)
-        return EXIT_ERROR
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    if hasattr(signal, "SIGHUP"):
-        signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=sidecar.reload, args=(args.config_file,), daemon=True).start())
-    sidecar.start()
-    log.info("listening on %s:%d, polling %d target(s) every %gs", listen.rpartition(":")[0] or "0.0.0.0",
-             sidecar.server.port, len(sidecar.poller.current.targets), cfg.global_.poll_interval)
-    stop.wait()
-    log.info("shutting down")
-    return _leave(EXIT_OK, sidecar.stop(STOP_BUDGET))
-
-
-# SIGTERM exits within 8 s whatever a peer does: a rollout waits on every pod's exit
-STOP_BUDGET = 5.0
-
-
-def _leave(code: int, stopped: bool) -> int:
-    """`code`, or, when a thread still waits on a peer past the stop's budget (a poll of
-    a target that drips within its scrape deadline: interpreter exit would join the job
-    pool's threads, daemons or not), exit now rather than wait for it."""
-    waiting = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
-    if stopped and not waiting:
-        return code
-    log.warning("exiting with work still waiting on a peer%s", f": {', '.join(sorted(waiting))[:500]}" if waiting else "")
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 def cmd_backtest(args) -> int:
     try:
         cfg = config_mod.load_file(args.config_file) if args.config_file else Config()
@@ -397,7 +106,7 @@ def cmd_record(args) -> int:
     discovery = None
     if args.config_file:
         try:
-            cfg = _with_shard(config_mod.load_file(args.config_file), None)
+            cfg = config_mod.load_file(args.config_file)
         except ConfigError as exc:
             for err in exc.errors:
                 print(f"error: {err}", file=sys.stderr)
@@ -555,31 +264,6 @@ def cmd_lint(args) -> int:
     return EXIT_USAGE if broken else (1 if findings else EXIT_OK)
 
 
-SCENARIOS = {
-    "healthy": lambda a: simulator.Scenario(request_rate=a.rate),
-    "incident": lambda a: simulator.incident(a.event_at, request_rate=a.rate),
-    "kv_pressure": lambda a: simulator.kv_pressure(a.event_at, 300.0, request_rate=a.rate),
-}
-
-
-def cmd_simulate(args) -> int:
-    now = time.time()
-    replicas = [simulator.Replica(f"vllm-{i}", SCENARIOS[args.scenario](args), start=now, seed=i, generation=args.generation)
-                for i in range(args.replicas)]
-    try:
-        fleet = simulator.Fleet(replicas, clock=time.time, port=args.port).start()
-    except OSError as exc:
-        print(f"error: cannot listen on port {args.port}: {exc.strerror}", file=sys.stderr)
-        return EXIT_ERROR
-    print(json.dumps({"port": fleet.port, "targets": [fleet.metrics_url(r.name) for r in replicas]}), flush=True)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    stop.wait(args.duration if args.duration > 0 else None)
-    fleet.stop()
-    return EXIT_OK
-
-
 class _HelpWithDefaults(argparse.HelpFormatter):
     """Every option's help ends with its default, as `--help` should tell."""
 
@@ -617,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log.level", dest="log_level", default=argparse.SUPPRESS, choices=LOG_LEVELS, help="log level (default: info)")
     run.add_argument("--shard", default=None, metavar="I/N",
                      help="poll only the targets whose shard key hashes to I mod N, like Prometheus's hashmod (overrides discovery.shard)")
-    run.set_defaults(func=cmd_run)
+    run.set_defaults(func=sidecar.run)
 
     demo_cmd = command("demo", "play the incident on a simulated vLLM fleet")
     demo_cmd.add_argument("--duration", type=float, default=120.0, help="seconds the story takes")
@@ -626,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also deliver the demo's alerts to this Alertmanager (repeatable)")
     demo_cmd.add_argument("--log.file", dest="log_file", default=None, help="write the sidecar's log lines here (default: only errors, to stderr)")
     demo_cmd.add_argument("--log.level", dest="log_level", default=argparse.SUPPRESS, choices=LOG_LEVELS, help="log level (default: error, or info with --log.file)")
-    demo_cmd.set_defaults(func=lambda args: demo.command(args, build_sidecar))
+    demo_cmd.set_defaults(func=demo.command)
 
     bt = command("backtest", "replay a recording through the rules; prints alert transitions as JSON lines")
     bt.add_argument("--config.file", dest="config_file", default=None, help="rules and windows (default: the built-in defaults)")
@@ -635,11 +319,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = command("check-config", "validate a config file")
     check.add_argument("file", help="the YAML config")
-    check.set_defaults(func=cmd_check_config)
+    check.set_defaults(func=sidecar.check_config)
 
     parse_cmd = command("parse", "print the normalized snapshot of one /metrics text as JSON")
     parse_cmd.add_argument("file", nargs="?", default="-", help="a /metrics text, - for stdin (default: -)")
-    parse_cmd.set_defaults(func=cmd_parse)
+    parse_cmd.set_defaults(func=parse_command.command)
 
     rec = command("record", "append scrapes of a target to a recording")
     rec.add_argument("--target", default=None, help="the /metrics URL")
@@ -691,11 +375,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--replicas", type=int, default=2, help="how many replicas")
     sim.add_argument("--port", type=int, default=0, help="0 picks a free port")
     sim.add_argument("--generation", choices=simulator.GENERATIONS, default="current", help="which vLLM metric names to serve")
-    sim.add_argument("--scenario", choices=sorted(SCENARIOS), default="healthy", help="the story to play")
+    sim.add_argument("--scenario", choices=sorted(serve.SCENARIOS), default="healthy", help="the story to play")
     sim.add_argument("--rate", type=float, default=5.0, help="requests/s per replica")
     sim.add_argument("--event-at", dest="event_at", type=float, default=60.0, help="seconds until the scenario's event")
     sim.add_argument("--duration", type=float, default=0.0, help="seconds; 0 serves until stopped")
-    sim.set_defaults(func=cmd_simulate)
+    sim.set_defaults(func=serve.command)
     return p
 
 
@@ -705,4 +389,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_file = getattr(args, "log_file", None)
     level = args.log_level or ("error" if args.command == "demo" and not log_file else "info")
     _setup_logging(level, log_file)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        report_config_errors(args, exc)
+        return EXIT_USAGE
+
+
+def report_config_errors(args, exc: ConfigError) -> None:
+    """`run` logs (its output is the log); the other commands print; check-config counts too."""
+    for err in exc.errors:
+        if args.command == "run":
+            log.error("%s: %s", exc.source, err)
+        else:
+            print(f"error: {err}", file=sys.stderr)
+    if args.command == "check-config":
+        print(f"{args.file}: {len(exc.errors)} error(s)", file=sys.stderr)

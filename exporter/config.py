@@ -22,9 +22,12 @@ ENV_CONFIG_FILE = "PREFIX_CACHE_EXPORTER_CONFIG"
 
 
 class ConfigError(Exception):
-    def __init__(self, errors: list[str]):
+    """Every problem of a config at once, each with its key path; `source` says which file kind (the run log names it)."""
+
+    def __init__(self, errors: list[str], source: str = "config"):
         super().__init__("\n".join(errors))
         self.errors = errors
+        self.source = source
 
 
 @dataclass(frozen=True)

@@ -474,7 +474,7 @@ def test_who_may_call_each_endpoint_follows_every_reload(tmp_path, basic_auth):
     import bcrypt
     import requests
     import yaml
-    from exporter.cli import build_sidecar
+    from exporter.sidecar import build_sidecar
     from exporter.config import load_file
     from exporter.webconfig import parse_web_config
 

@@ -240,7 +240,7 @@ def test_discovered_targets_are_polled_and_a_removed_one_is_forgotten_once_its_a
     own. Every GET endpoint answers after each step."""
     import json
 
-    from exporter.cli import build_sidecar
+    from exporter.sidecar import build_sidecar
     from exporter.config import load
     from test_http import call
 

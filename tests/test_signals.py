@@ -142,7 +142,7 @@ def test_concurrent_reloads_apply_one_after_the_other(tmp_path):
     """Each SIGHUP reloads on its own thread: ten at once must not race (duplicate job
     ids, KeyErrors, wrong job counts) and every target keeps polling."""
     import threading
-    from exporter.cli import build_sidecar
+    from exporter.sidecar import build_sidecar
     from exporter.config import load_file
     replicas = [simulator.Replica(n, simulator.Scenario(), start=time.time() - 900, seed=i) for i, n in enumerate("abc")]
     fleet = simulator.Fleet(replicas, clock=time.time).start()

@@ -305,7 +305,7 @@ def test_chromium_shows_the_firing_alert_its_cause_and_the_drop_then_the_recover
     Chromium reads `/` over HTTP while the drop alert fires, and again once it resolved."""
     import requests
 
-    from exporter.cli import build_sidecar
+    from exporter.sidecar import build_sidecar
 
     binary = chromium()
     start = time.time() - 3600

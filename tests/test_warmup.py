@@ -5,7 +5,7 @@ import pytest
 import requests
 
 from exporter import simulator
-from exporter.cli import build_sidecar
+from exporter.sidecar import build_sidecar
 from exporter.config import load
 from exporter.warmup import Warmer, WarmupConfig, request_body
 

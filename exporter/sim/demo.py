@@ -3,24 +3,21 @@ replicas against a real sidecar, with the alerts, a diagnose and a what-if of th
 from __future__ import annotations
 
 import json
-import signal
 import sys
-import threading
 import time
 import urllib.request
 from collections import deque
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Sequence
 
 from .. import config as config_mod, simulator
 from ..config import Config, ConfigError
 from ..exitcodes import EXIT_ERROR, EXIT_OK
+from ..sidecar import Sidecar, build_sidecar
+from ..stopping import stop_event
 from ..tools import divergence, whatif
 from ..tools.diagnose import diagnose_requests
 from ..tools.vllm_client import VLLMError
 from . import console
-
-if TYPE_CHECKING:
-    from ..cli import Sidecar
 
 
 DEMO_RULES = {
@@ -50,7 +47,7 @@ def _post_deploy(sidecar: Sidecar, version: str, description: str) -> None:
         resp.read()
 
 
-def command(args, build_sidecar: Callable[..., Sidecar]) -> int:
+def command(args) -> int:
     """`demo`: the incident and its rollback on two simulated replicas, told on the console."""
     duration = args.duration
     now = time.time()
@@ -79,9 +76,7 @@ def command(args, build_sidecar: Callable[..., Sidecar]) -> int:
                f"exporter at http://127.0.0.1:{sidecar.server.port}/metrics", header=True)
     screen.say(f"demo: at t={deploy_at:.0f}s deploy v42 puts 'Current date and time: ...' atop the system prompt; "
                f"at t={rollback_at:.0f}s v43 rolls it back", header=True)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = stop_event()
     windows = [w for w, _ in cfg.global_.windows]
     phases: dict[str, list[float]] = {"before": [], "after": [], "rollback": []}
     announced: set[str] = set()

@@ -1,0 +1,254 @@
+"""The composition root: the sidecar's parts built and wired one way (poller -> engine -> state -> collector/HTTP,
+transitions -> notifier), its reload policy (what a SIGHUP may change), and the `run` and `check-config` commands."""
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from prometheus_client import CollectorRegistry
+
+from . import config as config_mod
+from .alertmanager import Notifier
+from .collector import PrefixCacheCollector
+from .config import Config, ConfigError
+from .deploys import AnnotationsWatcher
+from .exitcodes import EXIT_ERROR, EXIT_OK
+from .http import App, Server, analysis_handlers, deploy_handlers
+from .poller import Poller
+from .state import State
+from .stopping import stop_event
+from .warmup import Warmer
+from .webconfig import WebSecurity, load_web_config
+
+log = logging.getLogger("exporter")
+
+
+@dataclass
+class Sidecar:
+    """Everything `run` and `demo` start, wired one way:
+    poller -> engine -> state -> collector/HTTP, and transitions -> notifier."""
+
+    config: Config
+    state: State
+    registry: CollectorRegistry
+    poller: Poller
+    app: App
+    server: Server
+    notifier: Notifier
+    warmer: Warmer
+    reload_lock: threading.Lock = field(default_factory=threading.Lock)
+    shard: str | None = None  # --shard, which outlives reloads
+
+    def start(self) -> "Sidecar":
+        self.server.start()
+        self.notifier.start()
+        self.poller.start()
+        return self
+
+    def stop(self, budget: float = 5.0) -> bool:
+        """Stop polling, give Alertmanager deliveries what is left of `budget` seconds in
+        all, stop serving: no peer, however slow, holds the stop past its budget. False
+        when a poll still waits on its target (it ends at its own scrape deadline)."""
+        deadline = time.monotonic() + budget
+        idle = self.poller.stop(min(2.0, budget / 3))
+        self.warmer.stop(min(1.0, max(0.0, deadline - time.monotonic()) / 2))
+        self.notifier.stop(max(0.5, deadline - time.monotonic()))
+        self.server.stop()
+        return idle
+
+    def reload(self, path: str) -> bool:
+        with self.reload_lock:  # concurrent SIGHUPs apply one after the other
+            return self._reload(path)
+
+    def _reload(self, path: str) -> bool:
+        try:
+            new = with_shard(config_mod.load_file(path), self.shard)
+            config_mod.parse_listen_address(new.web.listen_address)
+        except ConfigError as exc:
+            self.state.set_process(config_reload_success=False)
+            for err in exc.errors:
+                log.error("reload failed, keeping the old config: %s", err)
+            return False
+        if new.web.listen_address != self.config.web.listen_address:
+            log.warning("reload: web.listen_address changes need a restart; keeping %s", self.config.web.listen_address)
+            new = replace(new, web=self.config.web)
+        for section in ("alertmanager", "warmup"):
+            if getattr(new, section) != getattr(self.config, section):
+                log.warning("reload: %s changes need a restart; keeping the old settings", section)
+                new = replace(new, **{section: getattr(self.config, section)})
+        # the deploy API token is re-read (rotation without a restart); the annotations file is not
+        if replace(new.deploys, api_token="") != replace(self.config.deploys, api_token=""):
+            log.warning("reload: deploys.annotations_file and annotation_key changes need a restart; keeping the old ones")
+            new = replace(new, deploys=replace(self.config.deploys, api_token=new.deploys.api_token))
+        if new.deploys.api_token != self.config.deploys.api_token:
+            log.info("reload: the deploy API token changed")
+        self.poller.reload(new)
+        self.config = new
+        self.state.set_process(config_reload_success=True, config_reload_time=time.time())
+        log.info("reloaded config from %s: %d static target(s), %d polled", path, len(new.targets), len(self.poller.current.targets))
+        return True
+
+
+# The sidecar keeps a large, slowly changing set of objects (histories, window stats of
+# every model) and allocates a new generation of them every poll. Python's default
+# thresholds run a full collection every few polls of a big target, whose cost grows
+# with everything alive; fewer young collections keep a poll's cost linear in what the
+# target sends (benchmarks/bench_ingest.py measures both settings side by side).
+GC_THRESHOLDS = (50_000, 20, 20)
+
+
+def tune_gc() -> None:
+    gc.set_threshold(*GC_THRESHOLDS)
+    gc.freeze()  # what start-up allocated is never garbage: keep it out of every collection
+
+
+def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.time, security: WebSecurity | None = None,
+                  on_transitions: Callable[[list], None] | None = None) -> Sidecar:
+    state = State()
+    state.set_process(config_reload_success=True, config_reload_time=time.time())
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PrefixCacheCollector(state, [w for w, _ in cfg.global_.windows]))
+    host, port = config_mod.parse_listen_address(listen)
+    generator = cfg.web.external_url or f"http://{socket.gethostname()}:{port}/"
+    notifier = Notifier(cfg.alertmanager, generator, clock)
+    sources = []
+    if cfg.deploys.annotations_file:
+        sources.append(AnnotationsWatcher(cfg.deploys.annotations_file, cfg.deploys.annotation_key).poll)
+    holder: dict = {}
+    warmer = Warmer(cfg.warmup, clock)
+
+    def on_evaluated(transitions, engine_firing) -> None:
+        if on_transitions is not None and transitions:
+            on_transitions(transitions)
+        notifier.transitions(transitions)
+        notifier.resend(engine_firing)
+        state.put("alertmanager", notifier.stats())
+        state.put("warmup", warmer.snapshot() if cfg.warmup.enabled else None)
+
+    def on_start(target: str, reason: str) -> None:
+        if target == holder["sidecar"].config.warmup_target:
+            warmer.trigger(f"{reason} of {target}")
+
+    def ready() -> tuple[bool, str]:
+        # no evidence is never ready: a discovery source that has not answered once may hold the whole fleet
+        waiting = [f"{s.name} ({s.error or 'first refresh running'})" for s in state.get("discovery") or () if not s.refreshed]
+        if waiting:
+            return False, "discovery has not answered yet: " + "; ".join(waiting)
+        if not state.ready():
+            return False, "not every target has been polled yet"
+        return warmer.ready()
+
+    poller = Poller(cfg, state, clock=clock, after_evaluate=on_evaluated, sources=sources, on_start=on_start)
+    app = App(state, registry, ready=ready, security=security,
+              deploy_api_open=lambda: not holder["sidecar"].config.deploys.api_token)
+    post, get = deploy_handlers(state, poller.add_event, lambda: holder["sidecar"].config.deploys.api_token,
+                                lambda: {t.name for t in poller.current.targets}, clock)
+    app.route("POST", "/api/v1/deploys", post)
+    app.route("GET", "/api/v1/deploys", get)
+    analysis_get, flagger_post = analysis_handlers(lambda model, version, baseline: poller.analyze(clock(), model, version, baseline))
+    app.route("GET", "/api/v1/analysis", analysis_get)
+    app.route("POST", "/api/v1/analysis/flagger", flagger_post)
+    # while a deploy token is configured (asked per request: reloads change it), it stands in for basic auth
+    app.own_auth[("POST", "/api/v1/deploys")] = lambda: bool(holder["sidecar"].config.deploys.api_token)
+    server = Server(app, host, port, security)
+    sidecar = holder["sidecar"] = Sidecar(cfg, state, registry, poller, app, server, notifier, warmer)
+    return sidecar
+
+
+def load_run_config(args) -> Config:
+    path = args.config_file or os.environ.get(config_mod.ENV_CONFIG_FILE)
+    if not path:
+        raise ConfigError([f"no config: pass --config.file or set {config_mod.ENV_CONFIG_FILE}"])
+    args.config_file = path
+    return with_shard(config_mod.load_file(path), getattr(args, "shard", None))
+
+
+def with_shard(cfg: Config, shard: str | None) -> Config:
+    """--shard=I/N wins over discovery.shard (the key label stays the config's)."""
+    if not shard:
+        return cfg
+    try:
+        s = config_mod.parse_shard(shard)
+    except ValueError as exc:
+        raise ConfigError([str(exc)]) from None
+    return replace(cfg, discovery=replace(cfg.discovery, shard=replace(s, key_label=cfg.discovery.shard.key_label)))
+
+
+def run(args) -> int:
+    """`run`: the sidecar until SIGTERM; SIGHUP reloads its config. A bad config is a ConfigError main reports."""
+    cfg = load_run_config(args)
+    listen = args.listen_address or cfg.web.listen_address
+    try:
+        config_mod.parse_listen_address(listen)
+    except ValueError as exc:
+        raise ConfigError([str(exc)]) from None
+    security = None
+    if args.web_config_file:
+        try:
+            security = load_web_config(args.web_config_file)
+        except ConfigError as exc:
+            raise ConfigError(exc.errors, source="web config") from None
+    for warning in config_warnings(cfg):
+        log.warning("config: %s", warning)
+    tune_gc()
+    try:
+        sidecar = build_sidecar(cfg, listen, security=security)
+        sidecar.shard = getattr(args, "shard", None)
+    except OSError as exc:
+        log.error("cannot listen on %s: %s", listen, exc.strerror or exc)
+        return EXIT_ERROR
+    stop = stop_event()
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=sidecar.reload, args=(args.config_file,), daemon=True).start())
+    sidecar.start()
+    log.info("listening on %s:%d, polling %d target(s) every %gs", listen.rpartition(":")[0] or "0.0.0.0",
+             sidecar.server.port, len(sidecar.poller.current.targets), cfg.global_.poll_interval)
+    stop.wait()
+    log.info("shutting down")
+    return leave(EXIT_OK, sidecar.stop(STOP_BUDGET))
+
+
+# SIGTERM exits within 8 s whatever a peer does: a rollout waits on every pod's exit
+STOP_BUDGET = 5.0
+
+
+def leave(code: int, stopped: bool) -> int:
+    """`code`, or, when a thread still waits on a peer past the stop's budget (a poll of
+    a target that drips within its scrape deadline: interpreter exit would join the job
+    pool's threads, daemons or not), exit now rather than wait for it."""
+    waiting = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if stopped and not waiting:
+        return code
+    log.warning("exiting with work still waiting on a peer%s", f": {', '.join(sorted(waiting))[:500]}" if waiting else "")
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def check_config(args) -> int:
+    """`check-config FILE`: what `run` would start with, or every error at once (ConfigError, which main reports)."""
+    cfg = config_mod.load_file(args.file)
+    for warning in config_warnings(cfg):
+        print(f"warning: {warning}", file=sys.stderr)
+    sources = [name for name, on in (("prometheus", cfg.discovery.prometheus), ("file_sd", cfg.discovery.file_sd)) if on]
+    print(f"{args.file}: OK, {len(cfg.targets)} target(s)" + (f", discovery: {', '.join(sources)}" if sources else ""))
+    return EXIT_OK
+
+
+def config_warnings(cfg: Config) -> list[str]:
+    """Valid but probably not meant."""
+    out = []
+    if not cfg.targets and not cfg.discovery.enabled:
+        out.append("no targets: the sidecar will poll nothing (add `targets:` or `discovery:`)")
+    if not cfg.deploys.api_token:
+        out.append("no deploys.api_token: POST /api/v1/deploys accepts deploy announcements from anyone who reaches the port")
+    return out
