@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 from . import __version__, config as config_mod, jsonlines, sidecar, simulator
-from .config import Config, ConfigError, ShardConfig, Target
+from .config import Config, ConfigError, Target
+from .config_discovery import ShardConfig
 from .discoverers import Discovery
 from .discovery import polled
 from .exitcodes import EXIT_ERROR, EXIT_OK, EXIT_USAGE

@@ -19,7 +19,8 @@ import threading
 from dataclasses import replace
 from typing import Callable
 
-from .config import DiscoveryConfig, PrometheusSDConfig, Target
+from .config import Target
+from .config_discovery import DiscoveryConfig, PrometheusSDConfig
 from .discovery import DiscoveryError, Found, Limits, Selector, SourceState, from_file_sd, from_targets_api, limit_targets, settle
 from .promapi import PrometheusAPI, PrometheusAPIError
 from .scrape import redact_url

@@ -26,7 +26,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from .config import RESERVED_LABELS, ShardConfig, Target
+from .config import RESERVED_LABELS, Target
+from .config_discovery import ShardConfig
 from .scrape import redact_url
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")

@@ -19,6 +19,8 @@ from . import config as config_mod
 from .alertmanager import Notifier
 from .collector import PrefixCacheCollector
 from .config import Config, ConfigError
+from .config_discovery import parse_shard
+from .config_reader import parse_listen_address
 from .deploys import AnnotationsWatcher
 from .exitcodes import EXIT_ERROR, EXIT_OK
 from .http import App, Server, analysis_handlers, deploy_handlers
@@ -71,7 +73,7 @@ class Sidecar:
     def _reload(self, path: str) -> bool:
         try:
             new = with_shard(config_mod.load_file(path), self.shard)
-            config_mod.parse_listen_address(new.web.listen_address)
+            parse_listen_address(new.web.listen_address)
         except ConfigError as exc:
             self.state.set_process(config_reload_success=False)
             for err in exc.errors:
@@ -116,7 +118,7 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
     state.set_process(config_reload_success=True, config_reload_time=time.time())
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PrefixCacheCollector(state, [w for w, _ in cfg.global_.windows]))
-    host, port = config_mod.parse_listen_address(listen)
+    host, port = parse_listen_address(listen)
     generator = cfg.web.external_url or f"http://{socket.gethostname()}:{port}/"
     notifier = Notifier(cfg.alertmanager, generator, clock)
     sources = []
@@ -176,7 +178,7 @@ def with_shard(cfg: Config, shard: str | None) -> Config:
     if not shard:
         return cfg
     try:
-        s = config_mod.parse_shard(shard)
+        s = parse_shard(shard)
     except ValueError as exc:
         raise ConfigError([str(exc)]) from None
     return replace(cfg, discovery=replace(cfg.discovery, shard=replace(s, key_label=cfg.discovery.shard.key_label)))
@@ -187,7 +189,7 @@ def run(args) -> int:
     cfg = load_run_config(args)
     listen = args.listen_address or cfg.web.listen_address
     try:
-        config_mod.parse_listen_address(listen)
+        parse_listen_address(listen)
     except ValueError as exc:
         raise ConfigError([str(exc)]) from None
     security = None

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import bcrypt
 import yaml
 
-from .config import ConfigError
+from .config_reader import ConfigError
 
 _TLS_KEYS = {"cert_file", "key_file", "client_ca_file", "client_auth_type", "min_version", "max_version"}
 _CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "RequestClientCert": ssl.CERT_OPTIONAL,

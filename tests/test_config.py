@@ -1,6 +1,6 @@
 import pytest
 
-from exporter import config
+from exporter import config, config_reader
 from exporter.config import ConfigError, load, load_file, load_text
 
 from conftest import FIXTURES
@@ -91,12 +91,12 @@ def test_missing_file_is_a_config_error():
 
 @pytest.mark.parametrize("text, seconds", [("5s", 5), ("1m30s", 90), ("500ms", 0.5), ("1h", 3600), (2, 2.0), ("1d", 86400)])
 def test_durations(text, seconds):
-    assert config.parse_duration(text) == seconds
+    assert config_reader.parse_duration(text) == seconds
 
 
 @pytest.mark.parametrize("text, size", [("16MiB", 16 * 2**20), ("1KB", 1000), (512, 512), ("2 GiB", 2 * 2**30)])
 def test_sizes(text, size):
-    assert config.parse_size(text) == size
+    assert config_reader.parse_size(text) == size
 
 
 def test_empty_config_is_valid_and_has_no_targets():

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from exporter.config import DiscoveryConfig, PrometheusSDConfig
+from exporter.config_discovery import DiscoveryConfig, PrometheusSDConfig
 from exporter.discoverers import FILE_SD, PROMETHEUS, Discovery
 
 from conftest import FIXTURES, free_port

@@ -296,7 +296,7 @@ def test_concurrent_scrapers_all_succeed(served):
 @pytest.mark.parametrize("listen", ["[::1]:0", "[::]:0"])
 def test_ipv6_listen_addresses(listen):
     import requests
-    from exporter.config import parse_listen_address
+    from exporter.config_reader import parse_listen_address
     from exporter.http import Server
     host, port = parse_listen_address(listen)
     state = simulated_state()

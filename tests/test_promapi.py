@@ -63,7 +63,7 @@ def test_credentials_are_sent_and_never_shown():
 def test_discovery_counts_a_broken_answer_as_a_failed_refresh(prom):
     """prefixcache_discovery_last_refresh_successful reads the source's `ok`: a short body
     or bad gzip must make it 0, not escape as a traceback while it stays 1."""
-    from exporter.config import DiscoveryConfig, PrometheusSDConfig
+    from exporter.config_discovery import DiscoveryConfig, PrometheusSDConfig
     from exporter.discoverers import Discovery
 
     for behaviour in ("short", "badgzip"):

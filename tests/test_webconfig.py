@@ -9,7 +9,7 @@ import requests
 from prometheus_client import CollectorRegistry
 
 from exporter.collector import PrefixCacheCollector
-from exporter.config import ConfigError
+from exporter.config_reader import ConfigError
 from exporter.http import App, Server
 from exporter.webconfig import BasicAuth, load_web_config, parse_web_config
 
