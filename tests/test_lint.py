@@ -66,3 +66,9 @@ def test_bad_allow_pattern_is_a_config_error(tmp_path):
     cfg.write_text(yaml.safe_dump({"lint": {"allow": ["(unclosed"]}}))
     out = run("--config.file", str(cfg), str(LINT / "good.j2"))
     assert out.returncode == 2 and "lint.allow[0]" in out.stderr
+
+
+def test_a_request_whose_tools_are_no_list_is_a_clear_error():
+    """Found by the fuzz: `"tools": 1e308` was a TypeError deep in the tool names."""
+    with pytest.raises(ValueError, match="`tools` must be a list"):
+        lint.lint("a.json", '{"tools": 1e308, "messages": []}')

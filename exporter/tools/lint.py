@@ -92,6 +92,8 @@ def lint(path: str, text: str) -> list[LintFinding]:
             raise ValueError(f"{path}: not JSON: {exc}") from None
         if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
             raise ValueError(f"{path}: not a chat-completions request (no `messages` list)")
+        if not isinstance(data.get("tools") or [], list):
+            raise ValueError(f"{path}: `tools` must be a list")
         return lint_request(path, text, data)
     return lint_template(path, text)
 
