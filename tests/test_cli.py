@@ -252,3 +252,11 @@ def test_parse_with_a_hostile_block_size_prints_json_not_a_traceback(tmp_path, c
     out, err = capsys.readouterr()
     assert json.loads(out)["block_size"] is None and json.loads(out)["warnings_total"] == 501
     assert "401 more warning(s) not shown" in err and err.count("\n") < 110
+
+
+def test_diagnose_of_a_request_whose_tools_are_no_list_is_a_clear_error(tmp_path, capsys):
+    request = tmp_path / "a.json"
+    request.write_text('{"messages": [{"role": "user", "content": "hi"}], "tools": 5}')
+    assert main(["diagnose", str(request), str(request), "--offline"]) == 2
+    err = capsys.readouterr().err
+    assert "`tools` must be a list" in err and "Traceback" not in err

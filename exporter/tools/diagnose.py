@@ -20,6 +20,8 @@ def read_request(path: str) -> dict:
         raise ValueError(f"{path}: not JSON: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("messages"), list) or not data["messages"]:
         raise ValueError(f"{path}: not an OpenAI chat-completions request (needs a non-empty `messages` list)")
+    if not isinstance(data.get("tools") or [], list):
+        raise ValueError(f"{path}: `tools` must be a list")
     return data
 
 
