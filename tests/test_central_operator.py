@@ -1,0 +1,134 @@
+"""The central variant as a user applies it, on a Prometheus shaped as prometheus-operator
+runs it: the variant is built with kubectl kustomize, its vLLM PodMonitor is turned into the
+scrape config the operator generates for it (pkg/prometheus/promcfg.go, v0.93.0: pool
+`podMonitor/<ns>/<name>/<i>`, then the pod selector, the port filter, namespace/container/
+pod, job `<ns>/<name>`, endpoint, then the PodMonitor's own relabelings), and the sidecar runs
+the variant's own config with only the addresses of this machine put in. Every pod is polled
+with its version (an app.kubernetes.io/version pod and an Argo Rollout pod named by its
+pod-template hash), and the gate never passes a version that no pod runs."""
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import free_port, require_binary, wait_for
+from prom import Prometheus
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def built_central() -> list[dict]:
+    out = subprocess.run([require_binary("kubectl"), "kustomize", str(ROOT / "deploy/kubernetes/central")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def _label_meta(name: str) -> str:
+    return "__meta_kubernetes_pod_label_" + "".join(c if c.isalnum() else "_" for c in name)
+
+
+def operator_scrape_config(monitor: dict, sd_file: Path) -> dict:
+    """What the operator generates for the first podMetricsEndpoints entry of `monitor`."""
+    ns, name = monitor["metadata"]["namespace"], monitor["metadata"]["name"]
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    relabel = [{"source_labels": [_label_meta(k)], "regex": v, "action": "keep"}
+               for k, v in monitor["spec"]["selector"].get("matchLabels", {}).items()]
+    relabel += [
+        {"source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": endpoint["port"], "action": "keep"},
+        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+        {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+        {"target_label": "job", "replacement": f"{ns}/{name}"},
+        {"target_label": "endpoint", "replacement": endpoint["port"]},
+    ]
+    camel = {"sourceLabels": "source_labels", "targetLabel": "target_label", "regex": "regex",
+             "replacement": "replacement", "action": "action", "separator": "separator"}
+    for rule in endpoint.get("relabelings", []):
+        unknown = set(rule) - set(camel)
+        assert not unknown, f"translate {unknown} too"
+        relabel.append({camel[k]: v for k, v in rule.items()})
+    return {"job_name": f"podMonitor/{ns}/{name}/0", "metrics_path": endpoint.get("path", "/metrics"),
+            "file_sd_configs": [{"files": [str(sd_file)]}], "relabel_configs": relabel}
+
+
+def test_the_central_variant_polls_every_pod_of_an_operator_managed_prometheus_and_never_passes_a_missing_version(tmp_path):
+    from exporter.sim import simulator
+    from exporter.sim.server import Fleet
+
+    docs = built_central()
+    (monitor,) = [d for d in docs if d["kind"] == "PodMonitor" and d["metadata"]["name"] == "vllm"]
+    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap" and "config.yml" in d.get("data", {})]
+    config = yaml.safe_load(config_map["data"]["config.yml"])
+
+    fleet = Fleet([], clock=time.time).start()
+    # pod -> its labels as Kubernetes has them: a Deployment's pods with their version
+    # label, an Argo Rollout's canary pod with its pod-template hash, and a pod of another app
+    pods = {"vllm-7f9c8d6b5-abcde": {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/version": "v1"},
+            "vllm-7f9c8d6b5-fghij": {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/version": "v1"},
+            "vllm-68d7c9f4b-klmno": {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/version": "v1",
+                                     "rollouts-pod-template-hash": "68d7c9f4b"},
+            "embedder-0": {"app.kubernetes.io/name": "embedder"}}
+    for i, pod in enumerate(pods):
+        fleet.add(simulator.Replica(pod, simulator.Scenario(), start=time.time() - 900, seed=i))
+    sd = tmp_path / "pods.json"
+    # the path of each pod's /metrics on the one fake server stands where kubernetes_sd's
+    # pod IP would: the rest are the __meta_ labels kubernetes_sd gives a pod
+    sd.write_text(json.dumps([{"targets": [f"127.0.0.1:{fleet.port}"], "labels": {
+        "__metrics_path__": f"/{pod}/metrics", "__meta_kubernetes_namespace": monitor["metadata"]["namespace"],
+        "__meta_kubernetes_pod_name": pod, "__meta_kubernetes_pod_container_name": "vllm",
+        "__meta_kubernetes_pod_container_port_name": "http", **{_label_meta(k): v for k, v in labels.items()}}}
+        for pod, labels in pods.items()]))
+    scrape = operator_scrape_config(monitor, sd)
+    scrape.pop("metrics_path")  # each fake pod's path comes from its __metrics_path__
+    prom = Prometheus(tmp_path, [scrape])
+
+    # the variant's own config; only what points at the cluster points at this machine
+    config["discovery"]["prometheus"]["url"] = None  # set once Prometheus has its port
+    (tmp_path / "token").write_text("s3cret\n")
+    config["deploys"]["api_token_file"] = str(tmp_path / "token")
+    config["alertmanager"]["urls"] = [f"http://127.0.0.1:{free_port()}"]
+    config.setdefault("global", {}).update(poll_interval="2s")  # the shortest its default timeouts allow
+    config["discovery"]["refresh_interval"] = "1s"
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    sidecar = None
+    try:
+        prom.start()
+        config["discovery"]["prometheus"]["url"] = prom.url
+        (tmp_path / "config.yml").write_text(yaml.safe_dump(config))
+        sidecar = subprocess.Popen([sys.executable, "-m", "exporter", "run", f"--config.file={tmp_path / 'config.yml'}",
+                                    f"--web.listen-address=127.0.0.1:{port}"], cwd=ROOT, stderr=open(tmp_path / "sidecar.log", "w"))
+        expected = {"vllm-7f9c8d6b5-abcde": "v1", "vllm-7f9c8d6b5-fghij": "v1", "vllm-68d7c9f4b-klmno": "68d7c9f4b"}
+
+        def polled() -> dict:
+            """target -> version of every target up, as our own /metrics labels them."""
+            up = {}
+            for family in text_string_to_metric_families(requests.get(base + "/metrics", timeout=5).text):
+                if family.name == "prefixcache_target_up":
+                    up.update({s.labels["target"]: s.labels.get("version") for s in family.samples if s.value == 1.0})
+            return up
+
+        assert wait_for(lambda: polled() == expected, timeout=60, step=1), \
+            (polled() if sidecar.poll() is None else None, (tmp_path / "sidecar.log").read_text()[-3000:])
+        metrics = requests.get(base + "/metrics", timeout=5).text
+        assert 'prefixcache_discovery_matched_nothing{source="prometheus"} 0.0' in metrics
+        model = simulator.Replica("x", simulator.Scenario(), start=0).model_names[0]
+        typo = requests.get(base + "/api/v1/analysis", params={"model": model, "version": "v-typo"}, timeout=5)
+        assert typo.status_code == 200 and typo.json()["verdict"] != "pass" and typo.json()["error"], typo.text
+        hook = requests.post(base + "/api/v1/analysis/flagger", timeout=5, json={
+            "name": "vllm", "namespace": "llm", "phase": "Progressing", "metadata": {"model": model, "version": "v-typo"}})
+        assert hook.status_code >= 400, hook.text  # Flagger takes any answer <= 202 as a pass
+    finally:
+        if sidecar is not None:
+            sidecar.terminate()
+            sidecar.wait(timeout=20)
+        prom.stop()
+        fleet.stop()
