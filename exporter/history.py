@@ -455,7 +455,8 @@ class History:
                     dc += c1 - c0
             x = y = NAN
             if dq > 0 and dc > 0:
-                x, y = min(1.0, max(0.0, dh / dq)), ds / dc
+                x, y = dh / dq, ds / dc
+                x = 1.0 if x > 1.0 else x  # hits above queries; no builtin call: this runs per model and poll
             log = self.logs.get(model)
             if log is None:
                 log = self.logs[model] = ModelLog()

@@ -389,7 +389,8 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
         hit_ratio = None
         if queries is not None and hits is not None and unit is not None and \
                 queries * (blocks if unit == "blocks" else 1) >= floor:
-            hit_ratio = min(1.0, max(0.0, hits / queries))
+            hit_ratio = hits / queries
+            hit_ratio = 1.0 if hit_ratio > 1.0 else hit_ratio  # counters are never negative here
         running = running_of.get(model)
         running = running.get(seconds) if running is not None else None
         if running is not None:
@@ -402,7 +403,7 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
             window, seconds, queries, hits, unit, hit_ratio,
             queries / span if queries is not None and span > 0 else None,
             hits / span if hits is not None and span > 0 else None,
-            min(1.0, max(0.0, ext_h / ext_q)) if ext_q and ext_h is not None else None,
+            ratio(ext_h, ext_q) if ext_q and ext_h is not None else None,
             ttft_sum / ttft_count if ttft_sum is not None and ttft_count else None,
             ttft_count, fit[0] if fit else None, fit[1] * 0.1 if fit else None, prompt, preempt, kv_max, hi - lo,
             a_hits, a_prompt, a_ratio, _LazyTTFT(source, keys)))
