@@ -72,3 +72,14 @@ def test_a_request_whose_tools_are_no_list_is_a_clear_error():
     """Found by the fuzz: `"tools": 1e308` was a TypeError deep in the tool names."""
     with pytest.raises(ValueError, match="`tools` must be a list"):
         lint.lint("a.json", '{"tools": 1e308, "messages": []}')
+
+
+def test_a_template_with_a_timestamp_on_every_line_lints_in_linear_time():
+    """Each finding used to rescan all the text after it: 2,000 timestamps in 120 KB took
+    66 s (a 16 MiB file, hours). Now one pass for all of them."""
+    import time
+    text = "Current time: {{ now }} and some static text follows here.\n" * 2000 + "static " * 100
+    started = time.process_time()
+    found = lint.lint("t.txt", text)
+    assert time.process_time() - started < 10.0
+    assert {(f.kind, f.line) for f in found} == {("timestamp", i) for i in range(1, 2001)}

@@ -3,6 +3,7 @@ prefix cache. Pure: file text in, findings out."""
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -48,11 +49,46 @@ class LintFinding:
         return f"{self.path}:{self.line}: {self.kind}: {self.message} ({self.snippet!r})"
 
 
-def _static_after(text: str, end: int) -> int:
-    rest = _TEMPLATE_EXPR.sub("", text[end:])
-    for pattern in list(_PLACEHOLDERS.values()) + list(_LITERALS.values()):
-        rest = pattern.sub("", rest)
-    return len(rest.strip())
+_SPACE = re.compile(r"\s+")
+
+
+def _static_after(text: str, ends) -> dict[int, int]:
+    """For each offset in `ends`: how much static text follows it (what is left once
+    template expressions and volatile content are taken out, without the whitespace
+    around it). One pass over the text for all offsets, so that a file with a timestamp
+    on every line costs time linear in its size, not quadratic."""
+    n = len(text)
+    kept = bytearray(b"\x01") * n  # 1 where the character is static
+    for pattern in (_TEMPLATE_EXPR, *_PLACEHOLDERS.values(), *_LITERALS.values()):
+        for m in pattern.finditer(text):
+            kept[m.start():m.end()] = bytes(m.end() - m.start())
+    solid = bytearray(kept)  # static and not whitespace
+    for m in _SPACE.finditer(text):
+        solid[m.start():m.end()] = bytes(m.end() - m.start())
+    last = solid.rfind(1)
+    if last == -1:
+        return {end: 0 for end in ends}
+    trailing = kept.count(1, last + 1, n)
+    first = {end: solid.find(1, end) for end in set(ends)}
+    out, total, at = {}, 0, n
+    for end, start in sorted(first.items(), key=lambda item: -max(item[1], -1)):
+        if start == -1:
+            out[end] = 0
+            continue
+        total += kept.count(1, start, at)
+        at = start
+        out[end] = total - trailing
+    return out
+
+
+class _Lines:
+    """Line numbers of offsets, from one list of line starts."""
+
+    def __init__(self, text: str):
+        self.starts = [0] + [m.end() for m in re.finditer("\n", text)]
+
+    def of(self, offset: int) -> int:
+        return bisect_right(self.starts, offset)
 
 
 def _line_of(text: str, offset: int) -> int:
@@ -60,11 +96,11 @@ def _line_of(text: str, offset: int) -> int:
 
 
 def lint_template(path: str, text: str) -> list[LintFinding]:
-    found = []
-    for kind, pattern in list(_PLACEHOLDERS.items()) + list(_LITERALS.items()):
-        for m in pattern.finditer(text):
-            if _static_after(text, m.end()) >= MIN_STATIC_AFTER:
-                found.append(LintFinding(path, _line_of(text, m.start()), kind, MESSAGES[kind], m.group(0)))
+    matches = [(kind, m) for kind, pattern in list(_PLACEHOLDERS.items()) + list(_LITERALS.items()) for m in pattern.finditer(text)]
+    static = _static_after(text, [m.end() for _, m in matches])
+    lines = _Lines(text)
+    found = [LintFinding(path, lines.of(m.start()), kind, MESSAGES[kind], m.group(0))
+             for kind, m in matches if static[m.end()] >= MIN_STATIC_AFTER]
     return _dedupe(found)
 
 
@@ -75,11 +111,12 @@ def lint_request(path: str, text: str, request: dict) -> list[LintFinding]:
         at = text.find('"tools"')
         found.append(LintFinding(path, _line_of(text, max(0, at)), TOOLS_ORDER, MESSAGES[TOOLS_ORDER], ", ".join(names)))
     rendered = render(request)
-    for kind, pattern in _LITERALS.items():
-        for m in pattern.finditer(rendered):
-            if _static_after(rendered, m.end()) >= MIN_STATIC_AFTER:
-                at = text.find(m.group(0))
-                found.append(LintFinding(path, _line_of(text, at) if at >= 0 else 1, kind, MESSAGES[kind], m.group(0)))
+    matches = [(kind, m) for kind, pattern in _LITERALS.items() for m in pattern.finditer(rendered)]
+    static = _static_after(rendered, [m.end() for _, m in matches])
+    for kind, m in matches:
+        if static[m.end()] >= MIN_STATIC_AFTER:
+            at = text.find(m.group(0))
+            found.append(LintFinding(path, _line_of(text, at) if at >= 0 else 1, kind, MESSAGES[kind], m.group(0)))
     return _dedupe(found)
 
 
