@@ -17,7 +17,7 @@ from . import causes
 from .deploys import ChangePointSettings, DeployEvent
 from .fleet import token_rates
 from .vllm_metrics import Snapshot
-from .window import TargetSample, WindowStats, last_hit_time, stats_between
+from .window import TargetSample, WindowStats, last_hit_time, ratio, stats_between
 
 INACTIVE, PENDING, FIRING, INCONCLUSIVE = "inactive", "pending", "firing", "inconclusive"
 RESOLVED = "resolved"  # a transition, after which the alert is inactive
@@ -150,14 +150,14 @@ def _ratio(ws: WindowStats) -> float | None:
     (vLLM 0.16 on: each request counted once, when it is scheduled, immune to the
     lookup counters' retry over-count), else the lookup one."""
     if ws.admitted_hit_increase is not None and ws.admitted_prompt_increase:
-        return ws.admitted_hit_increase / ws.admitted_prompt_increase
+        return ratio(ws.admitted_hit_increase, ws.admitted_prompt_increase)
     return _lookup_ratio(ws)
 
 
 def _lookup_ratio(ws: WindowStats) -> float | None:
     if ws.hit_increase is None or not ws.query_increase:
         return None
-    return ws.hit_increase / ws.query_increase
+    return ratio(ws.hit_increase, ws.query_increase)
 
 
 def _in_cold_start(f: Facts, grace: float) -> DeployEvent | None:
