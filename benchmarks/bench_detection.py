@@ -15,10 +15,10 @@ from pathlib import Path
 
 import yaml
 
-from exporter import simulator
+from exporter.sim import simulator
 from exporter.config import Config
 from exporter.recording import backtest
-from exporter.simulator import Event, Scenario
+from exporter.sim.simulator import Event, Scenario
 from exporter.vllm_metrics import parse
 
 START = 1_764_480_000.0

@@ -21,7 +21,7 @@ import requests
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_sidecar import measure, start_fleet, start_sidecar_with  # noqa: E402
 
-from exporter import simulator  # noqa: E402
+from exporter.sim import simulator  # noqa: E402
 from exporter.config import load  # noqa: E402
 from exporter.engine import Engine  # noqa: E402
 from exporter.vllm_metrics import parse  # noqa: E402
@@ -72,7 +72,7 @@ def bench_discovered(targets: int, seconds: float) -> dict:
 
 def _exporter_bytes() -> int:
     snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, "*exporter/*"),
-                                                      tracemalloc.Filter(False, "*exporter/simulator.py")])
+                                                      tracemalloc.Filter(False, "*exporter/sim/*")])
     return sum(stat.size for stat in snap.statistics("filename"))
 
 

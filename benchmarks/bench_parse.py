@@ -4,7 +4,7 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import simulator
+from exporter.sim import simulator
 from exporter.vllm_metrics import parse
 
 WANTED = {"vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:external_prefix_cache_queries",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter import simulator  # noqa: E402
+from exporter.sim import simulator  # noqa: E402
 from exporter.config import Target  # noqa: E402
 from exporter.rules import FIRING, Alert  # noqa: E402
 from exporter.state import TargetView  # noqa: E402

@@ -14,7 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
-from . import __version__, config as config_mod, jsonlines, sidecar, simulator
+from . import __version__, config as config_mod, jsonlines, sidecar
 from .config import Config, ConfigError, Target
 from .config_discovery import ShardConfig
 from .discoverers import Discovery
@@ -22,7 +22,7 @@ from .discovery import polled
 from .exitcodes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from .recording import backtest, write_line
 from .scrape import SUCCESS, Scraper, redact_url
-from .sim import demo, serve
+from .sim import demo, serve, simulator
 from .tools import diagnose, divergence, lint as lint_mod, parse as parse_command, whatif as whatif_mod
 from .tools.vllm_client import VLLMClient, VLLMError
 

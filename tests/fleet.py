@@ -10,7 +10,8 @@ from pathlib import Path
 import requests
 import yaml
 
-from exporter import simulator
+from exporter.sim import simulator
+from exporter.sim.server import Fleet
 
 from conftest import free_port
 from fakeserver import FakeServer, reply
@@ -26,7 +27,7 @@ INCIDENT_AFTER = 75.0  # seconds after the fleet starts, vllm-0's prompt gets a 
 @dataclass
 class FleetSetup:
     prometheus: Prometheus
-    fleet: simulator.Fleet
+    fleet: Fleet
     sidecar_url: str
     started: float
     router: FakeServer | None = None
@@ -65,7 +66,7 @@ def start(workdir: Path, history_seconds: float = 125.0, timeout: float = 300.0)
         r = simulator.Replica(name, scenario, start=now - warm, seed=11 + i, generation=generation, model_names=[model])
         r.advance(now)
         replicas.append(r)
-    fleet = simulator.Fleet(replicas, clock=time.time).start()
+    fleet = Fleet(replicas, clock=time.time).start()
     router = _epp(now)
     port = free_port()
     config = workdir / "sidecar.yml"

@@ -2,7 +2,7 @@
 import re
 from pathlib import Path
 
-from exporter import simulator
+from exporter.sim import simulator
 from exporter.config import Target
 from exporter.state import State, TargetView
 from exporter.vllm_metrics import parse

@@ -1,7 +1,7 @@
 """Simulator recordings of the issue's scenarios, as JSON lines of the recording format."""
 import json
 
-from exporter import simulator
+from exporter.sim import simulator
 
 START = 1_764_480_000.0  # 2025-11-30T05:20:00Z
 WARM = 900.0  # simulated seconds before the recording starts: caches are warm

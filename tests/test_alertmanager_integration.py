@@ -123,7 +123,7 @@ def _sidecar_alerts(config, scenario, down: bool):
     as exporter.alertmanager sends them."""
     from exporter.alertmanager import payload
     from exporter.engine import Engine
-    from exporter.simulator import Replica
+    from exporter.sim.simulator import Replica
     from exporter.vllm_metrics import parse
     engine = Engine(config)
     (target,) = config.targets
@@ -145,7 +145,7 @@ def test_one_pods_target_down_never_silences_another_pods_alerts(tmp_path, monke
     """Every attached sidecar named its target `vllm`: with the example's `equal: [target]`
     one pod's PrefixCacheTargetDown silenced every other pod's hit-rate alerts, in other
     namespaces too. Now a target is its pod, with its namespace."""
-    from exporter.simulator import Event, Scenario
+    from exporter.sim.simulator import Event, Scenario
     broken = Scenario(events=(Event(900 + 10, "hits_broken", True),))
     down = _sidecar_alerts(_attached_config(tmp_path / "a", monkeypatch, "vllm-7d9c-a", "llm"), Scenario(), down=True)
     stuck = _sidecar_alerts(_attached_config(tmp_path / "b", monkeypatch, "vllm-7d9c-b", "llm"), broken, down=False)

@@ -158,9 +158,10 @@ def test_help_shows_defaults(command):
 
 
 def test_record_with_a_config_writes_discovered_targets_with_their_labels(tmp_path):
-    from exporter import simulator
+    from exporter.sim import simulator
+    from exporter.sim.server import Fleet
     r = simulator.Replica("pod-a", simulator.Scenario(), start=1000.0)
-    fleet = simulator.Fleet([r], clock=lambda: 1000.0).start()
+    fleet = Fleet([r], clock=lambda: 1000.0).start()
     try:
         sd = tmp_path / "sd.json"
         sd.write_text(json.dumps([{"targets": [f"127.0.0.1:{fleet.port}"], "labels": {"pod": "pod-a", "version": "v42"}}]))

@@ -2,7 +2,8 @@ import math
 
 import pytest
 
-from exporter import deploys, simulator
+from exporter import deploys
+from exporter.sim import simulator
 from exporter.deploys import AnnotationsWatcher, ChangePointSettings, SnapshotChangeDetector, detect_change_point, parse_annotations
 from exporter.vllm_metrics import parse
 from exporter.window import Interval

@@ -369,12 +369,13 @@ def test_operator_shaped_prometheus_every_pod_is_found_with_its_version_by_match
     import requests
     import yaml
 
-    from exporter import simulator
+    from exporter.sim import simulator
+    from exporter.sim.server import Fleet
 
     from conftest import wait_for
     from prom import Prometheus
 
-    fleet = simulator.Fleet([], clock=time.time).start()
+    fleet = Fleet([], clock=time.time).start()
     pods = {"vllm-7f9c8d6b5-abcde": ("vllm", "v1"), "vllm-7f9c8d6b5-fghij": ("vllm", "v1"), "vllm-5d4c3b2a1-klmno": ("vllm", "v2"),
             "embedder-0": ("embedder", "e1")}
     for i, pod in enumerate(pods):

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from exporter import simulator
+from exporter.sim import simulator
+from exporter.sim.server import Fleet
 from exporter.tools import divergence
 from exporter.tools.diagnose import diagnose_requests
 from exporter.tools.divergence import first_divergence, reusable_blocks
@@ -24,7 +25,7 @@ def pair(kind):
 @pytest.fixture(scope="module")
 def vllm():
     replica = simulator.Replica("vllm", simulator.Scenario(), start=0.0, seed=1)
-    fleet = simulator.Fleet([replica], clock=lambda: 1.0).start()
+    fleet = Fleet([replica], clock=lambda: 1.0).start()
     yield fleet
     fleet.stop()
 

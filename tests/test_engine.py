@@ -1,11 +1,11 @@
 """The engine end to end on simulated scrapes: each rule fires where it should."""
 
 
-from exporter import simulator
+from exporter.sim import simulator
 from exporter.config import load
 from exporter.deploys import DeployEvent
 from exporter.engine import Engine
-from exporter.simulator import Event, Replica, Scenario
+from exporter.sim.simulator import Event, Replica, Scenario
 from exporter.vllm_metrics import parse
 
 START = 10_000.0

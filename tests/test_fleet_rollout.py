@@ -12,7 +12,8 @@ import pytest
 import requests
 import yaml
 
-from exporter import simulator
+from exporter.sim import simulator
+from exporter.sim.server import Fleet
 
 from conftest import free_port, wait_for
 from prom import Prometheus
@@ -30,7 +31,7 @@ class Pods:
 
     def __init__(self, path: Path):
         self.path = path
-        self.fleet = simulator.Fleet([], clock=time.time).start()
+        self.fleet = Fleet([], clock=time.time).start()
         self.versions: dict[str, tuple[str, str]] = {}  # pod -> (version, deployment)
 
     def add(self, name, version, deployment, scenario, model, warm=900.0, seed=0):

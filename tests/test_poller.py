@@ -4,7 +4,8 @@ import time
 
 import pytest
 
-from exporter import simulator
+from exporter.sim import simulator
+from exporter.sim.server import Fleet
 from exporter.config import Config, GlobalConfig, Target
 from exporter.engine import Engine
 from exporter.poller import Poller, TargetPoller
@@ -248,7 +249,7 @@ def test_discovered_targets_are_polled_and_a_removed_one_is_forgotten_once_its_a
     replicas = [simulator.Replica(n, simulator.Scenario(), start=clock.t - 900, seed=i) for i, n in enumerate(("a", "c"))]
     for replica in replicas:  # its 900 s of traffic, simulated now rather than inside the first scrape's 1 s deadline
         replica.advance(clock.t)
-    fleet = simulator.Fleet(replicas, clock=lambda: clock.t).start()
+    fleet = Fleet(replicas, clock=lambda: clock.t).start()
     sd = tmp_path / "sd.json"
 
     def listing(*pods):

@@ -10,8 +10,8 @@ import pytest
 from exporter.config import Config
 from exporter.engine import Engine
 from exporter.recording import backtest, read_lines, RecordingError
-from exporter.simulator import Event, Scenario
-from exporter import simulator
+from exporter.sim.simulator import Event, Scenario
+from exporter.sim import simulator
 
 from scenarios import START, at, lines
 

@@ -230,7 +230,7 @@ def test_the_central_variants_engine_answers_a_version_no_pod_runs_with_an_error
     pod runs."""
     from exporter.config import load
     from exporter.engine import Engine
-    from exporter.simulator import Replica, Scenario
+    from exporter.sim.simulator import Replica, Scenario
     from exporter.vllm_metrics import parse
     data = yaml.safe_load((EXAMPLES.parent / "central" / "config.yml").read_text())
     (tmp_path / "token").write_text("s3cret\n")

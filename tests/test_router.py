@@ -9,7 +9,7 @@ from exporter import router
 from exporter.config import Config
 from exporter.engine import Engine
 from exporter.recording import backtest
-from exporter.simulator import Scenario
+from exporter.sim.simulator import Scenario
 from exporter.vllm_metrics import parse
 
 from scenarios import START, lines

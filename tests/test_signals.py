@@ -9,7 +9,8 @@ import time
 import requests
 import yaml
 
-from exporter import simulator
+from exporter.sim import simulator
+from exporter.sim.server import Fleet
 
 from conftest import free_port, wait_for
 from fakeserver import FakeServer, reply
@@ -24,7 +25,7 @@ def start(config_path, port):
 
 def test_sighup_reloads_and_a_bad_reload_keeps_the_old_config(tmp_path):
     replicas = [simulator.Replica(n, simulator.Scenario(), start=time.time() - 60, seed=i) for i, n in enumerate(("a", "b"))]
-    fleet = simulator.Fleet(replicas, clock=time.time).start()
+    fleet = Fleet(replicas, clock=time.time).start()
     cfg = tmp_path / "config.yml"
     one = {"global": {"poll_interval": "500ms", "read_timeout": "1s", "connect_timeout": "500ms"},
            "targets": [{"name": "a", "url": fleet.metrics_url("a")}]}
@@ -145,7 +146,7 @@ def test_concurrent_reloads_apply_one_after_the_other(tmp_path):
     from exporter.sidecar import build_sidecar
     from exporter.config import load_file
     replicas = [simulator.Replica(n, simulator.Scenario(), start=time.time() - 900, seed=i) for i, n in enumerate("abc")]
-    fleet = simulator.Fleet(replicas, clock=time.time).start()
+    fleet = Fleet(replicas, clock=time.time).start()
     cfg = tmp_path / "config.yml"
     cfg.write_text(yaml.safe_dump({"global": {"poll_interval": "500ms", "connect_timeout": "500ms", "read_timeout": "1s"},
                                    "targets": [{"name": n, "url": fleet.metrics_url(n)} for n in "abc"]}))
@@ -179,7 +180,7 @@ def test_sigterm_exits_within_8s_whatever_every_peer_is_doing(tmp_path):
 
     from fakeserver import MisbehavingServer
     replica = simulator.Replica("vllm-0", simulator.Scenario(), start=time.time() - 60, seed=1)
-    fleet = simulator.Fleet([replica], clock=time.time).start()
+    fleet = Fleet([replica], clock=time.time).start()
     sd = tmp_path / "sd"
     sd.mkdir()
     os.mkfifo(sd / "targets.json")

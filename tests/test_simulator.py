@@ -3,8 +3,9 @@ import json
 import pytest
 import requests
 
-from exporter import simulator
-from exporter.simulator import Event, Replica, Scenario
+from exporter.sim import simulator
+from exporter.sim.server import Fleet
+from exporter.sim.simulator import Event, Replica, Scenario
 from exporter.vllm_metrics import parse
 
 
@@ -78,7 +79,7 @@ def test_switches(what, value, check):
 
 def test_fleet_serves_metrics_per_replica_and_404s_the_rest():
     replicas = [Replica(n, Scenario(), start=0, seed=i) for i, n in enumerate(("a", "b"))]
-    fleet = simulator.Fleet(replicas, clock=lambda: 30.0).start()
+    fleet = Fleet(replicas, clock=lambda: 30.0).start()
     try:
         body = requests.get(fleet.metrics_url("a"), timeout=5).text
         assert parse(body).series[0].prefix_cache.queries > 0

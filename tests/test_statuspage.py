@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from exporter import fleet, simulator, statuspage
+from exporter import fleet, statuspage
+from exporter.sim import simulator
+from exporter.sim.server import Fleet
 from exporter.config import Target, load
 from exporter.http import App
 from exporter.rules import FIRING, PENDING, Alert
@@ -315,7 +317,7 @@ def test_chromium_shows_the_firing_alert_its_cause_and_the_drop_then_the_recover
                                                      simulator.Event(900 + rollback, "prompt", "static")))
     replicas = [simulator.Replica("vllm-0", scenario, start=start - 900, seed=1),
                 simulator.Replica("vllm-1", simulator.Scenario(), start=start - 900, seed=2)]
-    sim = simulator.Fleet(replicas, clock=lambda: clock.t).start()
+    sim = Fleet(replicas, clock=lambda: clock.t).start()
     cfg = load({"global": {"poll_interval": "15s", "connect_timeout": "500ms", "read_timeout": "1s", "jitter": "0s"},
                 "rules": {"change_point": {"enabled": False}},
                 "targets": [{"name": r.name, "url": sim.metrics_url(r.name), "labels": {"namespace": "llm", "pod": r.name}}

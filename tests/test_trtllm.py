@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from exporter import simulator
+from exporter.sim import simulator
 from exporter.config import Config
 from exporter.engine import Engine
 from exporter.recording import backtest
-from exporter.simulator import Event, Scenario
+from exporter.sim.simulator import Event, Scenario
 from exporter.vllm_metrics import parse
 from exporter.window import summarize
 

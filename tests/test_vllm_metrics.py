@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter import simulator
+from exporter.sim import simulator
 from exporter.vllm_metrics import parse
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -4,7 +4,8 @@ import time
 import pytest
 import requests
 
-from exporter import simulator
+from exporter.sim import simulator
+from exporter.sim.server import Fleet
 from exporter.sidecar import build_sidecar
 from exporter.config import load
 from exporter.warmup import Warmer, WarmupConfig, request_body
@@ -98,7 +99,7 @@ def test_sidecar_warms_its_vllm_at_start_and_after_a_restart_and_the_cache_is_wa
     replica = simulator.Replica("vllm", simulator.Scenario(request_rate=2.0, events=(simulator.Event(warm + 4.0, "restart"),)),
                                 start=now - warm, seed=5)
     replica.advance(now)
-    fleet = simulator.Fleet([replica], clock=time.time).start()
+    fleet = Fleet([replica], clock=time.time).start()
     prompts = [{"model": "demo/llama-3-8b", "messages": [{"role": "system", "content": replica.system_prompt_text(k)},
                                                          {"role": "user", "content": "warm-up"}]} for k in range(10)]
     cfg = load({

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from exporter import simulator
+from exporter.sim import simulator
+from exporter.sim.server import Fleet
 from exporter.tools import whatif
 from exporter.vllm_metrics import parse
 
@@ -121,7 +122,7 @@ def test_a_session_whose_earlier_turns_are_rewritten_shows_the_history_loss():
 
 def test_text_is_tokenized_exactly_through_a_targets_tokenize(tmp_path):
     replica = simulator.Replica("vllm-0", simulator.Scenario(), start=time.time(), seed=3)
-    fleet = simulator.Fleet([replica], clock=time.time).start()
+    fleet = Fleet([replica], clock=time.time).start()
     try:
         sample = tmp_path / "text.jsonl"
         sample.write_text("\n".join(json.dumps({"prompt": STATIC + f" q{i}"}) for i in range(5)))

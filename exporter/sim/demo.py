@@ -9,7 +9,7 @@ import urllib.request
 from collections import deque
 from typing import Sequence
 
-from .. import config as config_mod, simulator
+from .. import config as config_mod
 from ..config import Config, ConfigError
 from ..exitcodes import EXIT_ERROR, EXIT_OK
 from ..sidecar import Sidecar, build_sidecar
@@ -17,7 +17,8 @@ from ..stopping import stop_event
 from ..tools import divergence, whatif
 from ..tools.diagnose import diagnose_requests
 from ..tools.vllm_client import VLLMError
-from . import console
+from . import console, simulator
+from .server import Fleet
 
 
 DEMO_RULES = {
@@ -28,7 +29,7 @@ DEMO_RULES = {
 }
 
 
-def demo_config(fleet: simulator.Fleet, names: Sequence[str], listen: str, alertmanager_urls: Sequence[str] = ()) -> Config:
+def demo_config(fleet: Fleet, names: Sequence[str], listen: str, alertmanager_urls: Sequence[str] = ()) -> Config:
     return config_mod.load({
         "global": {"poll_interval": "1s", "connect_timeout": "500ms", "read_timeout": "1s", "jitter": "0s",
                    "windows": ["10s", "1m", "5m"]},
@@ -61,7 +62,7 @@ def command(args) -> int:
         r.advance(now - 120.0)
         r.sample, r.sample_bodies = [], True  # the traffic from here on, for the what-if analysis at the end
         r.advance(now)
-    fleet = simulator.Fleet(replicas, clock=time.time).start()
+    fleet = Fleet(replicas, clock=time.time).start()
     transitions: deque = deque()
     try:
         cfg = demo_config(fleet, names, args.listen_address, args.alertmanager_urls)
@@ -142,7 +143,7 @@ def _demo_whatif(replicas: Sequence[simulator.Replica], start: float, end: float
         [f"demo:   {line}" for line in whatif.report(analysis).splitlines()]
 
 
-def _demo_diagnose(replica: simulator.Replica, fleet: simulator.Fleet) -> list[str]:
+def _demo_diagnose(replica: simulator.Replica, fleet: Fleet) -> list[str]:
     """What the operator does next: compare two real requests a second apart."""
     t = time.time()
     a, b = replica.request_at(0, t - 1.0), replica.request_at(0, t)

@@ -5,9 +5,10 @@ import json
 import sys
 import time
 
-from .. import simulator
 from ..exitcodes import EXIT_ERROR, EXIT_OK
 from ..stopping import stop_event
+from . import simulator
+from .server import Fleet
 
 
 SCENARIOS = {
@@ -23,7 +24,7 @@ def command(args) -> int:
     replicas = [simulator.Replica(f"vllm-{i}", SCENARIOS[args.scenario](args), start=now, seed=i, generation=args.generation)
                 for i in range(args.replicas)]
     try:
-        fleet = simulator.Fleet(replicas, clock=time.time, port=args.port).start()
+        fleet = Fleet(replicas, clock=time.time, port=args.port).start()
     except OSError as exc:
         print(f"error: cannot listen on port {args.port}: {exc.strerror}", file=sys.stderr)
         return EXIT_ERROR

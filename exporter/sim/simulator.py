@@ -13,20 +13,18 @@ clock behind HTTP and on a simulated clock when writing recordings.
 from __future__ import annotations
 
 import bisect
-import functools
 import json
 import math
 import random
 import re
 import threading
-import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator, Sequence
 
-from .tools.cachemodel import BlockPool
+from ..tools.cachemodel import BlockPool
+from .tokenizer import PIECE, Tokenizer, block_hash_chain, tenant_system_prompt
 
 GENERATIONS = ("v0", "v0.8", "v0.10", "current", "sglang")
 
@@ -36,64 +34,6 @@ _LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30
 _ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 _TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 _ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-
-
-# --- a small deterministic tokenizer ---------------------------------------------------
-_PIECE = re.compile(r"\s*\w+|\s*[^\w\s]|\s+")
-
-
-class Tokenizer:
-    """Word pieces (leading space attached) -> stable ids; decoding joins the pieces."""
-
-    def __init__(self) -> None:
-        self._pieces: dict[int, str] = {}
-        self._lock = threading.Lock()
-
-    def encode(self, text: str) -> list[int]:
-        ids = []
-        for piece in _PIECE.findall(text):
-            token = 1000 + zlib.crc32(piece.encode()) % 1_000_000
-            ids.append(token)
-            if token not in self._pieces:
-                with self._lock:
-                    self._pieces.setdefault(token, piece)
-        return ids
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return "".join(self._pieces.get(i, f"<{i}>") for i in ids)
-
-    def learn(self, ids: Sequence[int], pieces: Sequence[str]) -> None:
-        """What `encode` of the text of these pieces would have learnt, without encoding it."""
-        with self._lock:
-            for token, piece in zip(ids, pieces):
-                self._pieces.setdefault(token, piece)
-
-
-@functools.lru_cache(maxsize=4096)
-def _tenant_system_prompt(tenant: int, system_tokens: int) -> tuple[str, tuple[int, ...], tuple[str, ...]]:
-    """A tenant's system prompt (text, token ids, word pieces): the same for every replica,
-    so a fleet of replicas (and a test that builds one per step) makes each once."""
-    words = random.Random(f"tenant-{tenant}")
-    vocab = ("answer the customer politely cite the policy never reveal internal notes "
-             "escalate refunds above limits summarise orders in tables use metric units").split()
-    text = f"You are the support assistant for tenant {tenant}. Follow these rules."
-    pieces = _PIECE.findall(text)
-    # each " word" is one token of our tokenizer
-    text += "".join(" " + words.choice(vocab) for _ in range(max(0, system_tokens - len(pieces))))
-    pieces = _PIECE.findall(text)
-    ids = tuple(1000 + zlib.crc32(piece.encode()) % 1_000_000 for piece in pieces)
-    return text, ids[:system_tokens], tuple(pieces)
-
-
-@functools.lru_cache(maxsize=4096)
-def _block_hash_chain(tokens: tuple[int, ...], block_size: int) -> tuple[int, ...]:
-    """The chained hashes of the full blocks of a shared prefix (a tenant's system
-    prompt), computed once instead of on every request that starts with it."""
-    chain, parent = [], 0
-    for start in range(0, len(tokens) - len(tokens) % block_size, block_size):
-        parent = hash((parent, tuple(tokens[start:start + block_size])))
-        chain.append(parent)
-    return tuple(chain)
 
 
 # --- scenarios -------------------------------------------------------------------------
@@ -247,14 +187,14 @@ class Replica:
         system prompt as the current prompt mode renders it (a timestamp after a deploy)."""
         text = self._system_text[tenant]
         if self._state["prompt"] == "timestamp":
-            pieces = _PIECE.findall(text)
+            pieces = PIECE.findall(text)
             cut = self.scenario.preamble_tokens
             stamp = datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
             text = "".join(pieces[:cut]) + f" Current date and time: {stamp}." + "".join(pieces[cut:])
         return {"model": self.model_names[0], "messages": [{"role": "system", "content": text}, {"role": "user", "content": user}]}
 
     def _system_prompt(self, tenant: int) -> list[int]:
-        text, ids, pieces = _tenant_system_prompt(tenant, self.scenario.system_tokens)
+        text, ids, pieces = tenant_system_prompt(tenant, self.scenario.system_tokens)
         self.tokenizer.learn(ids, pieces)
         if not hasattr(self, "_system_text"):
             self._system_text = {}
@@ -333,7 +273,7 @@ class Replica:
             tenant = self._rng.randrange(sc.tenants)
             tokens = self._prompt_tokens(tenant, t)
             if self._state["prompt"] == "static":
-                shared = _block_hash_chain(tuple(self._system[tenant]), sc.block_size)
+                shared = block_hash_chain(tuple(self._system[tenant]), sc.block_size)
         if self.sample is not None:
             line = {"t": t, "replica": self.name}
             if tenant is not None:
@@ -574,106 +514,6 @@ def _render(r: Replica) -> str:
 
 
 # --- serving over HTTP -----------------------------------------------------------------
-class Fleet:
-    """Replicas served by one HTTP server on 127.0.0.1: `/<name>/metrics`, and `/metrics`
-    too when there is a single replica."""
-
-    def __init__(self, replicas: Sequence[Replica], clock, host: str = "127.0.0.1", port: int = 0):
-        self.replicas = {r.name: r for r in replicas}
-        self.clock = clock
-        self.down: set[str] = set()
-        self.received: list[tuple[str, str, dict]] = []  # (replica, endpoint, JSON body) of every POST
-        fleet = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):  # keep the demo console clean
-                pass
-
-            def do_GET(self):
-                fleet._handle(self)
-
-            def do_POST(self):
-                fleet._handle(self)
-
-        self.server = ThreadingHTTPServer((host, port), Handler)
-        self.server.daemon_threads = True
-        self._thread = threading.Thread(target=self.server.serve_forever, name="simulator", daemon=True)
-
-    @property
-    def port(self) -> int:
-        return self.server.server_address[1]
-
-    def url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.port}/{name}"
-
-    def metrics_url(self, name: str) -> str:
-        return self.url(name) + "/metrics"
-
-    def add(self, replica: Replica) -> None:
-        """A new pod: served from now on under its name."""
-        self.replicas = {**self.replicas, replica.name: replica}
-
-    def remove(self, name: str) -> None:
-        """A pod gone: 404 from now on."""
-        self.replicas = {n: r for n, r in self.replicas.items() if n != name}
-
-    def start(self) -> "Fleet":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def _handle(self, req: BaseHTTPRequestHandler) -> None:
-        parts = req.path.split("?", 1)[0].strip("/").split("/")
-        if parts[0] not in self.replicas and len(self.replicas) == 1:
-            parts = [next(iter(self.replicas))] + parts
-        replica = self.replicas.get(parts[0]) if len(parts) >= 2 else None
-        if replica is None:
-            return _reply(req, 404, b"not found\n", "text/plain")
-        if replica.name in self.down:
-            return _reply(req, 503, b"replica is down\n", "text/plain")
-        endpoint = "/".join(parts[1:])
-        if endpoint == "metrics" and req.command == "GET":
-            replica.advance(self.clock())
-            return _reply(req, 200, replica.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
-        if endpoint == "health" and req.command == "GET":
-            return _reply(req, 200, b"", "text/plain")
-        if req.command == "POST" and endpoint in ("v1/chat/completions", "tokenize", "detokenize"):
-            try:
-                body = json.loads(req.rfile.read(int(req.headers.get("Content-Length") or 0)) or b"{}")
-            except ValueError:
-                return _reply(req, 400, b'{"error": "body is not JSON"}', "application/json")
-            if not isinstance(body, dict):
-                return _reply(req, 400, b'{"error": "body must be an object"}', "application/json")
-            self.received.append((replica.name, endpoint, body))
-            if endpoint == "tokenize":
-                if "messages" in body:
-                    tokens = replica.render_chat(body, bool(body.get("add_generation_prompt", True)))
-                else:
-                    tokens = replica.tokenizer.encode(str(body.get("prompt", "")))
-                answer = {"count": len(tokens), "max_model_len": 32768, "tokens": tokens}
-            elif endpoint == "detokenize":
-                answer = {"prompt": replica.tokenizer.decode([int(t) for t in body.get("tokens", [])])}
-            else:
-                replica.advance(self.clock())
-                answer = replica.serve_chat(body, self.clock())
-            return _reply(req, 200, json.dumps(answer).encode(), "application/json")
-        return _reply(req, 404, b"not found\n", "text/plain")
-
-
-def _reply(req: BaseHTTPRequestHandler, status: int, body: bytes, content_type: str) -> None:
-    req.send_response(status)
-    req.send_header("Content-Type", content_type)
-    req.send_header("Content-Length", str(len(body)))
-    req.end_headers()
-    req.wfile.write(body)
-
-
-# --- recordings without a server ----------------------------------------------------------
 def recording_lines(replicas: Sequence[Replica], start: float, duration: float, interval: float,
                     deploys: Sequence[tuple[float, str | None, str]] = ()) -> Iterator[dict]:
     """Scrape every replica every `interval` seconds of simulated time, as recording
