@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from .router import RouterSnapshot
+from .router_metrics import RouterSnapshot
 
 # A body of bad lines would otherwise keep a warning per line: keep this many, count the rest.
 MAX_WARNINGS = 100
@@ -77,7 +77,7 @@ class Snapshot:
     lora_config: tuple[tuple[str, str], ...] | None = None
     rejected: tuple[tuple[str, int], ...] = ()  # reason -> samples refused (non-finite or negative counters)
     warnings_dropped: int = 0  # warnings past the MAX_WARNINGS kept in `warnings`
-    router: RouterSnapshot | None = None  # a prefix-aware router's predictions (exporter/router.py)
+    router: RouterSnapshot | None = None  # a prefix-aware router's predictions (exporter/router_metrics.py)
 
     @property
     def model_names(self) -> tuple[str, ...]:

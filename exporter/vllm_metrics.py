@@ -13,7 +13,7 @@ import re
 # the parsed result, re-exported: callers import it from here with the names
 from .snapshot import MAX_WARNINGS, CounterPair, Histogram, SeriesSnapshot, Snapshot  # noqa: F401
 from . import cacheconfig, tiers, trtllm
-from .router import RouterBuilder
+from .router_metrics import RouterBuilder
 
 # --- the one table of upstream names ------------------------------------------------
 # Each entry: exposition name -> (role, field). Roles tell the parser how to file the

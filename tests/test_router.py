@@ -6,6 +6,7 @@ from itertools import groupby
 import pytest
 
 from exporter import router
+from exporter import router_metrics
 from exporter.config import Config
 from exporter.engine import Engine
 from exporter.recording import backtest
@@ -119,7 +120,7 @@ def test_the_epp_emits_each_value_twice_and_it_is_read_once():
     snap = parse(epp_body(800.0, 1000.0, 10.0, 7.0))
     assert snap.series == () and snap.warnings == ()
     (model, c), = snap.router.models
-    assert model == router.ALL_MODELS and snap.router.kind == "epp"
+    assert model == router_metrics.ALL_MODELS and snap.router.kind == "epp"
     assert (c.predicted_tokens, c.input_tokens, c.ratio_sum, c.ratio_count) == (800.0, 1000.0, 7.0, 10.0)
 
 
@@ -134,7 +135,7 @@ def test_without_tokens_the_prediction_is_the_per_request_mean():
 def test_a_router_restart_is_a_reset_not_a_negative_window():
     h = router.RouterHistory(3600)
     for t, (pred, inp) in enumerate([(800.0, 1000.0), (1600.0, 2000.0), (80.0, 100.0)]):
-        h.append(float(t), router.RouterSnapshot("dynamo", (("m", router.RouterCounters(pred, inp)),)))
+        h.append(float(t), router_metrics.RouterSnapshot("dynamo", (("m", router_metrics.RouterCounters(pred, inp)),)))
     (p,) = h.predictions(2.0, [("5m", 300.0)])["m"].values()
     assert p.ratio == pytest.approx(0.8) and p.input_tokens == pytest.approx(1100.0)
 
@@ -196,7 +197,7 @@ def test_gie_testdata_input_tokens_under_the_oldest_name_are_the_pools():
     snap = parse(fixture("gie_6f06bcbe_input_tokens_metric.txt"))
     assert snap.warnings == () and snap.series == ()
     ((model, c),) = snap.router.models
-    assert model == router.ALL_MODELS and c.input_tokens == 100.0  # 30 + 30 + 40 over every model
+    assert model == router_metrics.ALL_MODELS and c.input_tokens == 100.0  # 30 + 30 + 40 over every model
 
 
 def test_gie_hit_ratio_excerpt_is_a_per_request_mean():
@@ -204,7 +205,7 @@ def test_gie_hit_ratio_excerpt_is_a_per_request_mean():
     ((model, c),) = snap.router.models
     assert (c.ratio_sum, c.ratio_count, c.predicted_tokens) == (2.7, 6.0, None)
     h = router.RouterHistory(3600)
-    h.append(0.0, router.RouterSnapshot("epp", ((model, router.RouterCounters(ratio_sum=0.0, ratio_count=0.0)),)))
+    h.append(0.0, router_metrics.RouterSnapshot("epp", ((model, router_metrics.RouterCounters(ratio_sum=0.0, ratio_count=0.0)),)))
     h.append(5.0, snap.router)
     (p,) = h.predictions(5.0, [("1m", 60.0)], min_requests=1)[""].values()
     assert p.weighting == router.PER_REQUEST_MEAN and p.ratio == pytest.approx(0.45)
