@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
-from .vllm_metrics import Snapshot
+from .snapshot import Snapshot
 from .window import Interval, is_reset, ratio
 
 log = logging.getLogger(__name__)

@@ -37,7 +37,7 @@ from .rules import (
     hits_reference,
     step,
 )
-from .vllm_metrics import Snapshot
+from .snapshot import Snapshot
 from .window import History, Samples, WindowStats, interval_sums, recent_intervals, stats_between, summarize
 
 # every sample of the last 5 minutes, one per 30 s up to 15 minutes, one a minute beyond:

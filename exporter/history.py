@@ -24,7 +24,7 @@ from operator import add as operator_add
 from operator import itemgetter, lt, ne, sub
 from typing import Callable
 
-from .vllm_metrics import Snapshot
+from .snapshot import Snapshot
 
 # A counter that falls to at most this fraction of its last value was reset; one that
 # falls less stepped back (a non-atomic read, float rounding in a sum of processes): the

@@ -16,7 +16,7 @@ import yaml
 from . import causes
 from .deploys import ChangePointSettings, DeployEvent
 from .fleet import token_rates
-from .vllm_metrics import Snapshot
+from .snapshot import Snapshot
 from .window import TargetSample, WindowStats, last_hit_time, ratio, stats_between
 
 INACTIVE, PENDING, FIRING, INCONCLUSIVE = "inactive", "pending", "firing", "inconclusive"

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .config import Target
-from .vllm_metrics import Snapshot
+from .snapshot import Snapshot
 from .window import Samples, WindowStats
 
 

@@ -11,7 +11,7 @@ import math
 import re
 
 # the parsed result, re-exported: callers import it from here with the names
-from .snapshot import MAX_WARNINGS, CounterPair, Histogram, SeriesSnapshot, Snapshot  # noqa: F401
+from .snapshot import MAX_WARNINGS, CounterPair, Histogram, SeriesSnapshot, Snapshot
 from . import cacheconfig, tiers, trtllm
 from .router_metrics import RouterBuilder
 

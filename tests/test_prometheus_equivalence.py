@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from exporter.vllm_metrics import CounterPair, Histogram, SeriesSnapshot, Snapshot
+from exporter.snapshot import CounterPair, Histogram, SeriesSnapshot, Snapshot
 from exporter.window import History, window_stats
 
 

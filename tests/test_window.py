@@ -3,7 +3,7 @@ import statistics
 
 import pytest
 
-from exporter.vllm_metrics import CounterPair, Histogram, SeriesSnapshot, Snapshot
+from exporter.snapshot import CounterPair, Histogram, SeriesSnapshot, Snapshot
 from exporter.window import History, histogram_quantile, pearson, summarize, window_stats
 
 INF = math.inf
