@@ -20,7 +20,8 @@ from exporter.rules import FIRING, Alert  # noqa: E402
 from exporter.state import TargetView  # noqa: E402
 from exporter.statuspage import PageInput, render  # noqa: E402
 from exporter.vllm_metrics import parse  # noqa: E402
-from exporter.window import History, summarize  # noqa: E402
+from exporter.history import History  # noqa: E402
+from exporter.window import summarize  # noqa: E402
 
 WINDOWS = (("1m", 60.0), ("5m", 300.0), ("15m", 900.0), ("1h", 3600.0))
 HOUR, STEP = 3600.0, 10.0

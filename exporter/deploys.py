@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .snapshot import Snapshot
-from .window import Interval, is_reset, ratio
+from .history import is_reset
+from .window import Interval, ratio
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ class SnapshotChangeDetector:
         if why:
             return why
         before = dict(last.queries)
-        # a counter that steps back a little is no restart (see window.RESET_FRACTION)
+        # a counter that steps back a little is no restart (see history.RESET_FRACTION)
         if any(key in before and q < before[key] and is_reset(before[key], q) for key, q in seen.queries):
             return "a counter decreased to at most half its value"
         return ""

@@ -38,7 +38,8 @@ from .rules import (
     step,
 )
 from .snapshot import Snapshot
-from .window import History, Samples, WindowStats, interval_sums, recent_intervals, stats_between, summarize
+from .history import History, Samples
+from .window import WindowStats, interval_sums, recent_intervals, stats_between, summarize
 
 # every sample of the last 5 minutes, one per 30 s up to 15 minutes, one a minute beyond:
 # windows up to 5m are exact, longer ones' left edges move by at most 3% of their length

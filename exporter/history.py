@@ -24,6 +24,7 @@ from operator import add as operator_add
 from operator import itemgetter, lt, ne, sub
 from typing import Callable
 
+from .modellog import ModelLog, RunningSums, advance
 from .snapshot import Snapshot
 
 # A counter that falls to at most this fraction of its last value was reset; one that
@@ -155,143 +156,6 @@ def _raw_values(s) -> tuple[list[float], tuple[float, ...] | None, str | None]:
     return values, bounds, (pc.unit if pc else None)
 
 
-class ModelLog:
-    """Per poll, one model summed over its engines: what happened since the previous poll
-    (query and hit tokens, the interval's hit ratio and mean TTFT) and the KV usage.
-    Kept at poll resolution for the longest window, column-wise, so that correlation and
-    KV maxima over a window cost O(1) per poll with running sums instead of a rescan.
-
-    Arrays are only appended to; pruning moves `start`, and compaction builds new arrays,
-    so a reader holding (arrays, end) from an earlier view never sees them shift."""
-
-    __slots__ = ("t", "t_start", "q", "h", "x", "y", "kv", "start")
-
-    def __init__(self) -> None:
-        self.t, self.t_start, self.q, self.h = array("d"), array("d"), array("d"), array("d")
-        self.x, self.y, self.kv = array("d"), array("d"), array("d")
-        self.start = 0
-
-    def append(self, t: float, t_start: float, q: float, h: float, x: float, y: float, kv: float) -> None:
-        self.t.append(t)
-        self.t_start.append(t_start)
-        self.q.append(q)
-        self.h.append(h)
-        self.x.append(x)
-        self.y.append(y)
-        self.kv.append(kv)
-
-    def __len__(self) -> int:
-        return len(self.t)
-
-    def prune(self, horizon: float) -> int:
-        """Drop entries at or before `horizon`; returns how far indexes shifted (0 unless compacted)."""
-        t, n = self.t, len(self.t)
-        while self.start < n and t[self.start] <= horizon:
-            self.start += 1
-        if self.start < 256 or self.start * 2 < n:
-            return 0
-        shift = self.start
-        for name in ModelLog.__slots__[:-1]:
-            setattr(self, name, getattr(self, name)[shift:])
-        self.start = 0
-        return shift
-
-
-class _Running:
-    """Running sums over the log entries of one window, for one model."""
-
-    __slots__ = ("seconds", "lo_start", "n", "sx", "sy", "sxy", "sxx", "syy", "kv", "removed")
-
-    def __init__(self, seconds: float, lo: int):
-        self.seconds = seconds
-        self.lo_start = lo
-        self.n = self.sx = self.sy = self.sxy = self.sxx = self.syy = 0.0
-        self.kv: deque = deque()  # (t, kv), kv decreasing: the front is the window's max
-        self.removed = 0
-
-    def add(self, x: float, y: float, sign: float = 1.0) -> None:
-        if x == x and y == y:
-            self.n += sign
-            self.sx += sign * x
-            self.sy += sign * y
-            self.sxy += sign * x * y
-            self.sxx += sign * x * x
-            self.syy += sign * y * y
-
-    def update(self, log: ModelLog, i: int, now: float) -> None:
-        """Entry i was just appended at `now`."""
-        _advance((self,), log, i, now)
-
-    def rebuild(self, log: ModelLog, i: int) -> None:
-        """The sums afresh from the window's entries: bounds the drift of add-and-subtract."""
-        self.removed = 0
-        self.n = self.sx = self.sy = self.sxy = self.sxx = self.syy = 0.0
-        for j in range(self.lo_start, i + 1):
-            self.add(log.x[j], log.y[j])
-
-    def shift(self, by: int) -> None:
-        self.lo_start -= by
-
-    def fit(self) -> tuple[float, float] | None:
-        return _fit(self.n, self.sx, self.sy, self.sxy, self.sxx, self.syy)
-
-    def kv_max(self) -> float | None:
-        return self.kv[0][1] if self.kv else None
-
-
-def _advance(runs, log: ModelLog, i: int, now: float) -> None:
-    """Entry i was just appended at `now`: every window's running sums take it in and let
-    go of the entries that slid out. One call for all windows of a model, reading the entry
-    once (`_Running.add` inlined): this runs per model and poll."""
-    x, y, kv, t = log.x[i], log.y[i], log.kv[i], log.t[i]
-    valid = x == x and y == y
-    xy, xx, yy = x * y, x * x, y * y
-    t_start, xs, ys = log.t_start, log.x, log.y
-    for r in runs:
-        if valid:
-            r.n += 1.0
-            r.sx += x
-            r.sy += y
-            r.sxy += xy
-            r.sxx += xx
-            r.syy += yy
-        edge = now - r.seconds
-        lo = r.lo_start
-        while lo <= i and t_start[lo] <= edge:
-            ox, oy = xs[lo], ys[lo]
-            if ox == ox and oy == oy:
-                r.n -= 1.0
-                r.sx -= ox
-                r.sy -= oy
-                r.sxy -= ox * oy
-                r.sxx -= ox * ox
-                r.syy -= oy * oy
-            lo += 1
-            r.removed += 1
-        r.lo_start = lo
-        peaks = r.kv
-        if kv == kv:
-            while peaks and peaks[-1][1] <= kv:
-                peaks.pop()
-            peaks.append((t, kv))
-        while peaks and peaks[0][0] <= edge:
-            peaks.popleft()
-        if r.removed >= 512:
-            r.rebuild(log, i)
-
-
-def _fit(n, sx, sy, sxy, sxx, syy) -> tuple[float, float] | None:
-    """(r, slope of y on x) from sums, or None with fewer than three points or no spread."""
-    if n < 3:
-        return None
-    vx, vy, cov = sxx - sx * sx / n, syy - sy * sy / n, sxy - sx * sy / n
-    scale = n * 1e-12
-    if vx <= scale * max(1.0, sxx / n) or vy <= scale * max(1.0, syy / n):
-        return None
-    r = cov / math.sqrt(vx * vy)
-    return max(-1.0, min(1.0, r)), cov / vx
-
-
 class Samples(Sequence):
     """An immutable view of a History at one moment: the samples, their times, and the
     model logs as they were. Safe to read from another thread while the History grows."""
@@ -378,7 +242,7 @@ class History:
         self._created: dict = {}  # series key -> its `_created` last seen
         self.steps_back: list[str] = []  # the counters the last append held (see RESET_FRACTION)
         self.logs: dict[str, ModelLog] = {}
-        self.running: dict[str, dict[float, _Running]] = {}
+        self.running: dict[str, dict[float, RunningSums]] = {}
         self._view: Samples | None = None
 
     def append(self, t: float, snapshot: Snapshot) -> TargetSample | None:
@@ -463,8 +327,8 @@ class History:
             log.append(cur.t, prev.t if prev is not None else cur.t, dq, dh, x, y, kv)
             running = self.running.get(model)
             if running is None:
-                running = self.running[model] = {w: _Running(w, len(log) - 1) for w in self.windows}
-            _advance(running.values(), log, len(log) - 1, cur.t)
+                running = self.running[model] = {w: RunningSums(w, len(log) - 1) for w in self.windows}
+            advance(running.values(), log, len(log) - 1, cur.t)
 
     # Reset adjustment, vectorised over the layout: `_prev` holds the last raw value of
     # every slot (-inf for gauges, which are never adjusted), `_add` what resets added.
@@ -599,7 +463,7 @@ class History:
         for model, log in self.logs.items():
             running = self.running[model] = {}
             for w in windows:
-                r = running[w] = _Running(w, log.start)
+                r = running[w] = RunningSums(w, log.start)
                 for i in range(log.start, len(log)):
                     r.update(log, i, log.t[i])
         self._view = None

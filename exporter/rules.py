@@ -17,7 +17,8 @@ from . import causes
 from .deploys import ChangePointSettings, DeployEvent
 from .fleet import token_rates
 from .snapshot import Snapshot
-from .window import TargetSample, WindowStats, last_hit_time, ratio, stats_between
+from .history import TargetSample
+from .window import WindowStats, last_hit_time, ratio, stats_between
 
 INACTIVE, PENDING, FIRING, INCONCLUSIVE = "inactive", "pending", "firing", "inconclusive"
 RESOLVED = "resolved"  # a transition, after which the alert is inactive

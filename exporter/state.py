@@ -11,7 +11,8 @@ from typing import Any
 
 from .config import Target
 from .snapshot import Snapshot
-from .window import Samples, WindowStats
+from .history import Samples
+from .window import WindowStats
 
 
 @dataclass(frozen=True)

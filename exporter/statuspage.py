@@ -24,7 +24,8 @@ from typing import Callable, Sequence
 from . import fleet
 from .rules import FIRING, PENDING, Alert
 from .state import State, TargetView
-from .window import Samples, WindowStats
+from .history import Samples
+from .window import WindowStats
 
 DETAIL_LIMIT = 50  # up to this many targets, every one is shown in full
 WORST = 50  # beyond it: the worst targets by hit ratio, and every one with a firing alert

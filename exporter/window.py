@@ -15,11 +15,9 @@ from dataclasses import dataclass
 from operator import sub
 from typing import NamedTuple
 
-# the history and PromQL's arithmetic, re-exported: callers import them from here
-from .history import (  # noqa: F401
-    COUNTERS, RESET_FRACTION, History, Layout, Samples, SeriesKey, TargetSample, _as_samples, _fit, is_reset,
-)
-from .promql import histogram_quantile, histogram_quantiles, pearson  # noqa: F401
+from .history import COUNTERS, Layout, Samples, SeriesKey, _as_samples
+from .modellog import least_squares_fit
+from .promql import histogram_quantile, histogram_quantiles
 
 QUANTILES = (0.5, 0.9, 0.99)
 
@@ -259,7 +257,7 @@ def _log_fit_and_kv(view: Samples, model: str, now: float, seconds: float, with_
             v = kv[i]
             if v == v and (kv_max is None or v > kv_max):
                 kv_max = v
-    return _fit(n, sx, sy, sxy, sxx, syy), kv_max
+    return least_squares_fit(n, sx, sy, sxy, sxx, syy), kv_max
 
 
 def window_stats(
@@ -394,7 +392,7 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
         running = running_of.get(model)
         running = running.get(seconds) if running is not None else None
         if running is not None:
-            fit = _fit(running.n, running.sx, running.sy, running.sxy, running.sxx, running.syy) if running.n >= 3 else None
+            fit = least_squares_fit(running.n, running.sx, running.sy, running.sxy, running.sxx, running.syy) if running.n >= 3 else None
             kv_max = running.kv[0][1] if running.kv else None
         else:
             fit, kv_max = _log_fit_and_kv(view, model, now, seconds, True)

@@ -6,7 +6,8 @@ from exporter.sim import simulator
 from exporter.config import Target
 from exporter.state import State, TargetView
 from exporter.vllm_metrics import parse
-from exporter.window import History, summarize
+from exporter.history import History
+from exporter.window import summarize
 
 WINDOWS = (("1m", 60.0), ("5m", 300.0))
 

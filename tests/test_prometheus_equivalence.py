@@ -19,7 +19,8 @@ import time
 import pytest
 
 from exporter.snapshot import CounterPair, Histogram, SeriesSnapshot, Snapshot
-from exporter.window import History, window_stats
+from exporter.history import History
+from exporter.window import window_stats
 
 
 POD = '{pod="vllm-0"}'

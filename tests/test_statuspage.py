@@ -24,7 +24,8 @@ from exporter.rules import FIRING, PENDING, Alert
 from exporter.state import State, TargetView
 from exporter.statuspage import PageInput, StatusPage, gather, render
 from exporter.vllm_metrics import parse
-from exporter.window import History, summarize
+from exporter.history import History
+from exporter.window import summarize
 
 from conftest import free_port
 

@@ -158,7 +158,7 @@ def test_the_cumulative_hit_rate_gauge_is_never_alerted_on():
 
 def test_the_windowed_ratio_of_a_trtllm_target_is_its_token_ratio():
     rec = trtllm_lines(lines(Scenario(request_rate=5.0), duration=300, replicas=1))
-    from exporter.window import History
+    from exporter.history import History
     history = History(3600.0)
     for line in rec:
         obj = json.loads(line)

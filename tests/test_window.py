@@ -4,7 +4,9 @@ import statistics
 import pytest
 
 from exporter.snapshot import CounterPair, Histogram, SeriesSnapshot, Snapshot
-from exporter.window import History, histogram_quantile, pearson, summarize, window_stats
+from exporter.history import History
+from exporter.promql import histogram_quantile, pearson
+from exporter.window import summarize, window_stats
 
 INF = math.inf
 
