@@ -3,28 +3,16 @@ the one place a ConfigError is reported. The commands return exit codes; main re
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import math
-import os
-import signal
 import sys
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
-from . import __version__, config as config_mod, jsonlines, sidecar
-from .config import Config, ConfigError, Target
-from .config_discovery import ShardConfig
-from .discoverers import Discovery
-from .discovery import polled
-from .exitcodes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
-from .recording import backtest, write_line
-from .scrape import SUCCESS, Scraper, redact_url
+from . import __version__, config as config_mod, sidecar
+from .config import ConfigError
+from .exitcodes import EXIT_USAGE
 from .sim import demo, serve, simulator
-from .tools import diagnose, divergence, lint as lint_mod, parse as parse_command, whatif as whatif_mod
-from .tools.vllm_client import VLLMClient, VLLMError
+from .tools import backtest, diagnose, lint_command, parse as parse_command, record, whatif_command
+from .tools.cachemodel import POLICIES
 
 log = logging.getLogger("exporter")
 
@@ -53,218 +41,6 @@ def _setup_logging(level: str, path: str | None = None) -> None:
     logging.getLogger("cheroot").setLevel(logging.WARNING)
 
 
-# --- subcommands -------------------------------------------------------------------------
-def cmd_backtest(args) -> int:
-    try:
-        cfg = config_mod.load_file(args.config_file) if args.config_file else Config()
-    except ConfigError as exc:
-        for err in exc.errors:
-            print(f"error: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        # bytes: a line that is not UTF-8 is one bad line, not the end of the replay
-        source = sys.stdin.buffer if args.recording == "-" else open(args.recording, "rb")
-    except OSError as exc:
-        print(f"error: cannot read {args.recording}: {exc.strerror}", file=sys.stderr)
-        return EXIT_ERROR
-    tally = {"bad": 0, "records": 0}
-
-    def warn(msg: str) -> None:
-        tally["bad"] += 1
-        if tally["bad"] <= MAX_WARNED_LINES:
-            print(f"warning: {msg}", file=sys.stderr)
-
-    def record_read() -> None:
-        tally["records"] += 1
-
-    count = 0
-    try:
-        with source:
-            for transition in backtest(source, cfg, warn, on_record=record_read):
-                write_line(sys.stdout, transition.to_json())
-                count += 1
-    except OSError as exc:
-        print(f"error: cannot read {args.recording}: {exc.strerror or exc}", file=sys.stderr)
-        return EXIT_ERROR
-    bad = tally["bad"]
-    if bad > MAX_WARNED_LINES:
-        print(f"warning: {bad - MAX_WARNED_LINES} more bad line(s) not shown", file=sys.stderr)
-    print(f"backtest: {count} transition(s); {bad} bad line(s) skipped", file=sys.stderr)
-    if bad and not tally["records"]:
-        print(f"error: {args.recording} holds no recording line ({bad} bad line(s)): is it a recording?", file=sys.stderr)
-        return EXIT_ERROR
-    return EXIT_OK
-
-
-MAX_WARNED_LINES = 20  # a binary file is thousands of bad lines: the first few say what is wrong
-
-
-def cmd_record(args) -> int:
-    if bool(args.target) == bool(args.config_file):
-        print("error: give --target=URL, or --config.file=FILE to record every target it has (discovered ones with their labels)",
-              file=sys.stderr)
-        return EXIT_USAGE
-    discovery = None
-    if args.config_file:
-        try:
-            cfg = config_mod.load_file(args.config_file)
-        except ConfigError as exc:
-            for err in exc.errors:
-                print(f"error: {err}", file=sys.stderr)
-            return EXIT_USAGE
-        discovery = Discovery(cfg.discovery, time.time) if cfg.discovery.enabled else None
-        static = cfg.targets
-    else:
-        static = (Target(args.name or redact_url(args.target), args.target),)
-    deadline = time.monotonic() + args.duration
-    stop = threading.Event()
-
-    def on_signal(*_) -> None:
-        stop.set()
-        if discovery is not None:  # a refresh in flight ends now; from a thread: the handler may interrupt one holding its lock
-            threading.Thread(target=discovery.close, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    try:
-        out = open(args.out, "a", encoding="utf-8")
-    except OSError as exc:
-        print(f"error: cannot open {args.out}: {exc.strerror}", file=sys.stderr)
-        return EXIT_ERROR
-    scrapers: dict[Target, Scraper] = {}
-    count = answered = 0
-    refreshed, discovered = -math.inf, []
-    with out, ThreadPoolExecutor(max_workers=16) as pool:
-        while not stop.is_set() and time.monotonic() < deadline:
-            if discovery is not None and time.monotonic() - refreshed >= cfg.discovery.refresh_interval:
-                discovered, refreshed = discovery.refresh(), time.monotonic()
-            targets, _ = polled(static, discovered, cfg.discovery.shard if discovery is not None else ShardConfig())
-            for gone in set(scrapers) - set(targets):
-                scrapers.pop(gone).close()
-            for t in targets:
-                scrapers.setdefault(t, Scraper(t.url, 2.0, max(1.0, args.interval), 16 * 1024 * 1024))
-            started = time.time()
-            for t, res in zip(targets, pool.map(lambda t: scrapers[t].scrape(), targets)):
-                line = {"t": started, "target": t.name}
-                if discovery is not None:
-                    line["labels"] = dict(t.labels)
-                if res.result == SUCCESS:
-                    answered += 1
-                    line["body"] = res.body
-                else:
-                    line["error"] = res.error or res.result
-                    print(f"warning: scrape of {t.name} failed: {line['error']}", file=sys.stderr)
-                write_line(out, line)
-                count += 1
-            out.flush()
-            stop.wait(max(0.0, min(args.interval - (time.time() - started), deadline - time.monotonic())))
-    for scraper in scrapers.values():
-        scraper.close()
-    what = redact_url(args.target) if args.target else f"the targets of {args.config_file}"
-    print(f"recorded {count} scrape(s) of {what} to {args.out}, {answered} answered", file=sys.stderr)
-    if count and not answered:
-        print(f"error: {what} never answered", file=sys.stderr)
-        return EXIT_ERROR
-    return EXIT_OK
-
-
-def _whatif_tokenizer(args) -> whatif_mod.Tokenizer:
-    if args.target:
-        client = VLLMClient(args.target)
-        return whatif_mod.Tokenizer(lambda text: client.tokenize_text(text), client.tokenize_chat, True, f"exact via {redact_url(args.target)}/tokenize")
-    if args.tokenizer:
-        try:
-            from tokenizers import Tokenizer as HFTokenizer  # the optional `whatif` extra
-        except ImportError:
-            raise ValueError("--tokenizer needs the `tokenizers` package: pip install 'vllm-prefix-cache-exporter[whatif]'") from None
-        try:
-            hf = HFTokenizer.from_file(args.tokenizer)
-        except Exception as exc:  # noqa: BLE001 - the library raises its own types
-            raise ValueError(f"cannot load {args.tokenizer}: {exc}") from None
-        text = lambda s: hf.encode(s, add_special_tokens=False).ids
-        # without the model's chat template, messages are joined by the neutral rendering
-        return whatif_mod.Tokenizer(text, lambda body: text(divergence.render(body)), True, f"{args.tokenizer} (chat rendered neutrally)")
-    return whatif_mod.approximate_tokenizer()
-
-
-def cmd_whatif(args) -> int:
-    try:
-        source = sys.stdin if args.requests == "-" else open(args.requests, encoding="utf-8", errors="replace")
-    except OSError as exc:
-        print(f"error: cannot read {args.requests}: {exc.strerror}", file=sys.stderr)
-        return EXIT_ERROR
-    requests_, bad = [], 0
-    with source:
-        for item in whatif_mod.read_requests(source):
-            if isinstance(item, whatif_mod.SampleError):
-                bad += 1
-                print(f"warning: {item}; skipped", file=sys.stderr)
-            else:
-                requests_.append(item)
-    if not requests_:
-        print(f"error: {args.requests} holds no request to analyse ({bad} bad line(s))", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        tokenizer = _whatif_tokenizer(args) if any(r.is_text for r in requests_) else None
-        policies = tuple(dict.fromkeys(args.routing)) if args.routing else default_policies(requests_)
-        replicas = args.replicas or len({r.replica for r in requests_ if r.replica}) or 1
-        analysis = whatif_mod.analyze(requests_, replicas, policies, args.cache_blocks, args.block_size, tokenizer, args.measure_from,
-                                      cache_tokens=args.cache_tokens, curve=args.capacity_curve or bool(args.svg))
-    except (whatif_mod.SampleError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except VLLMError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    print(json.dumps(analysis.to_json()) if args.json else whatif_mod.report(analysis))
-    if bad:
-        print(f"whatif: {bad} bad line(s) skipped", file=sys.stderr)
-    if args.svg:
-        try:
-            from .tools.capacitycurve import svg
-            with open(args.svg, "w", encoding="utf-8") as out:
-                out.write(svg(analysis.curve, f"whatif: {os.path.basename(args.requests)}"))
-        except OSError as exc:
-            print(f"error: cannot write {args.svg}: {exc.strerror}", file=sys.stderr)
-            return EXIT_ERROR
-    return EXIT_OK
-
-
-def default_policies(requests_) -> tuple[str, ...]:
-    """Every policy; `observed` first when the sample says which replica served each request."""
-    from .tools.cachemodel import OBSERVED, POLICIES, SESSION
-    # a block-hash trace has no session key: session routing would be round robin by another name
-    sessionless = any(r.is_hashes for r in requests_) and not all(r.session for r in requests_)
-    rest = tuple(p for p in POLICIES if p != OBSERVED and not (p == SESSION and sessionless))
-    return ((OBSERVED,) + rest) if all(r.replica for r in requests_) else rest
-
-
-def cmd_lint(args) -> int:
-    allow: tuple[str, ...] = ()
-    if args.config_file:
-        try:
-            allow = config_mod.load_file(args.config_file).lint_allow
-        except ConfigError as exc:
-            for err in exc.errors:
-                print(f"error: {err}", file=sys.stderr)
-            return EXIT_USAGE
-    findings, broken = [], False
-    for path in args.files:
-        try:
-            text = jsonlines.read_regular_file(path)  # a FIFO or a device is refused, never waited on
-            findings += [f for f in lint_mod.lint(path, text) if not lint_mod.allowed(f, allow)]
-        except OSError as exc:
-            print(f"error: cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
-            broken = True
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            broken = True
-    for f in findings:
-        print(f)
-    print(f"lint: {len(findings)} finding(s) in {len(args.files)} file(s)", file=sys.stderr)
-    return EXIT_USAGE if broken else (1 if findings else EXIT_OK)
-
-
 class _HelpWithDefaults(argparse.HelpFormatter):
     """Every option's help ends with its default, as `--help` should tell."""
 
@@ -276,11 +52,6 @@ class _HelpWithDefaults(argparse.HelpFormatter):
 
 
 LOG_LEVELS = ["debug", "info", "warn", "warning", "error"]
-
-
-def cachemodel_policies() -> tuple[str, ...]:
-    from .tools.cachemodel import POLICIES
-    return POLICIES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -316,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     bt = command("backtest", "replay a recording through the rules; prints alert transitions as JSON lines")
     bt.add_argument("--config.file", dest="config_file", default=None, help="rules and windows (default: the built-in defaults)")
     bt.add_argument("recording", help="a recording (JSON lines), - for stdin")
-    bt.set_defaults(func=cmd_backtest)
+    bt.set_defaults(func=backtest.command)
 
     check = command("check-config", "validate a config file")
     check.add_argument("file", help="the YAML config")
@@ -334,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--out", required=True, help="the recording to append to")
     rec.add_argument("--interval", type=float, default=5.0, help="seconds between scrapes")
     rec.add_argument("--duration", type=float, default=300.0, help="seconds to record")
-    rec.set_defaults(func=cmd_record)
+    rec.set_defaults(func=record.command)
 
     diag = command("diagnose", "first divergent token of two chat requests and the cache blocks that survive")
     diag.add_argument("a", metavar="A.json", help="the earlier chat-completions request")
@@ -348,13 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
     lint_cmd = command("lint", "flag volatile content before static content in prompt templates or request JSON")
     lint_cmd.add_argument("files", nargs="+", help="templates or request JSON files")
     lint_cmd.add_argument("--config.file", dest="config_file", default=None, help="for lint.allow")
-    lint_cmd.set_defaults(func=cmd_lint)
+    lint_cmd.set_defaults(func=lint_command.command)
 
     wi = command("whatif", "replay a request sample through vLLM's prefix-cache model: hit ratio by routing policy and where the missing points went")
     wi.add_argument("requests", metavar="REQUESTS", help="JSON lines (prompt_token_ids, body or prompt; t, session, replica optional) "
                     "or vLLM's request log; - for stdin")
     wi.add_argument("--replicas", type=int, default=None, help="replicas to spread the sample over (default: those it names, else 1)")
-    wi.add_argument("--routing", action="append", choices=cachemodel_policies(), default=None,
+    wi.add_argument("--routing", action="append", choices=POLICIES, default=None,
                     help="routing policy, repeatable (default: all; observed first when every request names its replica)")
     size = wi.add_mutually_exclusive_group()
     size.add_argument("--cache-blocks", dest="cache_blocks", type=int, default=None, help="KV-cache blocks per replica (default: unlimited)")
@@ -370,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     wi.add_argument("--measure-from", dest="measure_from", type=float, default=None,
                     help="requests before this t (Unix seconds) only warm the caches")
     wi.add_argument("--json", action="store_true", help="print one JSON object")
-    wi.set_defaults(func=cmd_whatif)
+    wi.set_defaults(func=whatif_command.command)
 
     sim = command("simulate", "serve simulated vLLM replicas on 127.0.0.1")
     sim.add_argument("--replicas", type=int, default=2, help="how many replicas")

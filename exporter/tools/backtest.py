@@ -1,0 +1,51 @@
+"""The `backtest` command: a recording replayed through the same engine and rules the sidecar runs, printing
+the alert transitions it would have made; bad lines are counted and the first few shown."""
+from __future__ import annotations
+
+import sys
+
+from .. import config as config_mod
+from ..config import Config
+from ..exitcodes import EXIT_ERROR, EXIT_OK
+from ..recording import backtest, write_line
+
+
+def command(args) -> int:
+    """`backtest RECORDING`: the recording through the rules, each alert transition a JSON line on stdout."""
+    cfg = config_mod.load_file(args.config_file) if args.config_file else Config()
+    try:
+        # bytes: a line that is not UTF-8 is one bad line, not the end of the replay
+        source = sys.stdin.buffer if args.recording == "-" else open(args.recording, "rb")
+    except OSError as exc:
+        print(f"error: cannot read {args.recording}: {exc.strerror}", file=sys.stderr)
+        return EXIT_ERROR
+    tally = {"bad": 0, "records": 0}
+
+    def warn(msg: str) -> None:
+        tally["bad"] += 1
+        if tally["bad"] <= MAX_WARNED_LINES:
+            print(f"warning: {msg}", file=sys.stderr)
+
+    def record_read() -> None:
+        tally["records"] += 1
+
+    count = 0
+    try:
+        with source:
+            for transition in backtest(source, cfg, warn, on_record=record_read):
+                write_line(sys.stdout, transition.to_json())
+                count += 1
+    except OSError as exc:
+        print(f"error: cannot read {args.recording}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_ERROR
+    bad = tally["bad"]
+    if bad > MAX_WARNED_LINES:
+        print(f"warning: {bad - MAX_WARNED_LINES} more bad line(s) not shown", file=sys.stderr)
+    print(f"backtest: {count} transition(s); {bad} bad line(s) skipped", file=sys.stderr)
+    if bad and not tally["records"]:
+        print(f"error: {args.recording} holds no recording line ({bad} bad line(s)): is it a recording?", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+MAX_WARNED_LINES = 20  # a binary file is thousands of bad lines: the first few say what is wrong

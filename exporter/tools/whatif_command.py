@@ -1,0 +1,84 @@
+"""The `whatif` command: reads a request sample (or a block-hash trace), picks the tokenizer (a vLLM server's,
+a tokenizer.json, else an approximation), runs the what-if analysis and prints it, drawing the capacity curve on request."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from ..exitcodes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from ..scrape import redact_url
+from . import divergence, whatif
+from .cachemodel import OBSERVED, POLICIES, SESSION
+from .capacitycurve import svg
+from .vllm_client import VLLMClient, VLLMError
+
+
+def _tokenizer(args) -> whatif.Tokenizer:
+    if args.target:
+        client = VLLMClient(args.target)
+        return whatif.Tokenizer(lambda text: client.tokenize_text(text), client.tokenize_chat, True, f"exact via {redact_url(args.target)}/tokenize")
+    if args.tokenizer:
+        try:
+            from tokenizers import Tokenizer as HFTokenizer  # the optional `whatif` extra
+        except ImportError:
+            raise ValueError("--tokenizer needs the `tokenizers` package: pip install 'vllm-prefix-cache-exporter[whatif]'") from None
+        try:
+            hf = HFTokenizer.from_file(args.tokenizer)
+        except Exception as exc:  # noqa: BLE001 - the library raises its own types
+            raise ValueError(f"cannot load {args.tokenizer}: {exc}") from None
+        text = lambda s: hf.encode(s, add_special_tokens=False).ids
+        # without the model's chat template, messages are joined by the neutral rendering
+        return whatif.Tokenizer(text, lambda body: text(divergence.render(body)), True, f"{args.tokenizer} (chat rendered neutrally)")
+    return whatif.approximate_tokenizer()
+
+
+def command(args) -> int:
+    """`whatif REQUESTS`: the sample through the cache model, per routing policy; bad lines are skipped and counted."""
+    try:
+        source = sys.stdin if args.requests == "-" else open(args.requests, encoding="utf-8", errors="replace")
+    except OSError as exc:
+        print(f"error: cannot read {args.requests}: {exc.strerror}", file=sys.stderr)
+        return EXIT_ERROR
+    requests_, bad = [], 0
+    with source:
+        for item in whatif.read_requests(source):
+            if isinstance(item, whatif.SampleError):
+                bad += 1
+                print(f"warning: {item}; skipped", file=sys.stderr)
+            else:
+                requests_.append(item)
+    if not requests_:
+        print(f"error: {args.requests} holds no request to analyse ({bad} bad line(s))", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        tokenizer = _tokenizer(args) if any(r.is_text for r in requests_) else None
+        policies = tuple(dict.fromkeys(args.routing)) if args.routing else default_policies(requests_)
+        replicas = args.replicas or len({r.replica for r in requests_ if r.replica}) or 1
+        analysis = whatif.analyze(requests_, replicas, policies, args.cache_blocks, args.block_size, tokenizer, args.measure_from,
+                                      cache_tokens=args.cache_tokens, curve=args.capacity_curve or bool(args.svg))
+    except (whatif.SampleError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except VLLMError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    print(json.dumps(analysis.to_json()) if args.json else whatif.report(analysis))
+    if bad:
+        print(f"whatif: {bad} bad line(s) skipped", file=sys.stderr)
+    if args.svg:
+        try:
+            with open(args.svg, "w", encoding="utf-8") as out:
+                out.write(svg(analysis.curve, f"whatif: {os.path.basename(args.requests)}"))
+        except OSError as exc:
+            print(f"error: cannot write {args.svg}: {exc.strerror}", file=sys.stderr)
+            return EXIT_ERROR
+    return EXIT_OK
+
+
+def default_policies(requests_) -> tuple[str, ...]:
+    """Every policy; `observed` first when the sample says which replica served each request."""
+    # a block-hash trace has no session key: session routing would be round robin by another name
+    sessionless = any(r.is_hashes for r in requests_) and not all(r.session for r in requests_)
+    rest = tuple(p for p in POLICIES if p != OBSERVED and not (p == SESSION and sessionless))
+    return ((OBSERVED,) + rest) if all(r.replica for r in requests_) else rest
