@@ -124,7 +124,7 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
     sources = []
     if cfg.deploys.annotations_file:
         sources.append(AnnotationsWatcher(cfg.deploys.annotations_file, cfg.deploys.annotation_key).poll)
-    holder: dict = {}
+    sidecar: Sidecar  # made last; the callbacks read its config when called, as reloads change it
     warmer = Warmer(cfg.warmup, clock)
 
     def on_evaluated(transitions, engine_firing) -> None:
@@ -136,7 +136,7 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
         state.put("warmup", warmer.snapshot() if cfg.warmup.enabled else None)
 
     def on_start(target: str, reason: str) -> None:
-        if target == holder["sidecar"].config.warmup_target:
+        if target == sidecar.config.warmup_target:
             warmer.trigger(f"{reason} of {target}")
 
     def ready() -> tuple[bool, str]:
@@ -150,8 +150,8 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
 
     poller = Poller(cfg, state, clock=clock, after_evaluate=on_evaluated, sources=sources, on_start=on_start)
     app = App(state, registry, ready=ready, security=security,
-              deploy_api_open=lambda: not holder["sidecar"].config.deploys.api_token)
-    post, get = deploy_handlers(state, poller.add_event, lambda: holder["sidecar"].config.deploys.api_token,
+              deploy_api_open=lambda: not sidecar.config.deploys.api_token)
+    post, get = deploy_handlers(state, poller.add_event, lambda: sidecar.config.deploys.api_token,
                                 lambda: {t.name for t in poller.current.targets}, clock)
     app.route("POST", "/api/v1/deploys", post)
     app.route("GET", "/api/v1/deploys", get)
@@ -159,9 +159,9 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
     app.route("GET", "/api/v1/analysis", analysis_get)
     app.route("POST", "/api/v1/analysis/flagger", flagger_post)
     # while a deploy token is configured (asked per request: reloads change it), it stands in for basic auth
-    app.own_auth[("POST", "/api/v1/deploys")] = lambda: bool(holder["sidecar"].config.deploys.api_token)
+    app.own_auth[("POST", "/api/v1/deploys")] = lambda: bool(sidecar.config.deploys.api_token)
     server = Server(app, host, port, security)
-    sidecar = holder["sidecar"] = Sidecar(cfg, state, registry, poller, app, server, notifier, warmer)
+    sidecar = Sidecar(cfg, state, registry, poller, app, server, notifier, warmer)
     return sidecar
 
 
