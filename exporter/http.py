@@ -1,4 +1,4 @@
-"""The WSGI app (/metrics, health, landing page, status API) and its threaded server."""
+"""The WSGI app (/metrics, health, landing page, status API); the threaded server it runs under is httpserver.py."""
 from __future__ import annotations
 
 import gzip
@@ -16,7 +16,6 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from . import __version__, fleet
 from .deploys import API, DeployEvent
-from .httpserver import Server  # noqa: F401 - the server the app runs under, imported from here
 from .scrape import redact_url
 from .state import State
 from .statuspage import CONTENT_SECURITY_POLICY, StatusPage

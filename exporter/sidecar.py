@@ -23,7 +23,8 @@ from .config_discovery import parse_shard
 from .config_reader import parse_listen_address
 from .deploys import AnnotationsWatcher
 from .exitcodes import EXIT_ERROR, EXIT_OK
-from .http import App, Server, analysis_handlers, deploy_handlers
+from .http import App, analysis_handlers, deploy_handlers
+from .httpserver import Server
 from .poller import Poller
 from .state import State
 from .stopping import stop_event

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 
-# the parsed result, re-exported: callers import it from here with the names
+# what the parser builds; the types live in snapshot.py, which their users import
 from .snapshot import MAX_WARNINGS, CounterPair, Histogram, SeriesSnapshot, Snapshot
 from . import cacheconfig, tiers, trtllm
 from .router_metrics import RouterBuilder

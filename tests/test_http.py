@@ -251,7 +251,7 @@ def test_the_exposition_is_rendered_once_per_state_change():
 
 @pytest.fixture
 def served():
-    from exporter.http import Server
+    from exporter.httpserver import Server
     state = simulated_state()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PrefixCacheCollector(state, ["1m", "5m"]))
@@ -297,7 +297,7 @@ def test_concurrent_scrapers_all_succeed(served):
 def test_ipv6_listen_addresses(listen):
     import requests
     from exporter.config_reader import parse_listen_address
-    from exporter.http import Server
+    from exporter.httpserver import Server
     host, port = parse_listen_address(listen)
     state = simulated_state()
     server = Server(App(state, CollectorRegistry()), host, port).start()
@@ -373,7 +373,7 @@ def test_slowloris_connections_do_not_starve_scrapes_or_probes():
     deadline on the whole head frees the workers: a scrape and a probe still answer,
     and every dripping client is dropped at the deadline."""
     import requests
-    from exporter.http import Server
+    from exporter.httpserver import Server
     from slowclient import Dripping
     state = simulated_state()
     registry = CollectorRegistry(auto_describe=False)

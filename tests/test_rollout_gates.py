@@ -24,7 +24,8 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from exporter import fleet
-from exporter.http import App, Server, analysis_handlers
+from exporter.http import App, analysis_handlers
+from exporter.httpserver import Server
 from exporter.state import State
 from test_fleet import ws
 

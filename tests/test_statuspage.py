@@ -257,7 +257,7 @@ def test_the_web_configs_tls_and_basic_auth_guard_the_page(tmp_path):
     import bcrypt
     import requests
 
-    from exporter.http import Server
+    from exporter.httpserver import Server
     from exporter.webconfig import load_web_config
 
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",

@@ -10,7 +10,8 @@ from prometheus_client import CollectorRegistry
 
 from exporter.collector import PrefixCacheCollector
 from exporter.config_reader import ConfigError
-from exporter.http import App, Server
+from exporter.http import App
+from exporter.httpserver import Server
 from exporter.webconfig import BasicAuth, load_web_config, parse_web_config
 
 from helpers import simulated_state
