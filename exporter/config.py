@@ -19,7 +19,6 @@ from .config_reader import (LABEL_NAME, ConfigError, Reader, boolean, duration_o
                             positive_int, ratio, read_secret, severity)
 from .deploys import ChangePointSettings
 from .rules import RULE_KEYS, RuleSettings, RulesConfig, default_rules_yaml
-from .warmup import WarmupConfig
 
 ENV_CONFIG_FILE = "PREFIX_CACHE_EXPORTER_CONFIG"
 
@@ -91,6 +90,19 @@ class FleetBaselineConfig:
     @property
     def enabled(self) -> bool:
         return bool(self.prometheus_url)
+
+
+@dataclass(frozen=True)
+class WarmupConfig:
+    """Warm-up requests sent after a (re)start (exporter/warmup.py sends them)."""
+
+    enabled: bool = False
+    url: str = "http://127.0.0.1:8000/v1/chat/completions"
+    target: str = ""  # whose start or restart triggers it; "" means the first target
+    requests: tuple[dict, ...] = ()
+    concurrency: int = 4
+    timeout: float = 30.0
+    gate_readiness: bool = True
 
 
 @dataclass(frozen=True)

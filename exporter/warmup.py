@@ -12,18 +12,9 @@ from typing import Callable
 
 import requests
 
+from .config import WarmupConfig
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class WarmupConfig:
-    enabled: bool = False
-    url: str = "http://127.0.0.1:8000/v1/chat/completions"
-    target: str = ""  # whose start or restart triggers it; "" means the first target
-    requests: tuple[dict, ...] = ()
-    concurrency: int = 4
-    timeout: float = 30.0
-    gate_readiness: bool = True
 
 
 @dataclass

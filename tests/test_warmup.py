@@ -8,7 +8,8 @@ from exporter.sim import simulator
 from exporter.sim.server import Fleet
 from exporter.sidecar import build_sidecar
 from exporter.config import load
-from exporter.warmup import Warmer, WarmupConfig, request_body
+from exporter.config import WarmupConfig
+from exporter.warmup import Warmer, request_body
 
 from conftest import free_port, wait_for
 from fakeserver import FakeServer, reply
