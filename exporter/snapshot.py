@@ -99,7 +99,7 @@ class Snapshot:
                        rejected=tuple(sorted(counts.items())))
 
     def to_json(self) -> dict:
-        """The `parse` output contract (README, "Command line"): users script against it."""
+        """The `parse` output contract (docs/tools.md, `parse`): users script against it."""
         return {
             "engine_kind": self.engine_kind,
             "prefix_caching_enabled": self.prefix_caching_enabled,

@@ -216,7 +216,7 @@ def test_hits_stuck_at_zero_pages_within_3_minutes():
     assert stuck_alerts[1]["t"] - START <= stuck + 180
 
 
-# --- when the engine's counters lie (README: "When the engine's counters lie") ----------------------------
+# --- when the engine's counters lie (docs/engines.md: "When the engine's counters lie") ----------------------------
 def test_retry_overcount_under_kv_pressure_pages_eviction_and_says_the_counters_lie():
     """vLLM <= 0.26 records a waiting request's lookup again on every retry: under KV
     pressure the lookup ratio holds up while the admitted ratio falls. The rules judge

@@ -73,7 +73,7 @@ class Scenario:
     decode_seconds_per_token: float = 0.01
 
 
-# Known ways vLLM's lookup counters lie (README, "When the engine's counters lie"), for the
+# Known ways vLLM's lookup counters lie (docs/engines.md, "When the engine's counters lie"), for the
 # instrumentation cross-check: the admitted-prefill counters stay right in each.
 RETRY_OVERCOUNT = "retry_overcount"  # <= 0.26: a waiting request's lookup is recorded again on every retry
 HITS_NOT_WIRED = "hits_not_wired"  # hits stay 0 while caching works (some hardware backends)
@@ -517,7 +517,7 @@ def _render(r: Replica) -> str:
 def recording_lines(replicas: Sequence[Replica], start: float, duration: float, interval: float,
                     deploys: Sequence[tuple[float, str | None, str]] = ()) -> Iterator[dict]:
     """Scrape every replica every `interval` seconds of simulated time, as recording
-    lines (the README's recording format); `deploys` are (seconds after start, target or None, version)."""
+    lines (the recording format of docs/tools.md); `deploys` are (seconds after start, target or None, version)."""
     events = sorted(deploys, key=lambda d: d[0])
     steps = int(duration // interval)
     for i in range(steps + 1):
