@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -132,22 +132,20 @@ def _fmt_window_help(help_text: str, windows: str) -> str:
 
 
 class PrefixCacheCollector(Collector):
-    def __init__(self, state: State, windows: Iterable[str], extra: Iterable[Callable[[State, "Families"], None]] = ()):
+    def __init__(self, state: State, windows: Iterable[str]):
         self.state = state
         self.windows = ", ".join(windows)
-        self.extra = list(extra)
 
     def describe(self) -> list[Metric]:
-        # an empty describe keeps registration from calling collect()
-        return []
+        """Every family we may expose, without samples: the registry checks them against
+        every other collector's names (process_*, python_gc_*) without calling collect()."""
+        return [Metric(d.name, d.help, d.kind) for d in METRICS.values()]
 
     def collect(self) -> Iterator[Metric]:
         """Raises on a bug: the HTTP layer turns that into a 500, a log line and a count,
         which a silent empty answer would hide."""
         fams = Families(self.windows, self._label_names())
         self._fill(fams)
-        for hook in self.extra:
-            hook(self.state, fams)
         yield from fams.done()
 
     def _label_names(self) -> tuple[str, ...]:

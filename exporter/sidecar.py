@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from . import config as config_mod
 from .alertmanager import Notifier
@@ -119,6 +119,9 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
     state.set_process(config_reload_success=True, config_reload_time=time.time())
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PrefixCacheCollector(state, [w for w, _ in cfg.global_.windows]))
+    # the process's own memory, CPU and GC: what the benchmarks measure, visible in production
+    for runtime_collector in (ProcessCollector, GCCollector, PlatformCollector):
+        runtime_collector(registry=registry)
     host, port = parse_listen_address(listen)
     generator = cfg.web.external_url or f"http://{socket.gethostname()}:{port}/"
     notifier = Notifier(cfg.alertmanager, generator, clock)

@@ -100,3 +100,33 @@ def test_a_gone_target_leaves_no_last_deploy_series():
     last = {s.labels["target"] for s in fams["prefixcache_last_deploy_timestamp_seconds"].samples}
     assert last == {"", "vllm-0"}
     assert "pod-gone" not in {s.labels["target"] for s in fams["prefixcache_deploy_events"].samples}
+
+
+def test_the_sidecar_exposes_its_process_and_gc_metrics_and_no_name_twice():
+    """The memory and CPU the benchmarks measure are on /metrics in production too, and
+    describe() names every family, so a collector exposing one of our names is refused
+    at registration rather than rendering a duplicate family."""
+    import pytest
+    from prometheus_client.core import GaugeMetricFamily
+
+    from exporter.config import load
+    from exporter.sidecar import build_sidecar
+
+    sidecar = build_sidecar(load({"targets": [{"name": "vllm-0", "url": "http://127.0.0.1:1/metrics"}]}), "127.0.0.1:0")
+    try:
+        names = {f.name for f in text_string_to_metric_families(generate_latest(sidecar.registry).decode())}
+    finally:
+        sidecar.poller.stop()
+        sidecar.server.stop()  # built, never started: its workers run since it bound the port
+    assert {"process_resident_memory_bytes", "process_cpu_seconds", "python_gc_objects_collected", "python_info"} <= names
+    assert {"prefixcache_target_up", "prefixcache_build_info"} <= names
+
+    class Clash:
+        def describe(self):
+            return [GaugeMetricFamily("prefixcache_target_up", "a second family of our name")]
+
+        def collect(self):
+            return self.describe()
+
+    with pytest.raises(ValueError, match="prefixcache_target_up"):
+        sidecar.registry.register(Clash())
