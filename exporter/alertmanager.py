@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 from .config import AlertmanagerConfig
 from .peerhttp import Endpoint, PeerError, basic_auth, exchange
-from .scrape import redact_url
+from .urls import redact_url
 from .rules import FIRING, RESOLVED, Alert, Transition
 
 log = logging.getLogger(__name__)

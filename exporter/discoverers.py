@@ -23,7 +23,7 @@ from .config import Target
 from .config_discovery import DiscoveryConfig, PrometheusSDConfig
 from .discovery import DiscoveryError, Found, Limits, Selector, SourceState, from_file_sd, from_targets_api, limit_targets, settle
 from .promapi import PrometheusAPI, PrometheusAPIError
-from .scrape import redact_url
+from .urls import redact_url
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ import yaml
 
 from .config import RESERVED_LABELS, Target
 from .config_discovery import ShardConfig
-from .scrape import redact_url
+from .urls import redact_url
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _MAX_LABEL_NAME = 1024

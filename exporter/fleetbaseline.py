@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 
 from .config import FleetBaselineConfig
 from .promapi import PrometheusAPI, PrometheusAPIError
-from .scrape import redact_url
+from .urls import redact_url
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from . import __version__, fleet
 from .deploys import API, DeployEvent
-from .scrape import redact_url
+from .urls import redact_url
 from .state import State
 from .statuspage import CONTENT_SECURITY_POLICY, StatusPage
 from .webconfig import BasicAuth, WebSecurity

@@ -8,7 +8,7 @@ import json
 from urllib.parse import urlencode, urlsplit
 
 from .peerhttp import Endpoint, PeerError, basic_auth, exchange
-from .scrape import redact_url
+from .urls import redact_url
 
 MAX_ANSWER = 64 * 1024 * 1024
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 import time
-from urllib.parse import urlsplit, urlunsplit
 
 from .peerhttp import Endpoint, PeerDecodeError, PeerError, PeerTimeout, PeerTooLarge, exchange
 
@@ -30,22 +29,6 @@ class ScrapeResult:
     body: str | None = None
     error: str | None = None
     status: int | None = None
-
-
-def redact_url(url: str) -> str:
-    """The URL without a password: for logs, labels and the status API."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    if parts.port is not None:
-        host += f":{parts.port}"
-    return urlunsplit((parts.scheme, f"{parts.username or ''}:xxxxx@{host}", parts.path, parts.query, parts.fragment))
 
 
 class Scraper:

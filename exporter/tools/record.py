@@ -15,7 +15,8 @@ from ..discoverers import Discovery
 from ..discovery import polled
 from ..exitcodes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from ..recording import write_line
-from ..scrape import SUCCESS, Scraper, redact_url
+from ..scrape import SUCCESS, Scraper
+from ..urls import redact_url
 from ..stopping import stop_event
 
 

@@ -7,7 +7,7 @@ import json
 from urllib.parse import urlsplit
 
 from ..peerhttp import Endpoint, PeerError, exchange
-from ..scrape import redact_url
+from ..urls import redact_url
 from ..vllm_metrics import parse
 
 MAX_ANSWER = 64 * 1024 * 1024
