@@ -79,13 +79,16 @@ def measure(proc, url, seconds: float, scrape_every: float = 15.0):
 
 
 def _history_bytes() -> int:
-    snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, "*exporter/window.py")])
+    # the history's storage moved out of window.py into history.py and modellog.py: count all three
+    snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, f"*exporter/{name}.py")
+                                                      for name in ("history", "modellog", "window")])
     return sum(stat.size for stat in snap.statistics("filename"))
 
 
 def full_hour_history_mb(poll: float = 5.0) -> tuple[float, float]:
     """Memory one target's History holds after 5 min and after a full 1h (allocations
-    made in window.py only; the simulated replica is not counted), simulated clock."""
+    made in history.py, modellog.py and window.py only; the simulated replica is not
+    counted), simulated clock."""
     replica = simulator.Replica("r", simulator.Scenario(request_rate=1.0), start=0.0, seed=1)
     history = History(3600 + poll, _FINE_SECONDS, mid_seconds=_MID_SECONDS, mid_step=_MID_STEP)
     tracemalloc.start()
