@@ -61,3 +61,15 @@ def pinned_base_image() -> str:
     """The Dockerfile's default PYTHON_IMAGE."""
     (image,) = re.findall(r"^ARG PYTHON_IMAGE=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M)
     return image
+
+
+def backtest_with_engine(recording):
+    """A recording through `backtest` with the default config: (transitions as JSON,
+    the engine after it, the warnings it gave)."""
+    from exporter.config import Config
+    from exporter.engine import Engine
+    from exporter.recording import backtest
+    config = Config()
+    engine = Engine(config)
+    warnings = []
+    return [t.to_json() for t in backtest(recording, config, warnings.append, engine=engine)], engine, warnings

@@ -6,11 +6,10 @@ import math
 import pytest
 
 from exporter import roles
-from exporter.config import Config
-from exporter.engine import Engine
-from exporter.recording import backtest
 from exporter.sim.simulator import Scenario
 from exporter.vllm_metrics import parse
+
+from helpers import backtest_with_engine
 
 from scenarios import lines
 
@@ -64,16 +63,10 @@ def pd_pair(duration=900, p2p=False, labels=None):
     return out
 
 
-def run(rec):
-    config = Config()
-    engine = Engine(config)
-    warnings = []
-    return [t.to_json() for t in backtest(rec, config, warnings.append, engine=engine)], engine, warnings
-
 
 @pytest.mark.parametrize("p2p", [False, True])
 def test_a_pd_pair_at_normal_operation_stays_quiet_and_the_decode_pods_transfers_are_not_hits(p2p):
-    transitions, engine, warnings = run(pd_pair(p2p=p2p))
+    transitions, engine, warnings = backtest_with_engine(pd_pair(p2p=p2p))
     assert transitions == [] and warnings == []
     decode = engine.tracks["decode-0"]
     assert roles.role(decode.target.labels, decode.view.snapshot)[0] == roles.DECODE
@@ -91,7 +84,7 @@ def test_without_the_decode_role_the_same_pod_would_page():
     shape_off = pytest.MonkeyPatch()
     shape_off.setattr(roles, "DECODE_SHARE", 1.01)
     try:
-        transitions, _, _ = run(rec)
+        transitions, _, _ = backtest_with_engine(rec)
     finally:
         shape_off.undo()
     assert "PrefixCacheHitRateLow" in {t["alertname"] for t in transitions if t["state"] == "firing"}

@@ -8,10 +8,10 @@ import pytest
 from exporter import router
 from exporter import router_metrics
 from exporter.config import Config
-from exporter.engine import Engine
-from exporter.recording import backtest
 from exporter.sim.simulator import Scenario
 from exporter.vllm_metrics import parse
+
+from helpers import backtest_with_engine
 
 from scenarios import START, lines
 
@@ -54,12 +54,6 @@ def with_router(rec, predicted_share):
     return out
 
 
-def run(rec):
-    config = Config()
-    engine = Engine(config)
-    warnings = []
-    return [t.to_json() for t in backtest(rec, config, warnings.append, engine=engine)], engine, warnings
-
 
 def gap_transitions(transitions):
     return [(t["state"], t["labels"]["target"], t["labels"]["model_name"], t["labels"]["cause"], t["labels"]["severity"])
@@ -69,7 +63,7 @@ def gap_transitions(transitions):
 def test_a_router_predicting_80_percent_over_engines_delivering_30_fires_routing_index_stale_and_resolves():
     fixed = 900.0  # the router's index is rebuilt here: it predicts what the engines hold again
     rec = with_router(lines(Scenario(**DELIVERS_ABOUT_30), duration=1800), lambda t: 0.8 if t < fixed else 0.3)
-    transitions, engine, warnings = run(rec)
+    transitions, engine, warnings = backtest_with_engine(rec)
     assert warnings == []
     gaps = [t for t in transitions if t["alertname"] == "PrefixCacheRouterPredictionGap"]
     assert [(t["state"]) for t in gaps] == ["pending", "firing", "resolved"]
@@ -86,7 +80,7 @@ def test_a_router_predicting_80_percent_over_engines_delivering_30_fires_routing
 
 def test_a_router_that_agrees_with_its_engines_stays_quiet():
     rec = with_router(lines(Scenario(request_rate=5.0), duration=900), lambda t: 0.87)  # engines deliver ~89%
-    transitions, engine, warnings = run(rec)
+    transitions, engine, warnings = backtest_with_engine(rec)
     assert transitions == [] and warnings == []
     (p, d) = engine.predictions["epp"][""]["5m"]
     assert p.ratio == pytest.approx(0.87, abs=0.01) and d.ratio == pytest.approx(0.89, abs=0.03)
@@ -94,7 +88,7 @@ def test_a_router_that_agrees_with_its_engines_stays_quiet():
 
 def test_agreeing_at_30_percent_never_fires_the_gap_and_both_ratios_are_kept():
     rec = with_router(lines(Scenario(**DELIVERS_ABOUT_30), duration=900), lambda t: 0.3)
-    transitions, engine, warnings = run(rec)
+    transitions, engine, warnings = backtest_with_engine(rec)
     assert gap_transitions(transitions) == [] and warnings == []
     (p, d) = engine.predictions["epp"][""]["5m"]
     assert p.weighting == router.TOKENS and p.ratio == pytest.approx(0.3, abs=0.01)
@@ -103,13 +97,13 @@ def test_agreeing_at_30_percent_never_fires_the_gap_and_both_ratios_are_kept():
 
 def test_delivered_above_predicted_is_fine():
     rec = with_router(lines(Scenario(request_rate=5.0), duration=900), lambda t: 0.1)  # engines deliver ~89%
-    transitions, _, _ = run(rec)
+    transitions, _, _ = backtest_with_engine(rec)
     assert gap_transitions(transitions) == []
 
 
 def test_the_router_goes_with_its_target():
     rec = with_router(lines(Scenario(**DELIVERS_ABOUT_30), duration=600), lambda t: 0.8)
-    _, engine, _ = run(rec)
+    _, engine, _ = backtest_with_engine(rec)
     assert "epp" in engine.routers
     engine.reconfigure(Config(targets=tuple(t for t in engine.config.targets if t.name != "epp")))
     assert "epp" not in engine.routers and "epp" not in engine.predictions
@@ -167,7 +161,7 @@ def test_predicted_and_delivered_are_exported_beside_each_other_and_go_with_the_
     from exporter.state import State, TargetView
 
     rec = with_router(lines(Scenario(**DELIVERS_ABOUT_30), duration=600), lambda t: 0.8)
-    _, engine, _ = run(rec)
+    _, engine, _ = backtest_with_engine(rec)
     state = State()
     state.set_targets([TargetView(target=Target("epp", "http://epp:9090/metrics", (("namespace", "llm"),)))])
     state.put("routing", dict(engine.predictions))

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from exporter.sim import simulator
-from exporter.config import Config
-from exporter.engine import Engine
 from exporter.recording import backtest
 from exporter.sim.simulator import Event, Scenario
 from exporter.vllm_metrics import parse
 from exporter.window import summarize
+
+from helpers import backtest_with_engine
 
 from scenarios import START, at, lines
 
@@ -116,18 +116,12 @@ def trtllm_lines(rec):
     return out
 
 
-def run(rec):
-    config = Config()
-    engine = Engine(config)
-    warnings = []
-    return [t.to_json() for t in backtest(rec, config, warnings.append, engine=engine)], engine, warnings
-
 
 def test_a_trtllm_fleet_pages_a_prefix_change_with_its_cause_and_resolves_after_the_rollback():
     deploy, rollback = 300.0, 600.0
     scenario = Scenario(request_rate=5.0, events=(Event(at(deploy), "prompt", "timestamp"), Event(at(rollback), "prompt", "static")))
     rec = trtllm_lines(lines(scenario, duration=1500, deploys=[(deploy, None, "v42"), (rollback, None, "v41")]))
-    transitions, engine, warnings = run(rec)
+    transitions, engine, warnings = backtest_with_engine(rec)
     assert warnings == []
     drop = [t for t in transitions if t["alertname"] == "PrefixCacheHitRateDropAfterDeploy"]
     firing = [t for t in drop if t["state"] == "firing"]
@@ -152,7 +146,7 @@ def test_the_cumulative_hit_rate_gauge_is_never_alerted_on():
                                     for l in obj["body"].splitlines()) + "\n"
         zeroed.append(json.dumps(obj))
     for recording in (rec, zeroed):
-        transitions, _, warnings = run(recording)
+        transitions, _, warnings = backtest_with_engine(recording)
         assert transitions == [] and warnings == []
 
 
