@@ -19,7 +19,6 @@ from exporter.config import Target  # noqa: E402
 from exporter.rules import FIRING, Alert  # noqa: E402
 from exporter.state import TargetView  # noqa: E402
 from exporter.statuspage import PageInput, render  # noqa: E402
-from exporter.vllm_metrics import parse  # noqa: E402
 from exporter.history import History  # noqa: E402
 from exporter.window import summarize  # noqa: E402
 
@@ -34,12 +33,7 @@ def played(i: int) -> tuple[object, object]:
     scenario = simulator.incident(900.0 + HOUR / 2) if i % 3 == 0 else simulator.Scenario(tenants=60 + 10 * i)
     replica = simulator.Replica(f"r{i}", scenario, start=-900.0, seed=i)
     history = History(HOUR + STEP, 300.0, windows=[s for _, s in WINDOWS], mid_seconds=900.0, mid_step=30.0)
-    t, snap = 0.0, None
-    while t <= HOUR:
-        replica.advance(t)
-        snap = parse(replica.render())
-        history.append(t, snap)
-        t += STEP
+    snap, _ = simulator.play_into(replica, history, HOUR, STEP)
     return history.samples(), snap
 
 

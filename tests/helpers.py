@@ -5,7 +5,6 @@ from pathlib import Path
 from exporter.sim import simulator
 from exporter.config import Target
 from exporter.state import State, TargetView
-from exporter.vllm_metrics import parse
 from exporter.history import History
 from exporter.window import summarize
 
@@ -16,14 +15,7 @@ def simulated_view(name="vllm-0", generation="current", seconds=600, step=5.0, l
     """A TargetView as the poller would publish it after `seconds` of the incident story."""
     replica = simulator.Replica(name, simulator.incident(seconds * 0.75), start=0.0, seed=seed, generation=generation)
     history = History(300.0 + step)
-    snap = None
-    t = 0.0
-    while t <= seconds:
-        replica.advance(t)
-        snap = parse(replica.render())
-        history.append(t, snap)
-        t += step
-    now = t - step
+    snap, now = simulator.play_into(replica, history, seconds, step)
     stats = summarize(history.samples(), now, WINDOWS, 1000.0, snap.block_size)
     target = Target(name=name, url=f"http://127.0.0.1:1/{name}/metrics", labels=labels)
     return TargetView(target=target, up=True, polled=True, last_result="success", last_scrape_time=now,

@@ -66,13 +66,7 @@ def played_view(target="vllm-0", seconds=1800.0, incident_at=1200.0, step=15.0, 
     prompt gained a timestamp at `incident_at`: the hit ratio falls from ~85%."""
     replica = simulator.Replica(target, simulator.incident(900.0 + incident_at), start=-900.0, seed=3, model_names=models)
     history = History(3600.0 + step, 300.0, windows=[s for _, s in WINDOWS], mid_seconds=900.0, mid_step=30.0)
-    t, snap = 0.0, None
-    while t <= seconds:
-        replica.advance(t)
-        snap = parse(replica.render())
-        history.append(t, snap)
-        t += step
-    now = t - step
+    snap, now = simulator.play_into(replica, history, seconds, step)
     samples = history.samples()
     view = TargetView(target=Target(target, f"http://127.0.0.1:1/{target}/metrics", labels), up=True, polled=True,
                       last_result="success", last_scrape_time=now, last_success_time=now, snapshot=snap,

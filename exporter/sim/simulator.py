@@ -545,3 +545,17 @@ def scenario_recording(scenario: Scenario, duration: float, start: float, warm: 
         r.advance(start)
         reps.append(r)
     return list(recording_lines(reps, start, duration, interval, deploys))
+
+
+def play_into(replica: Replica, history, until: float, step: float, start: float = 0.0):
+    """Scrape `replica` every `step` seconds of simulated time from `start` to `until`
+    into `history` (anything with `append(t, snapshot)`), as the poller would: returns the
+    last snapshot and the time of the last scrape."""
+    from ..vllm_metrics import parse
+    t, snap = start, None
+    while t <= until:
+        replica.advance(t)
+        snap = parse(replica.render())
+        history.append(t, snap)
+        t += step
+    return snap, t - step
