@@ -17,7 +17,7 @@ import yaml
 
 from exporter.sim import simulator
 from exporter.config import Config
-from exporter.recording import backtest
+from exporter.replay import backtest
 from exporter.sim.simulator import Event, Scenario
 from exporter.vllm_metrics import parse
 

@@ -12,7 +12,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from . import causes, fleet
+from . import analysis, causes
 from . import roles
 from . import router as routing
 from .config import Config, Target
@@ -99,8 +99,8 @@ class Engine:
         self.last_event_t: dict[str, float] = {}  # target ('' for all) -> newest event of any kind
         self.last_restart_t: dict[str, float] = {}  # target ('' for all) -> newest restart
         self.alerts: dict[tuple[str, str, str, str], Alert] = {}
-        self.rollouts: dict[str, fleet.Rollout] = {}  # model -> its newest rollout
-        self.verdicts: dict[str, fleet.Verdict] = {}  # model -> the gate's verdict at the last evaluation, while versions are judged
+        self.rollouts: dict[str, analysis.Rollout] = {}  # model -> its newest rollout
+        self.verdicts: dict[str, analysis.Verdict] = {}  # model -> the gate's verdict at the last evaluation, while versions are judged
         self.fleet_baselines: dict[tuple[str, str], tuple[float, float]] = {}  # (target, model) -> (ratio, pod start)
         # (target, model) -> (last lookup hit, TTFT p50 before it) while its hits stand still
         self.hits_references: dict[tuple[str, str], tuple[float, float]] = {}
@@ -374,7 +374,7 @@ class Engine:
                              self.last_restart_t.get(name)) if t is not None]
         return max(known) if known else view.since
 
-    def members(self, now: float, model: str, window: float) -> list[fleet.Member]:
+    def members(self, now: float, model: str, window: float) -> list[analysis.Member]:
         """Every replica serving `model`, with its version and its window, less the first
         `analysis.warmup` seconds after its start (a cache filling up is not a verdict)."""
         cfg = self.config.analysis
@@ -394,10 +394,10 @@ class Engine:
                 else:
                     block = view.snapshot.block_size if view.snapshot else None
                     ws = stats_between(view.samples, model, max(now - window, warm_from), now, 0.0, block)
-            out.append(fleet.Member(name, dict(track.target.labels).get(cfg.version_label), ws, cold))
+            out.append(analysis.Member(name, dict(track.target.labels).get(cfg.version_label), ws, cold))
         return out
 
-    def analyze(self, now: float, model: str, version: str, baseline: str | None = None) -> fleet.Verdict:
+    def analyze(self, now: float, model: str, version: str, baseline: str | None = None) -> analysis.Verdict:
         """The rollout gate's verdict (GET /api/v1/analysis): `version` of `model` against
         `baseline` (default: the other version with the most traffic)."""
         cfg = self.config.analysis
@@ -406,13 +406,13 @@ class Engine:
         rollout = self.rollouts.get(model)
         if baseline is None and rollout is not None and rollout.new_version == version and rollout.completed is not None:
             return self._against_before(members, rollout)
-        return fleet.analyze(members, model, version, baseline, cfg.min_query_tokens, cfg.drop_points)
+        return analysis.analyze(members, model, version, baseline, cfg.min_query_tokens, cfg.drop_points)
 
-    def _against_before(self, members: list[fleet.Member], rollout: fleet.Rollout) -> fleet.Verdict:
+    def _against_before(self, members: list[analysis.Member], rollout: analysis.Rollout) -> analysis.Verdict:
         """Once every replica runs the new version: against the model before its rollout."""
         cfg = self.config.analysis
         missing = "" if rollout.baseline_ratio is not None else f"{rollout.model} had too little traffic before the rollout"
-        return fleet.judge(members, rollout.model, rollout.new_version, rollout.old_version, rollout.baseline_ratio,
+        return analysis.judge(members, rollout.model, rollout.new_version, rollout.old_version, rollout.baseline_ratio,
                            rollout.baseline_tokens, 0, missing, cfg.min_query_tokens, cfg.drop_points, rollout.baseline_rates)
 
     def _version_starts(self) -> dict[str, dict[str, float]]:
@@ -444,12 +444,12 @@ class Engine:
             if len(starts) == 1 and rollout is None:
                 continue  # the steady state: one version, nothing to judge
             members = self.members(now, model, window)
-            newest = fleet.newest_version(starts)
+            newest = analysis.newest_version(starts)
             if len(starts) > 1:
                 if rollout is None or rollout.new_version != newest or rollout.baseline_ratio is None:
                     # (again while the old replicas' ratio was unknown: we started mid-rollout)
                     rollout = self._begin_rollout(now, model, newest, settings.baseline, rollout)
-                verdict = fleet.analyze(members, model, newest, None, cfg.min_query_tokens, cfg.drop_points)
+                verdict = analysis.analyze(members, model, newest, None, cfg.min_query_tokens, cfg.drop_points)
             elif rollout is not None and rollout.new_version == newest:
                 if rollout.completed is None:
                     rollout = self.rollouts[model] = replace(rollout, completed=now)
@@ -470,32 +470,32 @@ class Engine:
                                    lambda a, c, v=verdict, ms=members: self._describe_version(a, c, v, ms, now, rollout))
             self._keep(key, new, transition, transitions)
 
-    def _begin_rollout(self, now: float, model: str, newest: str, before: float, known: fleet.Rollout | None) -> fleet.Rollout:
+    def _begin_rollout(self, now: float, model: str, newest: str, before: float, known: analysis.Rollout | None) -> analysis.Rollout:
         """The model's ratio before the new version served it: the other replicas over
         the rule's baseline window, kept for the end of the rollout."""
         members = [m for m in self.members(now, model, before) if m.version != newest]
-        ratio, tokens, _ = fleet.pool_ratio(members)
+        ratio, tokens, _ = analysis.pool_ratio(members)
         if ratio is None or tokens < self.config.analysis.min_query_tokens:
             ratio = None
-        old = fleet.busiest_version(members, other_than=newest)
+        old = analysis.busiest_version(members, other_than=newest)
         began = known.began if known is not None and known.new_version == newest else now
-        rollout = self.rollouts[model] = fleet.Rollout(model, began, old, newest, ratio, tokens,
-                                                       baseline_rates=fleet.pool_rates(members))
+        rollout = self.rollouts[model] = analysis.Rollout(model, began, old, newest, ratio, tokens,
+                                                       baseline_rates=analysis.pool_rates(members))
         return rollout
 
     @staticmethod
-    def _version_condition(v: fleet.Verdict, alert: Alert, drop_points: float) -> Condition:
-        if v.verdict == fleet.INCONCLUSIVE:
+    def _version_condition(v: analysis.Verdict, alert: Alert, drop_points: float) -> Condition:
+        if v.verdict == analysis.INCONCLUSIVE:
             return Condition(INCONCLUSIVE, None, f"Not enough evidence yet to judge {v.version} of {v.model}", v.reason)
         drop = (v.baseline_hit_ratio or 0.0) - (v.hit_ratio or 0.0)
         # an active alert ends only once the gap is under half the threshold
         still = alert.state in (PENDING, FIRING) and drop >= drop_points / 2
         summary = (f"Prefix-cache hit rate of {v.model} is {v.hit_ratio:.0%} on {v.version} "
                    f"against {v.baseline_hit_ratio:.0%} on {v.baseline_version}")
-        return Condition("true" if v.verdict == fleet.FAIL or still else "false", v.hit_ratio, summary, v.reason + ".")
+        return Condition("true" if v.verdict == analysis.FAIL or still else "false", v.hit_ratio, summary, v.reason + ".")
 
-    def _describe_version(self, alert: Alert, cond: Condition, v: fleet.Verdict, members: list[fleet.Member],
-                          now: float, rollout: fleet.Rollout | None) -> Alert:
+    def _describe_version(self, alert: Alert, cond: Condition, v: analysis.Verdict, members: list[analysis.Member],
+                          now: float, rollout: analysis.Rollout | None) -> Alert:
         rc = self.config.rules
         new = [m for m in members if m.version == v.version]
         warm = [m.stats for m in new if m.stats is not None]

@@ -14,7 +14,7 @@ from typing import Callable, Iterable
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from . import __version__, fleet
+from . import __version__, analysis
 from .deploys import API, DeployEvent
 from .urls import redact_url
 from .state import State
@@ -321,7 +321,7 @@ def status_json(state: State) -> dict:
 _SELF_BASELINE = "baseline names the version under test: a version is judged against another one"
 
 
-def analysis_handlers(verdict: Callable[[str, str, str | None], fleet.Verdict]) -> tuple[Handler, Handler]:
+def analysis_handlers(verdict: Callable[[str, str, str | None], analysis.Verdict]) -> tuple[Handler, Handler]:
     """GET /api/v1/analysis (Argo Rollouts' web metric provider) and POST
     /api/v1/analysis/flagger (a Flagger webhook), over `verdict(model, version, baseline)`.
     Both always answer JSON: Argo counts a body that is not JSON as a success."""
@@ -332,11 +332,11 @@ def analysis_handlers(verdict: Callable[[str, str, str | None], fleet.Verdict]) 
         model, version = (query.get("model") or [""])[0], (query.get("version") or [""])[0]
         baseline = (query.get("baseline") or [None])[0]
         if not model or not version:
-            return json_response(400, {"verdict": fleet.INCONCLUSIVE, "error": "give ?model=M&version=V[&baseline=B]"})
+            return json_response(400, {"verdict": analysis.INCONCLUSIVE, "error": "give ?model=M&version=V[&baseline=B]"})
         if any(_has_control(x) for x in (model, version, baseline or "")):
-            return json_response(400, {"verdict": fleet.INCONCLUSIVE, "error": "control characters are not allowed"})
+            return json_response(400, {"verdict": analysis.INCONCLUSIVE, "error": "control characters are not allowed"})
         if baseline == version:
-            return json_response(400, {"verdict": fleet.INCONCLUSIVE, "error": _SELF_BASELINE})
+            return json_response(400, {"verdict": analysis.INCONCLUSIVE, "error": _SELF_BASELINE})
         return json_response(200, verdict(model, version, baseline).to_json())
 
     def flagger(environ) -> tuple[int, str, bytes]:
@@ -354,7 +354,7 @@ def analysis_handlers(verdict: Callable[[str, str, str | None], fleet.Verdict]) 
             return json_response(400, {"error": "the webhook's metadata needs `model` and `version` (and may name a `baseline`)"})
         baseline = meta.get("baseline") if isinstance(meta.get("baseline"), str) else None
         if baseline == meta["version"]:
-            return json_response(400, {"verdict": fleet.INCONCLUSIVE, "error": _SELF_BASELINE})
+            return json_response(400, {"verdict": analysis.INCONCLUSIVE, "error": _SELF_BASELINE})
         require = meta.get("require", "no-fail")
         if require not in ("no-fail", "pass"):
             return json_response(400, {"error": "metadata.require is `no-fail` (a rollout hook) or `pass` (confirm-promotion)"})
@@ -362,11 +362,11 @@ def analysis_handlers(verdict: Callable[[str, str, str | None], fleet.Verdict]) 
         # Flagger fails a hook on any status above 202. A rollout hook (require: no-fail)
         # fails on a measured drop, and on a version no replica runs (no evidence will ever
         # come); a confirm-promotion hook (require: pass) holds promotion until a pass.
-        if v.verdict == fleet.FAIL:
+        if v.verdict == analysis.FAIL:
             return json_response(409, v.to_json())
         if v.error is not None:
             return json_response(422, v.to_json())
-        if require == "pass" and v.verdict != fleet.PASS:
+        if require == "pass" and v.verdict != analysis.PASS:
             return json_response(412, v.to_json())
         return json_response(200, v.to_json())
 

@@ -17,14 +17,14 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from . import scrape as scrape_results
 from .config import Config, Target
-from .discoverers import Discovery
-from .discovery import polled
+from .sdsources import Discovery
+from .sdtargets import polled
 from .scrape import Scraper
 from .state import State, TargetView
 from .vllm_metrics import parse
 from .deploys import DeployEvent
 from .engine import Engine
-from .fleetbaseline import FleetBaselineReader
+from .prombaseline import FleetBaselineReader
 from .rules import INACTIVE
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ import yaml
 
 from . import causes
 from .deploys import ChangePointSettings, DeployEvent
-from .fleet import token_rates
+from .analysis import token_rates
 from .snapshot import Snapshot
 from .history import TargetSample
 from .window import WindowStats, last_hit_time, ratio, stats_between

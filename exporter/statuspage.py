@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable, Sequence
 
-from . import fleet
+from . import analysis
 from .rules import FIRING, PENDING, Alert
 from .state import State, TargetView
 from .history import Samples
@@ -49,7 +49,7 @@ class PageInput:
     targets: tuple[TargetView, ...]
     alerts: tuple[Alert, ...] = ()
     deploys: tuple[dict, ...] = ()  # recent events, oldest first, as DeployEvent.to_json()
-    verdicts: dict[str, fleet.Verdict] = field(default_factory=dict)  # model -> the gate's verdict
+    verdicts: dict[str, analysis.Verdict] = field(default_factory=dict)  # model -> the gate's verdict
     links: tuple[str, ...] = ()
     version: str = ""
     warning: str = ""
@@ -259,13 +259,13 @@ def _deploys_section(deploys: Sequence[dict], now: float) -> str:
             f'<tr><th>when</th><th>target</th><th>source</th><th>version</th><th>description</th></tr>{rows}</table></div></section>')
 
 
-def _fleet_section(verdicts: dict[str, fleet.Verdict]) -> str:
+def _fleet_section(verdicts: dict[str, analysis.Verdict]) -> str:
     if not verdicts:
         return ""
     blocks = []
     for model in sorted(verdicts):
         v = verdicts[model]
-        kind = v.verdict if v.verdict in (fleet.PASS, fleet.FAIL, fleet.INCONCLUSIVE) else fleet.INCONCLUSIVE
+        kind = v.verdict if v.verdict in (analysis.PASS, analysis.FAIL, analysis.INCONCLUSIVE) else analysis.INCONCLUSIVE
         blocks.append(
             f'<div class="card"><h3>{_e(model)} <span class="badge v-{kind}">gate: {kind}</span></h3>'
             f'<div class="scroll"><table><tr><th>version</th><th>replicas</th><th>hit ratio</th><th>query tokens</th></tr>'

@@ -44,8 +44,8 @@ def fixtures() -> Path:
 @pytest.fixture(scope="session")
 def prometheus_fleet(tmp_path_factory):
     """Simulated fleet + sidecar + Prometheus with our rules; two minutes of history."""
-    import fleet
+    import promstack
 
-    setup, sidecar = fleet.start(tmp_path_factory.mktemp("fleet"))
+    setup, sidecar = promstack.start(tmp_path_factory.mktemp("fleet"))
     yield setup
-    fleet.stop(setup, sidecar)
+    promstack.stop(setup, sidecar)

@@ -60,7 +60,7 @@ def backtest_with_engine(recording):
     the engine after it, the warnings it gave)."""
     from exporter.config import Config
     from exporter.engine import Engine
-    from exporter.recording import backtest
+    from exporter.replay import backtest
     config = Config()
     engine = Engine(config)
     warnings = []

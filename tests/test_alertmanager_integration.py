@@ -109,7 +109,7 @@ def _attached_config(tmp_path, monkeypatch, pod, namespace):
     import yaml
 
     from exporter.config import load
-    from test_deploy import RECIPES, USER_VLLM, build_overlay
+    from test_manifests import RECIPES, USER_VLLM, build_overlay
     tmp_path.mkdir()
     docs = build_overlay(tmp_path, own=(str(USER_VLLM),), namespace=namespace, **RECIPES["five-minutes-attach-sidecar"])
     (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and "config.yml" in d.get("data", {})]

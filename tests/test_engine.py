@@ -310,14 +310,14 @@ def _window(hits, queries, seconds=300.0):
 def test_a_rollout_judged_against_before_is_no_fail_when_only_the_traffic_mix_changed():
     """Once every replica runs the new version it is judged against the model before the
     rollout: the same hit tokens/s over 60% more query tokens/s is a tenant joining."""
-    from exporter import fleet
+    from exporter import analysis
     before = (0.9 * 6500.0, 6500.0)  # (hit, query) tokens/s of the fleet before the rollout
-    diluted = [fleet.Member(f"new-{i}", "v2", _window(0.9 * 6500 * 300 / 2, 10400.0 * 300 / 2)) for i in range(2)]
-    v = fleet.judge(diluted, "m", "v2", "v1", 0.9, 6500.0 * 300, 2, "", 20000.0, 0.25, before)
-    assert v.verdict == fleet.INCONCLUSIVE and "traffic_mix" in v.reason
-    broken = [fleet.Member(f"new-{i}", "v2", _window(0.05 * 6500 * 300 / 2, 6500.0 * 300 / 2)) for i in range(2)]
-    assert fleet.judge(broken, "m", "v2", "v1", 0.9, 6500.0 * 300, 2, "", 20000.0, 0.25, before).verdict == fleet.FAIL
-    assert fleet.judge(diluted, "m", "v2", "v1", 0.9, 6500.0 * 300, 2, "", 20000.0, 0.25).verdict == fleet.FAIL
+    diluted = [analysis.Member(f"new-{i}", "v2", _window(0.9 * 6500 * 300 / 2, 10400.0 * 300 / 2)) for i in range(2)]
+    v = analysis.judge(diluted, "m", "v2", "v1", 0.9, 6500.0 * 300, 2, "", 20000.0, 0.25, before)
+    assert v.verdict == analysis.INCONCLUSIVE and "traffic_mix" in v.reason
+    broken = [analysis.Member(f"new-{i}", "v2", _window(0.05 * 6500 * 300 / 2, 6500.0 * 300 / 2)) for i in range(2)]
+    assert analysis.judge(broken, "m", "v2", "v1", 0.9, 6500.0 * 300, 2, "", 20000.0, 0.25, before).verdict == analysis.FAIL
+    assert analysis.judge(diluted, "m", "v2", "v1", 0.9, 6500.0 * 300, 2, "", 20000.0, 0.25).verdict == analysis.FAIL
 
 
 def test_the_ttft_from_before_the_hits_stopped_is_kept_while_they_stand_still_and_goes_with_its_target():

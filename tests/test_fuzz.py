@@ -121,7 +121,8 @@ def test_no_sample_poisons_a_models_windows(values):
 
 # --- the command line's readers: a hostile file is counted skips or a clear error -------
 from exporter.tools import lint as lint_mod, whatif  # noqa: E402
-from exporter.recording import RecordingError, backtest, read_lines  # noqa: E402
+from exporter.recording import RecordingError, read_lines  # noqa: E402
+from exporter.replay import backtest  # noqa: E402
 
 JSON_ATOMS = st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "1e308", "0", "-1", "true", "null",
                               '"x"', '""', "1" * 400, "[]", "{}", '"\\ud800"', '"\\u0000"'])

@@ -311,14 +311,14 @@ def test_ipv6_listen_addresses(listen):
 def rollout_app():
     """Four replicas of one model: three on v41 at ~88%, one on v42 whose prompt now
     carries a timestamp (~3%). The engine's side of the verdict is in test_engine."""
-    from exporter import fleet
+    from exporter import analysis
     from exporter.http import analysis_handlers
-    from test_fleet import ws
-    members = [fleet.Member(f"vllm-{i}", version, ws(hits, 100_000))
+    from test_analysis import ws
+    members = [analysis.Member(f"vllm-{i}", version, ws(hits, 100_000))
                for i, (version, hits) in enumerate((("v41", 88_000), ("v41", 87_000), ("v41", 89_000), ("v42", 3_000)))]
     app = App(State(), CollectorRegistry())
     get, flagger = analysis_handlers(
-        lambda model, version, baseline: fleet.analyze(members if model == "m" else [], model, version, baseline))
+        lambda model, version, baseline: analysis.analyze(members if model == "m" else [], model, version, baseline))
     app.route("GET", "/api/v1/analysis", get)
     app.route("POST", "/api/v1/analysis/flagger", flagger)
     return app

@@ -64,7 +64,7 @@ def test_discovery_counts_a_broken_answer_as_a_failed_refresh(prom):
     """prefixcache_discovery_last_refresh_successful reads the source's `ok`: a short body
     or bad gzip must make it 0, not escape as a traceback while it stays 1."""
     from exporter.config_discovery import DiscoveryConfig, PrometheusSDConfig
-    from exporter.discoverers import Discovery
+    from exporter.sdsources import Discovery
 
     for behaviour in ("short", "badgzip"):
         d = Discovery(DiscoveryConfig(prometheus=PrometheusSDConfig(url=prom.url(behaviour), job="vllm", timeout=1.0)), time.time)

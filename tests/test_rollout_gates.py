@@ -23,11 +23,11 @@ import requests
 import yaml
 from prometheus_client import CollectorRegistry
 
-from exporter import fleet
+from exporter import analysis
 from exporter.http import App, analysis_handlers
 from exporter.httpserver import Server
 from exporter.state import State
-from test_fleet import ws
+from test_analysis import ws
 
 EXAMPLES = Path(__file__).parent.parent / "deploy" / "kubernetes" / "examples"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -35,7 +35,7 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 def serve(members):
     get, flagger = analysis_handlers(
-        lambda model, version, baseline: fleet.analyze(members if model == MODEL else [], model, version, baseline))
+        lambda model, version, baseline: analysis.analyze(members if model == MODEL else [], model, version, baseline))
     app = App(State(), CollectorRegistry())
     app.route("GET", "/api/v1/analysis", get)
     app.route("POST", "/api/v1/analysis/flagger", flagger)
@@ -43,7 +43,7 @@ def serve(members):
 
 
 def local(url: str, server) -> str:
-    """The example's URL, sent to the live server instead of the Service (test_deploy
+    """The example's URL, sent to the live server instead of the Service (test_manifests
     checks that the Service and its port exist in the central variant's build)."""
     parts = urlsplit(url)
     return parts._replace(netloc=f"127.0.0.1:{server.port}").geturl()
@@ -121,13 +121,13 @@ def argo_url(metric, server, version):
 
 
 OLD_HASH, NEW_HASH = "6d4f8b7c9f", "7f9c5d6b84"  # rollouts-pod-template-hash values
-STABLE = [fleet.Member(f"vllm-{OLD_HASH}-{i}", OLD_HASH, ws(88_000, 100_000)) for i in range(3)]
+STABLE = [analysis.Member(f"vllm-{OLD_HASH}-{i}", OLD_HASH, ws(88_000, 100_000)) for i in range(3)]
 
 
 @pytest.mark.parametrize("canary, phase, rollout", [
-    pytest.param([fleet.Member("vllm-new-0", NEW_HASH, ws(86_000, 100_000))], "Successful", "proceeds", id="no-drop"),
-    pytest.param([fleet.Member("vllm-new-0", NEW_HASH, ws(3_000, 100_000))], "Failed", "aborts", id="drop"),
-    pytest.param([fleet.Member("vllm-new-0", NEW_HASH, ws(100, 2_000))], "Inconclusive", "pauses", id="too-little-traffic"),
+    pytest.param([analysis.Member("vllm-new-0", NEW_HASH, ws(86_000, 100_000))], "Successful", "proceeds", id="no-drop"),
+    pytest.param([analysis.Member("vllm-new-0", NEW_HASH, ws(3_000, 100_000))], "Failed", "aborts", id="drop"),
+    pytest.param([analysis.Member("vllm-new-0", NEW_HASH, ws(100, 2_000))], "Inconclusive", "pauses", id="too-little-traffic"),
     pytest.param([], "Inconclusive", "pauses", id="no-pod-runs-the-version"),
 ])
 def test_the_argo_template_never_lets_a_rollout_without_evidence_proceed(canary, phase, rollout):
@@ -151,7 +151,7 @@ def test_the_analysis_api_says_what_is_wrong_with_a_version_no_pod_runs():
     finally:
         server.stop()
     body = response.json()
-    assert response.status_code == 200 and body["verdict"] == fleet.INCONCLUSIVE  # the contract: Argo pauses
+    assert response.status_code == 200 and body["verdict"] == analysis.INCONCLUSIVE  # the contract: Argo pauses
     assert body["error"] == f"no replica of {MODEL} runs v-typo"
 
 
@@ -191,14 +191,14 @@ def flagger_run(server, intervals: int = 6) -> str:
     return "waiting for promotion"
 
 
-PRIMARY = [fleet.Member(f"vllm-primary-{i}", "primary", ws(88_000, 100_000)) for i in range(3)]
+PRIMARY = [analysis.Member(f"vllm-primary-{i}", "primary", ws(88_000, 100_000)) for i in range(3)]
 
 
 @pytest.mark.parametrize("canary, outcome", [
-    pytest.param([fleet.Member("vllm-0", "canary", ws(86_000, 100_000))], "promoted", id="no-drop"),
-    pytest.param([fleet.Member("vllm-0", "canary", ws(3_000, 100_000))], "rolled back", id="drop"),
-    pytest.param([fleet.Member("vllm-0", "canary", ws(100, 2_000))], "waiting for promotion", id="too-little-traffic"),
-    pytest.param([fleet.Member("vllm-0", "canary", ws(3_000, 100_000), cold=True)], "waiting for promotion", id="cold-canary"),
+    pytest.param([analysis.Member("vllm-0", "canary", ws(86_000, 100_000))], "promoted", id="no-drop"),
+    pytest.param([analysis.Member("vllm-0", "canary", ws(3_000, 100_000))], "rolled back", id="drop"),
+    pytest.param([analysis.Member("vllm-0", "canary", ws(100, 2_000))], "waiting for promotion", id="too-little-traffic"),
+    pytest.param([analysis.Member("vllm-0", "canary", ws(3_000, 100_000), cold=True)], "waiting for promotion", id="cold-canary"),
     pytest.param([], "rolled back", id="no-pod-runs-the-canary"),
 ])
 def test_the_flagger_canary_promotes_only_on_a_pass(canary, outcome):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from exporter import fleet, statuspage
+from exporter import analysis, statuspage
 from exporter.sim import simulator
 from exporter.sim.server import Fleet
 from exporter.config import Target, load
@@ -93,7 +93,7 @@ def test_hostile_names_labels_and_texts_render_as_text():
                 alert("", evil, state=PENDING, cause=evil, summary=evil, version=evil)),
         deploys=({"t": now - 600, "target": evil, "version": evil, "source": "api", "description": evil},
                  {"t": now - 300, "target": None, "version": evil, "source": evil, "description": evil}),
-        verdicts={evil: fleet.Verdict(fleet.FAIL, evil, evil, evil, 0.1, 0.9, 1e5, 1e5, evil, 1, 1)},
+        verdicts={evil: analysis.Verdict(analysis.FAIL, evil, evil, evil, 0.1, 0.9, 1e5, 1e5, evil, 1, 1)},
         links=("/", "/metrics"), version="0.1.0", warning=evil)
     text = render(page, now).decode()
     parsed = Page(text)
@@ -174,7 +174,7 @@ def test_the_fleet_view_shows_versions_side_by_side_and_the_gates_verdict():
         engine.evaluate(float(t))
     assert set(engine.verdicts) == {MODEL}
     v = engine.verdicts[MODEL]
-    assert v.verdict == fleet.FAIL and (v.version, v.baseline_version) == ("v2", "v1")
+    assert v.verdict == analysis.FAIL and (v.version, v.baseline_version) == ("v2", "v1")
     text = Page(render(PageInput((), verdicts=engine.verdicts), 0.0).decode()).all_text
     assert f"gate: {v.verdict}" in text and "v2 (new)" in text and "v1 (baseline)" in text
     assert "versions side by side" in text

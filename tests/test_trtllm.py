@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from exporter.sim import simulator
-from exporter.recording import backtest
+from exporter.replay import backtest
 from exporter.sim.simulator import Event, Scenario
 from exporter.vllm_metrics import parse
 from exporter.window import summarize

@@ -7,7 +7,8 @@ import sys
 from .. import config as config_mod
 from ..config import Config
 from ..exitcodes import EXIT_ERROR, EXIT_OK
-from ..recording import backtest, write_line
+from ..recording import write_line
+from ..replay import backtest
 
 
 def command(args) -> int:

@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from .. import config as config_mod
 from ..config import Target
 from ..config_discovery import ShardConfig
-from ..discoverers import Discovery
-from ..discovery import polled
+from ..sdsources import Discovery
+from ..sdtargets import polled
 from ..exitcodes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from ..recording import write_line
 from ..scrape import SUCCESS, Scraper

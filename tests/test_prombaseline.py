@@ -6,7 +6,7 @@ import pytest
 
 from exporter.config import FleetBaselineConfig, load
 from exporter.engine import Engine
-from exporter.fleetbaseline import BaselineError, FleetBaselineReader
+from exporter.prombaseline import BaselineError, FleetBaselineReader
 from exporter.sim.simulator import Event, Replica, Scenario
 from exporter.vllm_metrics import parse
 

@@ -66,7 +66,7 @@ def test_every_file_the_dockerfile_copies_is_in_the_build_context():
     for source in sources:
         assert (ROOT / source).exists(), source
         assert not _ignored(source, patterns), f"{source} is copied by the Dockerfile but left out by .dockerignore"
-    assert _ignored("tests/test_deploy.py", patterns) and _ignored("exporter/__pycache__/cli.pyc", patterns)
+    assert _ignored("tests/test_manifests.py", patterns) and _ignored("exporter/__pycache__/cli.pyc", patterns)
 
 
 def _kustomize(path: Path) -> list[dict]:

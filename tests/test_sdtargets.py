@@ -7,7 +7,7 @@ import pytest
 from collections import Counter
 
 from exporter.config import RESERVED_LABELS, Target
-from exporter.discovery import (
+from exporter.sdtargets import (
     DiscoveryError,
     Limits,
     Selector,

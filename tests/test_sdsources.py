@@ -7,7 +7,7 @@ import os
 import pytest
 
 from exporter.config_discovery import DiscoveryConfig, PrometheusSDConfig
-from exporter.discoverers import FILE_SD, PROMETHEUS, Discovery
+from exporter.sdsources import FILE_SD, PROMETHEUS, Discovery
 
 from conftest import FIXTURES, free_port
 from fakeserver import FakeServer, reply, text
@@ -86,7 +86,7 @@ def test_targets_from_a_prometheus_and_its_outage_keeps_them(caplog):
     with FakeServer({"/api/v1/targets": route}) as server:
         d = Discovery(prometheus_config(server.base), Clock())
         assert len(d.refresh()) == 3
-        assert "state=active" in seen[0] and "scrapePool" not in seen[0]  # a pool is not a job (see test_discovery)
+        assert "state=active" in seen[0] and "scrapePool" not in seen[0]  # a pool is not a job (see test_sdtargets)
         with caplog.at_level(logging.WARNING):
             answer.update(status=503, body="{}")
             assert len(d.refresh()) == 3
@@ -159,7 +159,7 @@ def test_a_source_that_hangs_is_given_its_deadline_and_is_not_asked_again_on_top
     deadline of its own), a refresh ends at the source's deadline."""
     import threading
     import time
-    from exporter import discoverers
+    from exporter import sdsources
     hung, calls = threading.Event(), []
     d = Discovery(DiscoveryConfig(file_sd=(str(tmp_path / "*.json"),)), Clock())
     d.files.deadline = 0.5
@@ -169,7 +169,7 @@ def test_a_source_that_hangs_is_given_its_deadline_and_is_not_asked_again_on_top
     assert "no complete answer within the 0.5s deadline" in d.snapshot()[0].error
     assert bounded(d.refresh, 5) == [] and "still unanswered" in d.snapshot()[0].error and len(calls) == 1
     hung.set()
-    assert discoverers.FILE_SD_DEADLINE <= 10
+    assert sdsources.FILE_SD_DEADLINE <= 10
 
 
 def test_close_ends_a_refresh_in_flight_at_once():
@@ -226,8 +226,8 @@ def test_a_glob_over_many_bad_files_is_one_bounded_error(tmp_path):
 
 
 def test_a_file_over_the_cap_is_refused_whatever_its_size_claims(tmp_path, monkeypatch):
-    from exporter import discoverers
-    monkeypatch.setattr(discoverers, "MAX_SD_FILE", 64)
+    from exporter import sdsources
+    monkeypatch.setattr(sdsources, "MAX_SD_FILE", 64)
     write(tmp_path / "big.json", [group(*(f"127.0.0.1:{p}" for p in range(1, 20)))])
     write(tmp_path / "small.json", [group("127.0.0.1:1", pod="a")])
     d = Discovery(DiscoveryConfig(file_sd=(str(tmp_path / "*.json"),)), Clock())
@@ -248,7 +248,7 @@ def test_targets_over_the_limit_are_dropped_counted_and_logged_once(tmp_path, ca
 
 
 def operator_answer():
-    from test_discovery import OPERATOR
+    from test_sdtargets import OPERATOR
     return json.dumps(OPERATOR)
 
 

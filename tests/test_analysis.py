@@ -1,7 +1,7 @@
 """Versions of one model side by side: the verdict a rollout controller gets."""
 import pytest
 
-from exporter.fleet import FAIL, INCONCLUSIVE, PASS, Member, analyze
+from exporter.analysis import FAIL, INCONCLUSIVE, PASS, Member, analyze
 from exporter.window import WindowStats
 
 

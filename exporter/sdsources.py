@@ -1,6 +1,6 @@
 """The I/O half of discovery: ask a Prometheus for its targets, read file_sd files.
 
-Each refresh of each source ends in `discovery.settle`, so a source that fails keeps
+Each refresh of each source ends in `sdtargets.settle`, so a source that fails keeps
 its last good targets (said in a log line and in prefixcache_discovery_* metrics) and
 one that suddenly answers nothing is not believed at once.
 
@@ -21,7 +21,7 @@ from typing import Callable
 
 from .config import Target
 from .config_discovery import DiscoveryConfig, PrometheusSDConfig
-from .discovery import DiscoveryError, Found, Limits, Selector, SourceState, from_file_sd, from_targets_api, limit_targets, settle
+from .sdtargets import DiscoveryError, Found, Limits, Selector, SourceState, from_file_sd, from_targets_api, limit_targets, settle
 from .promapi import PrometheusAPI, PrometheusAPIError
 from .urls import redact_url
 

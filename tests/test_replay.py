@@ -9,7 +9,8 @@ import pytest
 
 from exporter.config import Config
 from exporter.engine import Engine
-from exporter.recording import backtest, read_lines, RecordingError
+from exporter.recording import read_lines, RecordingError
+from exporter.replay import backtest
 from exporter.sim.simulator import Event, Scenario
 from exporter.sim import simulator
 
