@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .causes import Evidence, traffic_mix
+from .hitratio import judged_counts
 from .window import WindowStats
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
@@ -50,15 +51,8 @@ class Verdict:
 
 
 def _tokens(ws: WindowStats | None) -> tuple[float, float]:
-    """(hit tokens, query tokens) of one replica's window: the admitted-prefill counters
-    where the engine has them, else the lookup counters."""
-    if ws is None:
-        return 0.0, 0.0
-    if ws.admitted_hit_increase is not None and ws.admitted_prompt_increase:
-        return max(0.0, ws.admitted_hit_increase), ws.admitted_prompt_increase
-    if ws.hit_increase is None or not ws.query_increase:
-        return 0.0, 0.0
-    return max(0.0, ws.hit_increase), ws.query_increase
+    """(hit tokens, query tokens) of one replica's window, by the rules' ratio policy."""
+    return judged_counts(ws)
 
 
 def token_rates(ws: WindowStats | None) -> tuple[float, float] | None:

@@ -15,7 +15,8 @@ from typing import Sequence
 
 from .snapshot import Snapshot
 from .history import is_reset
-from .window import Interval, ratio
+from .hitratio import ratio, tokens
+from .window import Interval
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ def _cold_first_start(t: float, snap: Snapshot, grace: float) -> tuple[float, st
         started = min(created) if created else None
     if started is not None and 0 <= t - started <= grace:
         return started, f"first scrape of a process started {t - started:.0f}s ago: the cache started cold"
-    queries = [s.prefix_cache.queries * (16 if s.prefix_cache.unit == "blocks" else 1)
+    queries = [tokens(s.prefix_cache.queries, s.prefix_cache.unit, snap.block_size)
                for s in snap.series if s.prefix_cache is not None and s.prefix_cache.queries is not None]
     if started is None and queries and sum(queries) < COLD_COUNTERS_TOKENS:
         return t, f"first scrape with counters near zero ({sum(queries):.0f} query tokens): the cache starts cold"
@@ -235,19 +236,21 @@ class ChangePointSettings:
     kv_usage_ceiling: float = 0.85  # above this a fall is eviction, not a new prompt
 
 
-def detect_change_point(ivs: Sequence[Interval], now: float, settings: ChangePointSettings) -> float | None:
+def detect_change_point(ivs: Sequence[Interval], now: float, settings: ChangePointSettings,
+                        unit: str | None = None, block_size: int | None = None) -> float | None:
     """Per-poll intervals -> the time a sharp, sustained fall of the hit ratio began, or None.
 
     A step, not a slide: the recent ratio must sit `drop_points` under the ratio of the
     minute just before, every recent interval must be low, and KV memory must not be
-    near full (that is eviction pressure, which slides)."""
+    near full (that is eviction pressure, which slides). The intervals count in the
+    lookup counters' `unit`; the traffic floor is in tokens of the target's `block_size`."""
     recent = [iv for iv in ivs if iv.end > now - settings.recent]
     reference = [iv for iv in ivs if now - settings.recent - settings.reference < iv.end <= now - settings.recent]
     if len(recent) < 2 or len(reference) < 3:
         return None
     rq, rh = sum(iv.query_tokens for iv in recent), sum(iv.hit_tokens for iv in recent)
     bq, bh = sum(iv.query_tokens for iv in reference), sum(iv.hit_tokens for iv in reference)
-    if rq < settings.min_query_tokens or bq < settings.min_query_tokens:
+    if not change_point_has_traffic(rq, bq, settings, unit, block_size):
         return None
     before, after = ratio(bh, bq), ratio(rh, rq)
     if before - after < settings.drop_points:
@@ -257,3 +260,11 @@ def detect_change_point(ivs: Sequence[Interval], now: float, settings: ChangePoi
     if any(iv.kv_cache_usage is not None and iv.kv_cache_usage >= settings.kv_usage_ceiling for iv in recent + reference):
         return None
     return recent[0].start
+
+
+def change_point_has_traffic(recent_queries: float, reference_queries: float, settings: ChangePointSettings,
+                             unit: str | None, block_size: int | None) -> bool:
+    """Both sides of a change point served `min_query_tokens`, their query counts (in the
+    counters' unit) taken in tokens of the target's block size."""
+    floor = settings.min_query_tokens
+    return tokens(recent_queries, unit, block_size) >= floor and tokens(reference_queries, unit, block_size) >= floor

@@ -16,7 +16,7 @@ from . import analysis, causes
 from . import roles
 from . import router as routing
 from .config import Config, Target
-from .deploys import CHANGE_POINT, DeployEvent, SnapshotChangeDetector, detect_change_point
+from .deploys import CHANGE_POINT, DeployEvent, SnapshotChangeDetector, change_point_has_traffic, detect_change_point
 from .rules import (
     DROP_AFTER_DEPLOY,
     FIRING,
@@ -214,13 +214,16 @@ class Engine:
         if self._explained(name, now, span, found):
             return None
         view = track.view.samples
+        block_size = track.view.snapshot.block_size if track.view.snapshot else None
         for model in sorted(track.view.stats):
             # the same sums detect_change_point starts with, without building intervals:
             # almost every poll of almost every model stops here
             (bq, bh, bn), (rq, rh, rn) = interval_sums(view, model, now - cp.recent - cp.reference, now - cp.recent, now)
-            if rn < 2 or bn < 3 or rq < cp.min_query_tokens or bq < cp.min_query_tokens or bh / bq - rh / rq < cp.drop_points:
+            unit = next((ws.unit for ws in track.view.stats[model].values() if ws.unit), None)
+            if rn < 2 or bn < 3 or not change_point_has_traffic(rq, bq, cp, unit, block_size) or \
+                    bq <= 0 or rq <= 0 or bh / bq - rh / rq < cp.drop_points:
                 continue
-            began = detect_change_point(recent_intervals(view, model, now - span), now, cp)
+            began = detect_change_point(recent_intervals(view, model, now - span), now, cp, unit, block_size)
             if began is not None:
                 return DeployEvent(began, name, f"suspected@{int(began)}", CHANGE_POINT,
                                    f"hit ratio of {model} fell sharply with no deploy event")

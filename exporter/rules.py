@@ -18,7 +18,8 @@ from .deploys import ChangePointSettings, DeployEvent
 from .analysis import token_rates
 from .snapshot import Snapshot
 from .history import TargetSample
-from .window import WindowStats, last_hit_time, ratio, stats_between
+from .hitratio import judged_ratio, judged_tokens, lookup_ratio
+from .window import WindowStats, last_hit_time, stats_between
 
 INACTIVE, PENDING, FIRING, INCONCLUSIVE = "inactive", "pending", "firing", "inconclusive"
 RESOLVED = "resolved"  # a transition, after which the alert is inactive
@@ -119,13 +120,7 @@ class Facts:
         return stats_between(self.samples, self.model, self.now - seconds, self.now, 0.0, self.block_size)
 
     def query_tokens(self, ws: WindowStats) -> float:
-        """The tokens the rules' ratio is over: admitted prompt tokens where the target
-        counts admitted prefill, else the lookup queries (in tokens)."""
-        if ws.admitted_prompt_increase is not None and ws.admitted_hit_increase is not None:
-            return ws.admitted_prompt_increase
-        if ws.query_increase is None:
-            return 0.0
-        return ws.query_increase * ((self.block_size or 16) if ws.unit == "blocks" else 1)
+        return judged_tokens(ws, self.block_size)
 
 
 @dataclass(frozen=True)
@@ -144,21 +139,6 @@ class Condition:
 
 
 FALSE = Condition("false")
-
-
-def _ratio(ws: WindowStats) -> float | None:
-    """The hit ratio the rules judge: the admitted-prefill one where the target has it
-    (vLLM 0.16 on: each request counted once, when it is scheduled, immune to the
-    lookup counters' retry over-count), else the lookup one."""
-    if ws.admitted_hit_increase is not None and ws.admitted_prompt_increase:
-        return ratio(ws.admitted_hit_increase, ws.admitted_prompt_increase)
-    return _lookup_ratio(ws)
-
-
-def _lookup_ratio(ws: WindowStats) -> float | None:
-    if ws.hit_increase is None or not ws.query_increase:
-        return None
-    return ratio(ws.hit_increase, ws.query_increase)
 
 
 def _in_cold_start(f: Facts, grace: float) -> DeployEvent | None:
@@ -182,7 +162,7 @@ def rule_drop_after_deploy(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condit
     edge = max((x.t for x in f.samples if x.t <= ev.t), default=ev.t)
     start = max(edge - 1e-6, f.now - s.after)
     after = stats_between(f.samples, f.model, start, f.now, 0.0, f.block_size)
-    before_ratio, after_ratio = _ratio(baseline), _ratio(after)
+    before_ratio, after_ratio = judged_ratio(baseline), judged_ratio(after)
     who = f"{ev.version} ({ev.source})"
     if f.query_tokens(baseline) < s.min_query_tokens or f.query_tokens(after) < s.min_query_tokens or before_ratio is None or after_ratio is None:
         return Condition(INCONCLUSIVE, None, f"Not enough traffic yet to judge deploy {who} on {f.target}",
@@ -208,7 +188,7 @@ def _past_look_back(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
         return FALSE  # the cache was emptied since: the cold-start rules take over
     before_ratio = f.anchor_baseline
     after = f.window(s.after)
-    after_ratio = _ratio(after)
+    after_ratio = judged_ratio(after)
     if f.query_tokens(after) < s.min_query_tokens or after_ratio is None:
         return Condition(INCONCLUSIVE, None, f"Not enough traffic to tell whether {f.target} recovered",
                          f"{f.query_tokens(after):.0f} query tokens in the last {s.after:.0f}s; {s.min_query_tokens:.0f} needed.")
@@ -229,7 +209,7 @@ def _against_fleet(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
     if f.now < warm or (f.now - warm > rc.event_lookback and f.anchor is None):
         return FALSE
     after = stats_between(f.samples, f.model, max(warm, f.now - s.after), f.now, 0.0, f.block_size)
-    after_ratio = _ratio(after)
+    after_ratio = judged_ratio(after)
     if f.query_tokens(after) < s.min_query_tokens or after_ratio is None:
         return Condition(INCONCLUSIVE, None, f"Not enough traffic yet to compare {f.target} with the fleet",
                          f"{f.query_tokens(after):.0f} query tokens since the cold start; {s.min_query_tokens:.0f} needed.")
@@ -260,7 +240,7 @@ def rule_hit_rate_low(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
     if _in_cold_start(f, rc.cold_start_grace):
         return FALSE
     ws = f.window(s.window)
-    ratio = _ratio(ws)
+    ratio = judged_ratio(ws)
     if ratio is None or f.query_tokens(ws) < s.min_query_tokens or ratio >= s.below or _hits_not_counted(f, ws, s):
         return FALSE
     return Condition("true", ratio, f"Prefix-cache hit rate of {f.model} on {f.target} is {ratio:.0%}",
@@ -338,7 +318,7 @@ def rule_counters_disagree(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condit
     if f.snapshot is not None and f.snapshot.prefix_caching_enabled is False:
         return FALSE
     ws = f.window(s.window)
-    lookup, admitted = _lookup_ratio(ws), ws.admitted_hit_ratio
+    lookup, admitted = lookup_ratio(ws), ws.admitted_hit_ratio
     why = ""
     if admitted is not None and (ws.admitted_prompt_increase or 0) >= s.min_query_tokens:
         if lookup is None and (ws.query_increase or 0) == 0:
@@ -363,7 +343,7 @@ def rule_ttft_regression(f: Facts, s: RuleSettings, rc: RulesConfig) -> Conditio
     if _in_cold_start(f, rc.cold_start_grace):
         return FALSE
     recent = f.window(s.window)
-    r_now, p_now = _ratio(recent), recent.ttft_quantiles.get(0.99)
+    r_now, p_now = judged_ratio(recent), recent.ttft_quantiles.get(0.99)
     if r_now is None or p_now is None or f.query_tokens(recent) < s.min_query_tokens:
         return FALSE
     # The reference is the time before the recent window, so a long regression cannot
@@ -371,14 +351,14 @@ def rule_ttft_regression(f: Facts, s: RuleSettings, rc: RulesConfig) -> Conditio
     # the long window mixes reference and recent time, at least half reference by
     # default, so a drop of d points from the reference shows as at least d/2 in it.
     longest = f.window(max(f.windows)) if f.windows else recent
-    r_long = _ratio(longest)
+    r_long = judged_ratio(longest)
     if f.active_since is None and (r_long is None or r_long - r_now < s.drop_points / 2):
         return FALSE
     # while the alert is active its reference stays the time before it began: a
     # baseline never slides into the incident it measures
     ref_end = f.now - s.window if f.active_since is None else min(f.now, f.active_since) - s.window
     reference = stats_between(f.samples, f.model, ref_end - s.reference, ref_end, 0.0, f.block_size)
-    r_ref, p_ref = _ratio(reference), reference.ttft_quantiles.get(0.99)
+    r_ref, p_ref = judged_ratio(reference), reference.ttft_quantiles.get(0.99)
     if r_ref is None or p_ref is None or p_ref <= 0 or f.query_tokens(reference) < s.min_query_tokens:
         return FALSE
     if p_now / p_ref < s.ratio or r_ref - r_now < s.drop_points:
@@ -420,7 +400,7 @@ def evidence(f: Facts, rc: RulesConfig) -> causes.Evidence:
     if deploys:
         ev = next((e for e in deploys if e.t == f.anchor), deploys[-1])
         before = stats_between(f.samples, f.model, ev.t - 300.0, ev.t, 0.0, f.block_size)
-        baseline = _ratio(before)
+        baseline = judged_ratio(before)
         # the traffic since the event against the traffic before it, as the deploy rule compares
         edge = max((x.t for x in f.samples if x.t <= ev.t), default=ev.t)
         since = stats_between(f.samples, f.model, max(edge - 1e-6, f.now - 300.0), f.now, 0.0, f.block_size)
@@ -428,8 +408,8 @@ def evidence(f: Facts, rc: RulesConfig) -> causes.Evidence:
     return causes.Evidence(
         now=f.now,
         caching_enabled=f.snapshot.prefix_caching_enabled if f.snapshot else None,
-        ratio=_ratio(now_ws), ratio_earlier=_ratio(earlier),
-        baseline=baseline if baseline is not None else _ratio(long_ws),
+        ratio=judged_ratio(now_ws), ratio_earlier=judged_ratio(earlier),
+        baseline=baseline if baseline is not None else judged_ratio(long_ws),
         # after a deploy, KV usage around it matters; with none, a slide over the long window
         kv_usage_max=now_ws.kv_cache_usage_max if deploys else long_ws.kv_cache_usage_max,
         preemptions=now_ws.preemption_increase,

@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from typing import Callable, Sequence
 
 from . import analysis
+from .hitratio import shown_ratio
 from .rules import FIRING, PENDING, Alert
 from .state import State, TargetView
 from .history import Samples
@@ -128,9 +129,7 @@ def _severity(alert: Alert) -> str:
 
 def ratio_of(ws: WindowStats | None) -> float | None:
     """The ratio the rules judge: the admitted-prefill one where the engine has it."""
-    if ws is None:
-        return None
-    return ws.admitted_hit_ratio if ws.admitted_hit_ratio is not None else ws.hit_ratio
+    return shown_ratio(ws)
 
 
 def rank_window(targets: Sequence[TargetView]) -> str | None:

@@ -15,17 +15,12 @@ from dataclasses import dataclass
 from operator import sub
 from typing import NamedTuple
 
+from .hitratio import ratio, tokens
 from .history import COUNTERS, Layout, Samples, SeriesKey, _as_samples
 from .modellog import least_squares_fit
 from .promql import histogram_quantile, histogram_quantiles
 
 QUANTILES = (0.5, 0.9, 0.99)
-
-
-def ratio(part: float, whole: float) -> float:
-    """part / whole within [0, 1]: hits above queries (counters read at different
-    moments) are all hits, never 150%."""
-    return min(1.0, max(0.0, part / whole))
 
 
 # --- the summary of one window ---------------------------------------------------------
@@ -297,7 +292,7 @@ def _stats(view: Samples, model_name: str, now: float, window: str, seconds: flo
     admitted_hits, admitted_prompt, admitted_ratio = _admitted(increase, min_query_tokens)
     span = view.times[hi - 1] - view.times[lo] if hi - lo >= 2 else 0.0
     # the floor is in tokens; a 0.8.x target counts blocks
-    query_tokens = None if queries is None else queries * ((block_size or 16) if unit == "blocks" else 1)
+    query_tokens = None if queries is None else tokens(queries, unit, block_size)
     hit_ratio = None
     if queries is not None and hits is not None and query_tokens is not None and query_tokens >= max(min_query_tokens, 1e-12) and unit is not None:
         hit_ratio = ratio(hits, queries)
@@ -360,7 +355,6 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
     source = _TTFTSource(view, [(layout, lo, hi - 1)], lo, hi)
     running_of = view.running if latest else {}
     by_model, unit_of_model = layout.by_model, layout.unit_of_model
-    blocks = block_size or 16
     increases = [d if d == d else None for d in delta]  # one pass for every series; a model slices its own
     out = {}
     for model in models:
@@ -386,7 +380,7 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
         unit = unit_of_model[model]
         hit_ratio = None
         if queries is not None and hits is not None and unit is not None and \
-                queries * (blocks if unit == "blocks" else 1) >= floor:
+                tokens(queries, unit, block_size) >= floor:
             hit_ratio = hits / queries
             hit_ratio = 1.0 if hit_ratio > 1.0 else hit_ratio  # counters are never negative here
         running = running_of.get(model)

@@ -5,10 +5,15 @@ import pytest
 from exporter import deploys
 from exporter.sim import simulator
 from exporter.deploys import AnnotationsWatcher, ChangePointSettings, SnapshotChangeDetector, detect_change_point, parse_annotations
+from exporter.config import load
+from exporter.engine import Engine
 from exporter.vllm_metrics import parse
 from exporter.window import Interval
 
 from conftest import FIXTURES
+
+DEFAULTS = load({}).rules  # the packaged defaults: exporter/default_rules.yml
+GRACE = DEFAULTS.cold_start_grace
 
 
 def snapshots(scenario, times, generation="current", start=-700.0):
@@ -163,3 +168,52 @@ def test_real_restarts_minutes_apart_are_each_a_restart():
             t = 10000.0 + k * 400 + i * 5
             found += det.observe(t, parse(metrics_of(10000.0 + k * 400 - 30, 1000.0 * (i + 1))))
     assert [e.source for e in found] == [deploys.RESTART] * 4 and not det.flapping  # the first: a cold first start
+
+
+# --- a target that counts blocks: its floors are in tokens of its own block size -----------
+def blocks_metrics(queries: float, hits: float, block_size: int = 32, start: float | None = -10000.0) -> str:
+    """A vLLM 0.8.x text (the `gpu_` pair counts blocks, as its HELP says) with a block
+    size of its own in cache_config_info."""
+    return ("" if start is None else f"process_start_time_seconds {start}\n") + (
+        "# HELP vllm:gpu_prefix_cache_queries_total GPU prefix cache queries, in terms of number of queried blocks.\n"
+        "# TYPE vllm:gpu_prefix_cache_queries_total counter\n"
+        f'vllm:gpu_prefix_cache_queries_total{{engine="0",model_name="m"}} {queries}\n'
+        "# HELP vllm:gpu_prefix_cache_hits_total GPU prefix cache hits, in terms of number of cached blocks.\n"
+        "# TYPE vllm:gpu_prefix_cache_hits_total counter\n"
+        f'vllm:gpu_prefix_cache_hits_total{{engine="0",model_name="m"}} {hits}\n'
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+        "# TYPE vllm:cache_config_info gauge\n"
+        f'vllm:cache_config_info{{block_size="{block_size}",enable_prefix_caching="True",engine="0"}} 1.0\n')
+
+
+def test_a_change_point_on_a_target_counting_blocks_is_judged_in_tokens_of_its_block_size():
+    """300 blocks of 32 tokens every 5 s: 28,800 query tokens in the 15 s after the step,
+    over the 20,000 floor. Taken as 900 tokens (the count as it is), or as 14,400 (16
+    tokens a block), the floor was never met and the unannounced change never seen."""
+    engine = Engine(load({"targets": [{"name": "vllm-0", "url": "http://127.0.0.1:1/metrics"}]}))
+    assert engine.config.rules.change_point.min_query_tokens == 20000
+    queries = hits = 0.0
+    found = []
+    for t in range(0, 125, 5):
+        queries += 300
+        hits += 300 * (0.9 if t <= 100 else 0.2)
+        found += engine.ingest("vllm-0", float(t), parse(blocks_metrics(queries, hits)))
+    assert [(e.source, e.t) for e in found] == [(deploys.CHANGE_POINT, 100.0)]
+
+
+def test_a_change_point_floor_counts_blocks_in_the_targets_block_size():
+    cp = DEFAULTS.change_point
+    blocks = cp.min_query_tokens / 32
+    assert deploys.change_point_has_traffic(blocks, blocks, cp, "blocks", 32)
+    assert not deploys.change_point_has_traffic(blocks, blocks, cp, "blocks", 16)
+    assert not deploys.change_point_has_traffic(blocks, blocks, cp, "tokens", 32)
+    # a target that never said its block size: 16 tokens a block, vLLM's default
+    assert deploys.change_point_has_traffic(cp.min_query_tokens / 16, cp.min_query_tokens / 16, cp, "blocks", None)
+
+
+def test_a_first_scrape_of_a_block_counting_target_is_weighed_in_its_own_block_size():
+    """800 blocks of 32 tokens are 25,600 tokens: a cache that has served, no cold start
+    (800 blocks of 16 tokens would be 12,800, under the 20,000 of a cold cache)."""
+    assert SnapshotChangeDetector("r", GRACE).observe(1.0, parse(blocks_metrics(800, 400, start=None))) == []
+    (e,) = SnapshotChangeDetector("r", GRACE).observe(1.0, parse(blocks_metrics(500, 250, start=None)))
+    assert e.source == deploys.RESTART and "16000 query tokens" in e.description

@@ -77,15 +77,3 @@ def test_labels_follow_the_evidence_while_pending_and_freeze_when_firing():
             assert dict(alert.labels)["cause"] == "eviction_pressure" and alert.state == PENDING
     assert alert.state == FIRING and dict(alert.labels)["cause"] == "eviction_pressure"
     assert dict(alert.annotations)["summary"] == "unknown"
-
-
-def test_the_ratio_the_rules_judge_stays_within_0_and_1_when_hits_run_ahead_of_queries():
-    """Hits and queries are read at different moments: a window may see more hits than
-    queries; the rules judge at most 100%, as the windows and the gate do."""
-    from exporter.rules import _lookup_ratio, _ratio
-    from exporter.window import WindowStats, _WindowValues
-    values = dict.fromkeys(f for f in _WindowValues._fields if f != "lazy_ttft")
-    values.update(window="5m", seconds=300.0, query_increase=1000.0, hit_increase=1500.0, unit="tokens", samples=61)
-    assert _lookup_ratio(WindowStats(**values)) == 1.0 == _ratio(WindowStats(**values))
-    values.update(admitted_hit_increase=-5.0, admitted_prompt_increase=1000.0)
-    assert _ratio(WindowStats(**values)) == 0.0
