@@ -5,6 +5,7 @@ Each replica may carry a version (a target label). The new version's replicas, a
 their cold start, are pooled token-weighted and compared with the baseline version's
 replicas over the same window, with a traffic floor on both sides, as a canary analysis
 does. Never a NaN: without enough tokens the verdict is `inconclusive`, with a reason.
+How a rollout goes on over time (began, completed, forgotten) is exporter/rollouts.py.
 """
 from __future__ import annotations
 
@@ -154,22 +155,3 @@ def pool_ratio(members: Sequence[Member]) -> tuple[float | None, float, int]:
     h, q, n = _pool([m for m in members if not m.cold])
     return (h / q if q > 0 else None), q, n
 
-
-@dataclass(frozen=True)
-class Rollout:
-    """A model's rollout: from the moment a second version served it, until the new one
-    has been judged against the model's ratio before it began."""
-
-    model: str
-    began: float
-    old_version: str | None
-    new_version: str
-    baseline_ratio: float | None  # the model's replicas before the rollout, token-weighted
-    baseline_tokens: float
-    completed: float | None = None  # when the new version became the only one
-    baseline_rates: tuple[float, float] | None = None  # (hit, query) tokens/s of the model before the rollout
-
-
-def newest_version(starts: dict[str, float]) -> str:
-    """The version whose first replica started last is the one being rolled out."""
-    return max(starts, key=lambda v: (starts[v], v))

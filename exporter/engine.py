@@ -12,7 +12,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from . import analysis, causes
+from . import analysis, causes, rollouts
 from . import roles
 from . import router as routing
 from .config import Config, Target
@@ -20,7 +20,6 @@ from .deploys import CHANGE_POINT, DeployEvent, SnapshotChangeDetector, change_p
 from .rules import (
     DROP_AFTER_DEPLOY,
     FIRING,
-    INCONCLUSIVE,
     INACTIVE,
     PENDING,
     RESOLVED,
@@ -99,7 +98,7 @@ class Engine:
         self.last_event_t: dict[str, float] = {}  # target ('' for all) -> newest event of any kind
         self.last_restart_t: dict[str, float] = {}  # target ('' for all) -> newest restart
         self.alerts: dict[tuple[str, str, str, str], Alert] = {}
-        self.rollouts: dict[str, analysis.Rollout] = {}  # model -> its newest rollout
+        self.rollouts: dict[str, rollouts.Rollout] = {}  # model -> its newest rollout (exporter/rollouts.py)
         self.verdicts: dict[str, analysis.Verdict] = {}  # model -> the gate's verdict at the last evaluation, while versions are judged
         self.fleet_baselines: dict[tuple[str, str], tuple[float, float]] = {}  # (target, model) -> (ratio, pod start)
         # (target, model) -> (last lookup hit, TTFT p50 before it) while its hits stand still
@@ -403,20 +402,13 @@ class Engine:
     def analyze(self, now: float, model: str, version: str, baseline: str | None = None) -> analysis.Verdict:
         """The rollout gate's verdict (GET /api/v1/analysis): `version` of `model` against
         `baseline` (default: the other version with the most traffic)."""
-        cfg = self.config.analysis
-        window = dict(self.config.global_.windows)[cfg.window]
-        members = self.members(now, model, window)
-        rollout = self.rollouts.get(model)
-        if baseline is None and rollout is not None and rollout.new_version == version and rollout.completed is not None:
-            return self._against_before(members, rollout)
-        return analysis.analyze(members, model, version, baseline, cfg.min_query_tokens, cfg.drop_points)
+        s = self._gate_settings()
+        return rollouts.verdict(self.rollouts.get(model), self.members(now, model, s.window), model, version, baseline, s)
 
-    def _against_before(self, members: list[analysis.Member], rollout: analysis.Rollout) -> analysis.Verdict:
-        """Once every replica runs the new version: against the model before its rollout."""
-        cfg = self.config.analysis
-        missing = "" if rollout.baseline_ratio is not None else f"{rollout.model} had too little traffic before the rollout"
-        return analysis.judge(members, rollout.model, rollout.new_version, rollout.old_version, rollout.baseline_ratio,
-                           rollout.baseline_tokens, 0, missing, cfg.min_query_tokens, cfg.drop_points, rollout.baseline_rates)
+    def _gate_settings(self) -> rollouts.Settings:
+        cfg, rc = self.config.analysis, self.config.rules
+        return rollouts.Settings(window=dict(self.config.global_.windows)[cfg.window], before=rc.rules[DROP_AFTER_DEPLOY].baseline,
+                                 look_back=rc.event_lookback, min_query_tokens=cfg.min_query_tokens, drop_points=cfg.drop_points)
 
     def _version_starts(self) -> dict[str, dict[str, float]]:
         """model -> version -> when its first replica started."""
@@ -433,76 +425,26 @@ class Engine:
         return out
 
     def _evaluate_versions(self, now: float, evaluated: set, transitions: list[Transition]) -> None:
-        """While a model's replicas run two versions, the newest against the one it
-        replaces; once only the new one is left, against the model before the rollout."""
-        cfg, rc = self.config.analysis, self.config.rules
-        settings = rc.rules[DROP_AFTER_DEPLOY]
-        window = dict(self.config.global_.windows)[cfg.window]
-        starts_of = self._version_starts()
-        for model in list(self.rollouts):
-            if model not in starts_of:
-                self.rollouts.pop(model)
-        for model, starts in sorted(starts_of.items()):
-            rollout = self.rollouts.get(model)
-            if len(starts) == 1 and rollout is None:
-                continue  # the steady state: one version, nothing to judge
-            members = self.members(now, model, window)
-            newest = analysis.newest_version(starts)
-            if len(starts) > 1:
-                if rollout is None or rollout.new_version != newest or rollout.baseline_ratio is None:
-                    # (again while the old replicas' ratio was unknown: we started mid-rollout)
-                    rollout = self._begin_rollout(now, model, newest, settings.baseline, rollout)
-                verdict = analysis.analyze(members, model, newest, None, cfg.min_query_tokens, cfg.drop_points)
-            elif rollout is not None and rollout.new_version == newest:
-                if rollout.completed is None:
-                    rollout = self.rollouts[model] = replace(rollout, completed=now)
-                key = (DROP_AFTER_DEPLOY, "", model, newest)
-                if now - rollout.completed > rc.event_lookback and key not in self.alerts:
-                    self.rollouts.pop(model)
-                    continue
-                verdict = self._against_before(members, rollout)
-            else:
-                self.rollouts.pop(model, None)  # one version and no rollout of it to judge (or a rollback done)
-                continue
-            self.verdicts[model] = verdict
-            key = (DROP_AFTER_DEPLOY, "", model, verdict.version)
+        """Each model's rollout (exporter/rollouts.py) judged, and its version alert stepped."""
+        settings = self.config.rules.rules[DROP_AFTER_DEPLOY]
+        states = {(k[2], k[3]): a.state for k, a in self.alerts.items() if k[0] == DROP_AFTER_DEPLOY and k[1] == ""}
+        self.rollouts, judged = rollouts.observe(self.rollouts, now, self._version_starts(),
+                                                 lambda model, window: self.members(now, model, window), states, self._gate_settings())
+        for j in judged:
+            v = j.verdict
+            self.verdicts[v.model] = v
+            key = (DROP_AFTER_DEPLOY, "", v.model, v.version)
             evaluated.add(key)
-            alert = self.alerts.get(key) or Alert(DROP_AFTER_DEPLOY, "", model, version=verdict.version)
-            cond = self._version_condition(verdict, alert, cfg.drop_points)
-            new, transition = step(alert, cond, now, settings,
-                                   lambda a, c, v=verdict, ms=members: self._describe_version(a, c, v, ms, now, rollout))
+            alert = self.alerts.get(key) or Alert(DROP_AFTER_DEPLOY, "", v.model, version=v.version)
+            new, transition = step(alert, j.condition, now, settings, lambda a, c, j=j: self._describe_version(a, c, j, now))
             self._keep(key, new, transition, transitions)
 
-    def _begin_rollout(self, now: float, model: str, newest: str, before: float, known: analysis.Rollout | None) -> analysis.Rollout:
-        """The model's ratio before the new version served it: the other replicas over
-        the rule's baseline window, kept for the end of the rollout."""
-        members = [m for m in self.members(now, model, before) if m.version != newest]
-        ratio, tokens, _ = analysis.pool_ratio(members)
-        if ratio is None or tokens < self.config.analysis.min_query_tokens:
-            ratio = None
-        old = analysis.busiest_version(members, other_than=newest)
-        began = known.began if known is not None and known.new_version == newest else now
-        rollout = self.rollouts[model] = analysis.Rollout(model, began, old, newest, ratio, tokens,
-                                                       baseline_rates=analysis.pool_rates(members))
-        return rollout
-
-    @staticmethod
-    def _version_condition(v: analysis.Verdict, alert: Alert, drop_points: float) -> Condition:
-        if v.verdict == analysis.INCONCLUSIVE:
-            return Condition(INCONCLUSIVE, None, f"Not enough evidence yet to judge {v.version} of {v.model}", v.reason)
-        drop = (v.baseline_hit_ratio or 0.0) - (v.hit_ratio or 0.0)
-        # an active alert ends only once the gap is under half the threshold
-        still = alert.state in (PENDING, FIRING) and drop >= drop_points / 2
-        summary = (f"Prefix-cache hit rate of {v.model} is {v.hit_ratio:.0%} on {v.version} "
-                   f"against {v.baseline_hit_ratio:.0%} on {v.baseline_version}")
-        return Condition("true" if v.verdict == analysis.FAIL or still else "false", v.hit_ratio, summary, v.reason + ".")
-
-    def _describe_version(self, alert: Alert, cond: Condition, v: analysis.Verdict, members: list[analysis.Member],
-                          now: float, rollout: analysis.Rollout | None) -> Alert:
+    def _describe_version(self, alert: Alert, cond: Condition, judged: rollouts.Judged, now: float) -> Alert:
         rc = self.config.rules
-        new = [m for m in members if m.version == v.version]
+        v = judged.verdict
+        new = [m for m in judged.members if m.version == v.version]
         warm = [m.stats for m in new if m.stats is not None]
-        began = rollout.began if rollout is not None else now
+        began = judged.rollout.began
         snapshots = [self.tracks[m.target].view.snapshot for m in new if m.target in self.tracks]
         cause, why = causes.classify(causes.Evidence(
             now=now,

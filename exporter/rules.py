@@ -171,7 +171,7 @@ def rule_drop_after_deploy(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condit
     dropped = _fell(before_ratio, after_ratio, s)
     if dropped and _hits_not_counted(f, after, replace(s, window=max(60.0, min(s.after, f.now - ev.t)))):
         dropped = False
-    if anchored and not dropped and not _recovered(before_ratio, after_ratio, s):
+    if anchored and not dropped and not recovered(before_ratio, after_ratio, s.drop_points, s.below):
         dropped = True  # still short of where it was: the incident is not over
     return Condition("true" if dropped else "false", after_ratio,
                      f"Prefix-cache hit rate of {f.model} on {f.target} fell from {before_ratio:.0%} to {after_ratio:.0%} after deploy {who}",
@@ -192,7 +192,7 @@ def _past_look_back(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
     if f.query_tokens(after) < s.min_query_tokens or after_ratio is None:
         return Condition(INCONCLUSIVE, None, f"Not enough traffic to tell whether {f.target} recovered",
                          f"{f.query_tokens(after):.0f} query tokens in the last {s.after:.0f}s; {s.min_query_tokens:.0f} needed.")
-    down = not _recovered(before_ratio, after_ratio, s) and not _hits_not_counted(f, after, replace(s, window=60.0))
+    down = not recovered(before_ratio, after_ratio, s.drop_points, s.below) and not _hits_not_counted(f, after, replace(s, window=60.0))
     return Condition("true" if down else "false", after_ratio,
                      f"Prefix-cache hit rate of {f.model} on {f.target} is still {after_ratio:.0%}, against {before_ratio:.0%} "
                      f"before the deploy at {f.anchor:.0f}",
@@ -214,7 +214,7 @@ def _against_fleet(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
         return Condition(INCONCLUSIVE, None, f"Not enough traffic yet to compare {f.target} with the fleet",
                          f"{f.query_tokens(after):.0f} query tokens since the cold start; {s.min_query_tokens:.0f} needed.")
     dropped = _fell(before_ratio, after_ratio, s)
-    if f.anchor is not None and not dropped and not _recovered(before_ratio, after_ratio, s):
+    if f.anchor is not None and not dropped and not recovered(before_ratio, after_ratio, s.drop_points, s.below):
         dropped = True
     marker = DeployEvent(warm, f.target, "new pod", "fleet_baseline", "a pod new to the fleet")
     cause = causes.classify(replace(evidence(f, rc), events=f.events + (marker,), baseline=before_ratio), rc.cause_settings())
@@ -231,9 +231,10 @@ def _fell(before: float, after: float, s: RuleSettings) -> bool:
     return before - after >= s.drop_points or after < s.below <= before
 
 
-def _recovered(before: float, after: float, s: RuleSettings) -> bool:
-    """An active drop alert ends when the ratio is back within half its threshold."""
-    return before - after < s.drop_points / 2 and not after < s.below <= before
+def recovered(before: float, after: float, drop_points: float, below: float) -> bool:
+    """An active drop alert ends when the ratio is back within half its threshold (and not
+    under `below` where it was at or above it); the rollout gate's alert ends the same way."""
+    return before - after < drop_points / 2 and not after < below <= before
 
 
 def rule_hit_rate_low(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
