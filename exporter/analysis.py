@@ -134,7 +134,7 @@ def judge(members: Sequence[Member], model: str, version: str, baseline: str | N
     if overcounted:
         return verdict(INCONCLUSIVE, f"the counters of {' and '.join(map(str, overcounted))} count more hits than queries: "
                                      "they cannot be judged (see prefixcache_hit_ratio_disagreement)")
-    if q < min_query_tokens or bq < min_query_tokens:
+    if q < min_query_tokens or bq < min_query_tokens or ratio is None:  # (a floor of 0 lets 0 tokens through)
         return verdict(INCONCLUSIVE, f"too little traffic to judge: {q:.0f} and {bq:.0f} query tokens, {min_query_tokens:.0f} needed on each side")
     drop = base_ratio - ratio
     # against the model before the rollout: the same hit tokens/s over more query tokens/s

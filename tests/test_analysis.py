@@ -38,6 +38,12 @@ def test_verdicts(new, verdict, fragment):
         assert value is None or value == value  # never NaN
 
 
+def test_a_new_version_with_no_traffic_yet_under_a_zero_floor_is_inconclusive_not_a_crash():
+    """analysis.min_query_tokens may be 0: 0 hits over 0 queries raised a TypeError, on every evaluation."""
+    v = analyze(OLD + [Member("new-0", "v42", ws(0, 0))], "m", "v42", min_query_tokens=0.0)
+    assert v.verdict == INCONCLUSIVE and v.hit_ratio is None and "too little traffic" in v.reason
+
+
 def test_replicas_are_pooled_token_weighted_and_admitted_counters_win():
     new = [Member("new-0", "v42", ws(50_000, 100_000, admitted=(10_000, 100_000))),  # lookups over-count
            Member("new-1", "v42", ws(20_000, 300_000))]
