@@ -38,21 +38,23 @@ class Evidence:
 
 @dataclass(frozen=True)
 class Settings:
-    event_lookback: float = 900.0  # a drop this long after an event is still "after" it
-    cold_start_grace: float = 600.0
-    kv_usage_high: float = 0.9
-    preempted_share: float = 0.05  # of requests preempted, for preemptions alone to be pressure
-    scatter_low: float = 0.1
-    scatter_high: float = 0.65
-    scatter_spread: float = 0.15
-    # hit tokens/s at least this share of before while query tokens/s grew this much:
-    # the cache serves what it served, the new traffic shares no prefix (a Poisson
-    # minute of a few hundred requests moves the hits by well under 20%)
-    mix_hits_held: float = 0.8
-    mix_queries_grew: float = 1.2
+    """What the rules are configured with (`rules:`, defaults in exporter/default_rules.yml)."""
+
+    event_lookback: float  # a drop this long after an event is still "after" it
+    cold_start_grace: float
 
 
-def classify(e: Evidence, s: Settings = Settings()) -> tuple[str, str]:
+# thresholds of the classification itself, not configurable
+KV_USAGE_HIGH = 0.9
+PREEMPTED_SHARE = 0.05  # of requests preempted, for preemptions alone to be pressure
+SCATTER_LOW, SCATTER_HIGH, SCATTER_SPREAD = 0.1, 0.65, 0.15
+# hit tokens/s at least this share of before while query tokens/s grew this much: the
+# cache serves what it served, the new traffic shares no prefix (a Poisson minute of a
+# few hundred requests moves the hits by well under 20%)
+MIX_HITS_HELD, MIX_QUERIES_GREW = 0.8, 1.2
+
+
+def classify(e: Evidence, s: Settings) -> tuple[str, str]:
     """-> (cause, one sentence of why)."""
     if e.caching_enabled is False:
         return CACHING_DISABLED, "vLLM reports enable_prefix_caching=False (or a V0 hit-rate gauge of -1)"
@@ -62,12 +64,12 @@ def classify(e: Evidence, s: Settings = Settings()) -> tuple[str, str]:
         climbing = e.ratio is not None and e.ratio_earlier is not None and e.ratio >= e.ratio_earlier
         return COLD_START, (f"restart {e.now - restarts[-1].t:.0f}s ago ({restarts[-1].description}); "
                             f"the cache is {'refilling' if climbing else 'still cold'}")
-    kv_full = e.kv_usage_max is not None and e.kv_usage_max >= s.kv_usage_high
-    mix = traffic_mix(e, s)
+    kv_full = e.kv_usage_max is not None and e.kv_usage_max >= KV_USAGE_HIGH
+    mix = traffic_mix(e)
     if mix and not kv_full:  # new traffic that fills the KV cache evicts: capacity, not mix
         return TRAFFIC_MIX, mix
     preempted = _preempted_share(e)
-    pressure = kv_full or preempted >= s.preempted_share
+    pressure = kv_full or preempted >= PREEMPTED_SHARE
     deploys = [ev for ev in recent if not ev.is_restart]
     drop = (e.baseline - e.ratio) if e.baseline is not None and e.ratio is not None else None
     # Weigh the explanations by how much of the drop each can account for: evicted
@@ -85,16 +87,16 @@ def classify(e: Evidence, s: Settings = Settings()) -> tuple[str, str]:
         kv = "n/a" if e.kv_usage_max is None else f"{e.kv_usage_max:.0%}"
         return EVICTION_PRESSURE, f"KV-cache usage up to {kv} and {e.preemptions or 0:.0f} preemptions: cached blocks are evicted before reuse"
     if (e.ratio is not None and len(e.peer_ratios) >= 1 and not e.peers_had_events
-            and s.scatter_low <= e.ratio <= s.scatter_high
-            and all(s.scatter_low <= r <= s.scatter_high for r in e.peer_ratios)
-            and max(e.peer_ratios + (e.ratio,)) - min(e.peer_ratios + (e.ratio,)) <= s.scatter_spread):
+            and SCATTER_LOW <= e.ratio <= SCATTER_HIGH
+            and all(SCATTER_LOW <= r <= SCATTER_HIGH for r in e.peer_ratios)
+            and max(e.peer_ratios + (e.ratio,)) - min(e.peer_ratios + (e.ratio,)) <= SCATTER_SPREAD):
         n = len(e.peer_ratios) + 1
         return LOAD_BALANCER_SCATTER, (f"all {n} replicas of the model sit at a similar, moderate hit ratio with no deploy or restart: "
                                        "requests sharing a prefix are spread over replicas")
     return UNKNOWN, "no deploy, restart, eviction pressure or fleet-wide pattern explains it"
 
 
-def traffic_mix(e: Evidence, s: Settings = Settings()) -> str:
+def traffic_mix(e: Evidence) -> str:
     """Why the fall is a change of the traffic mix, or "": the cache serves as many tokens
     per second as before while only the queries grew. A broken prompt prefix or evicted
     blocks lose hits; new traffic that shares no prefix with the old only dilutes them."""
@@ -103,7 +105,7 @@ def traffic_mix(e: Evidence, s: Settings = Settings()) -> str:
     (hits, queries), (hits_before, queries_before) = e.token_rates, e.baseline_token_rates
     if hits_before <= 0 or queries_before <= 0:
         return ""
-    if hits < s.mix_hits_held * hits_before or queries < s.mix_queries_grew * queries_before:
+    if hits < MIX_HITS_HELD * hits_before or queries < MIX_QUERIES_GREW * queries_before:
         return ""
     return (f"hit tokens/s held ({hits:.0f} against {hits_before:.0f} before) while query tokens/s grew "
             f"{queries / queries_before - 1:.0%} ({queries_before:.0f} -> {queries:.0f}): new traffic that shares no "

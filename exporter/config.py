@@ -2,13 +2,16 @@
 
 Strict: unknown keys are errors, and every error is reported at once with its key
 path (`targets[1].url: ...`), so one `check-config` run shows all that is wrong.
-Defaults live in the dataclasses below and nowhere else.
+The rules' defaults live in exporter/default_rules.yml and nowhere else (the rules
+themselves are declared once, in exporter/rules.py's REGISTRY); every other section's
+live in its dataclass below and nowhere else.
 """
 from __future__ import annotations
 
 import os
 import re
 from dataclasses import dataclass, field, replace
+from importlib import resources
 from typing import Any
 
 import yaml
@@ -18,7 +21,8 @@ from .config_reader import (LABEL_NAME, ConfigError, Reader, boolean, duration_o
                             non_negative_number, nonempty_string, parse_duration, parse_size, parse_listen_address,
                             positive_int, ratio, read_secret, severity)
 from .deploys import ChangePointSettings
-from .rules import RULE_KEYS, RuleSettings, RulesConfig, default_rules_yaml
+from . import rules as alert_rules
+from .rules import COMMON_SETTINGS, RuleSettings, RulesConfig
 
 ENV_CONFIG_FILE = "PREFIX_CACHE_EXPORTER_CONFIG"
 
@@ -319,6 +323,7 @@ def _deploys(r: Reader, raw: Any) -> DeploysConfig:
     )
 
 
+# a rule setting's key -> (RuleSettings field, parser); a rule declares which it takes (Rule.settings)
 _RULE_FIELDS = {
     "enabled": ("enabled", boolean), "severity": ("severity", severity), "for": ("for_", duration_or_zero),
     "keep_firing_for": ("keep_firing_for", duration_or_zero), "window": ("window", parse_duration),
@@ -331,42 +336,64 @@ _CHANGE_POINT_FIELDS = {
     "recent": parse_duration, "reference": parse_duration, "drop_points": ratio,
     "min_query_tokens": non_negative_number, "kv_usage_ceiling": ratio,
 }
+_RULES_FIELDS = {"cold_start_grace": parse_duration, "event_lookback": parse_duration,
+                 "runbook_url": lambda v: "" if v == "" else http_url(v),
+                 "dashboard_url": lambda v: "" if v == "" else http_url(v)}
+
+
+def default_rules_yaml() -> dict:
+    """exporter/default_rules.yml: every key of the `rules:` section with its default."""
+    return yaml.safe_load(resources.files("exporter").joinpath("default_rules.yml").read_text(encoding="utf-8"))
+
+
+def _setting(r: Reader, path: str, packaged: dict, given: dict, name: str, parse) -> Any:
+    """A setting as the config gives it, else (also where the config's value is wrong:
+    that error is listed) as exporter/default_rules.yml does, so the rest still loads."""
+    if name in given:
+        value = r.value(given, path, name, parse, None)
+        if value is not None:
+            return value
+    return r.value(packaged, "default_rules.yml:" + (path.removeprefix("rules.") if path != "rules" else ""), name, parse, None)
+
+
+def _rule_settings(r: Reader, rule: alert_rules.Rule, defaults: dict, given: Any) -> RuleSettings | None:
+    path = f"rules.{rule.key}"
+    takes = set(COMMON_SETTINGS) | set(rule.settings)
+    packaged = defaults.get(rule.key)
+    if not isinstance(packaged, dict) or set(packaged) != takes or not takes <= set(_RULE_FIELDS):
+        r.errors.append(f"default_rules.yml:{rule.key}: must give exactly the settings the rule takes ({', '.join(sorted(takes))})")
+        return None
+    section = r.mapping(given, path, takes)
+    values = {_RULE_FIELDS[name][0]: _setting(r, path, packaged, section, name, _RULE_FIELDS[name][1]) for name in sorted(takes)}
+    if any(v is None for v in values.values()):
+        return None  # the packaged default itself is wrong: listed above
+    return RuleSettings(**values)
 
 
 def load_rules(raw: Any, errors: list[str]) -> RulesConfig:
-    """The `rules:` section over the packaged defaults (exporter/default_rules.yml)."""
+    """The `rules:` section over the packaged defaults (exporter/default_rules.yml), rule
+    by rule of exporter/rules.py's REGISTRY."""
     r = Reader(errors)
     defaults = default_rules_yaml()
-    data = r.mapping(raw, "rules", set(defaults))
-    merged = {}
-    for k, v in defaults.items():
-        mine = data.get(k)
-        if isinstance(v, dict):
-            merged[k] = {**v, **mine} if isinstance(mine, dict) else v  # a non-mapping is reported below
-        else:
-            merged[k] = v if mine is None else mine
+    registry = alert_rules.REGISTRY
+    known = set(_RULES_FIELDS) | {"change_point"} | {rule.key for rule in registry}
+    for extra in sorted(set(defaults) - known):
+        errors.append(f"default_rules.yml:{extra}: no rule of that key is registered (exporter/rules.py REGISTRY)")
+    data = r.mapping(raw, "rules", known)
     rules = {}
-    for key, alertname in RULE_KEYS.items():
-        path = f"rules.{key}"
-        section = r.mapping(data.get(key), path, set(defaults[key]))
-        values = {}
-        for name, value in merged[key].items():
-            if name not in defaults[key] or name not in _RULE_FIELDS:
-                continue
-            field_name, parse = _RULE_FIELDS[name]
-            values[field_name] = r.value({name: value}, path if name in section else f"default_rules.yml:{key}", name, parse, None)
-        rules[alertname] = RuleSettings(**{k: v for k, v in values.items() if v is not None})
-    r.mapping(data.get("change_point"), "rules.change_point", set(defaults["change_point"]))
-    cp_values = {name: r.value(merged["change_point"], "rules.change_point", name, parse, None)
-                 for name, parse in _CHANGE_POINT_FIELDS.items()}
+    for rule in registry:
+        settings = _rule_settings(r, rule, defaults, data.get(rule.key))
+        if settings is not None:
+            rules[rule.alertname] = settings
+    given = {name: v for name, v in data.items() if name in _RULES_FIELDS and v is not None}  # null: the default
+    packaged_cp = defaults.get("change_point") or {}
+    given_cp = r.mapping(data.get("change_point"), "rules.change_point", set(packaged_cp))
     return RulesConfig(
-        cold_start_grace=r.value(merged, "rules", "cold_start_grace", parse_duration, 600.0),
-        event_lookback=r.value(merged, "rules", "event_lookback", parse_duration, 1800.0),
-        runbook_url=r.value(merged, "rules", "runbook_url", lambda v: "" if v == "" else http_url(v), ""),
-        dashboard_url=r.value(merged, "rules", "dashboard_url", lambda v: "" if v == "" else http_url(v), ""),
+        **{name: _setting(r, "rules", defaults, given, name, parse) for name, parse in _RULES_FIELDS.items()},
         rules=rules,
-        change_point=ChangePointSettings(**{k: v for k, v in cp_values.items() if v is not None}),
-        change_point_enabled=r.value(merged["change_point"], "rules.change_point", "enabled", boolean, True),
+        change_point=ChangePointSettings(**{name: _setting(r, "rules.change_point", packaged_cp, given_cp, name, parse)
+                                            for name, parse in _CHANGE_POINT_FIELDS.items()}),
+        change_point_enabled=_setting(r, "rules.change_point", packaged_cp, given_cp, "enabled", boolean),
     )
 
 
@@ -431,19 +458,15 @@ def _lookback_errors(cfg: Config) -> list[str]:
     """A rule may not look further back than the history kept (the longest window and
     one poll): it would silently judge a shorter time than it says."""
     kept = cfg.longest_window + cfg.global_.poll_interval
-    by_key = {alert: key for key, alert in RULE_KEYS.items()}
     errors = []
-    for alertname, s in cfg.rules.rules.items():
-        if not s.enabled:
+    for rule in alert_rules.REGISTRY:
+        s = cfg.rules.rules.get(rule.alertname)
+        if s is None or not s.enabled or not rule.look_back:
             continue
-        key = by_key[alertname]
-        needs = {"hit_rate_low": (s.window, "window"), "hits_stuck_at_zero": (s.window, "window"),
-                 "counters_disagree": (s.window, "window"),
-                 "ttft_regression": (s.window + s.reference, "window + reference"),
-                 "hit_rate_drop_after_deploy": (s.baseline + s.after, "baseline + after")}.get(key)
-        if needs is not None and needs[0] > kept:
-            errors.append(f"rules.{key}: {needs[1]} looks back {needs[0]:g}s but global.windows keep {kept:g}s of history "
-                          f"(longest window + poll_interval); add a longer window or shorten the rule")
+        needs = rule.looks_back(s)
+        if needs > kept:
+            errors.append(f"rules.{rule.key}: {' + '.join(rule.look_back)} looks back {needs:g}s but global.windows keep "
+                          f"{kept:g}s of history (longest window + poll_interval); add a longer window or shorten the rule")
     return errors
 
 

@@ -90,7 +90,7 @@ class SnapshotChangeDetector:
     restart is reported (a restart grants the cold-start grace, which would silence every
     alert for good), `flapping` is true, and `notes` says so for the poll."""
 
-    def __init__(self, target: str, grace: float = 600.0):
+    def __init__(self, target: str, grace: float):  # grace: rules.cold_start_grace
         self.target = target
         self.grace = grace
         self._last: _Seen | None = None
@@ -229,11 +229,13 @@ class AnnotationsWatcher:
 # --- a change point in the hit ratio, for deploys nobody announced ----------------------
 @dataclass(frozen=True)
 class ChangePointSettings:
-    recent: float = 15.0  # seconds of low ratio that make a step
-    reference: float = 60.0  # seconds just before them that must have been high
-    drop_points: float = 0.3
-    min_query_tokens: float = 20000.0
-    kv_usage_ceiling: float = 0.85  # above this a fall is eviction, not a new prompt
+    """`rules.change_point`, defaults in exporter/default_rules.yml."""
+
+    recent: float  # seconds of low ratio that make a step
+    reference: float  # seconds just before them that must have been high
+    drop_points: float
+    min_query_tokens: float  # on each side, in tokens
+    kv_usage_ceiling: float  # above this a fall is eviction, not a new prompt
 
 
 def detect_change_point(ivs: Sequence[Interval], now: float, settings: ChangePointSettings,

@@ -23,17 +23,16 @@ from .rules import (
     INACTIVE,
     PENDING,
     RESOLVED,
-    RULE_KEYS,
+    HIT_RATE_LOW,
     ROUTER_PREDICTION_GAP,
-    RULES,
-    RUNBOOK_ANCHORS,
-    TARGET_DOWN,
     Alert,
     Condition,
     Facts,
     Transition,
     evidence,
     hits_reference,
+    rules_to_run,
+    runbook_anchor,
     step,
 )
 from .snapshot import Snapshot
@@ -293,16 +292,15 @@ class Engine:
                              block_size=view.snapshot.block_size if view.snapshot else None,
                              ever_up=view.ever_up, fleet_baseline=self.fleet_baselines.get((name, model)),
                              hits_reference=self._hits_reference(name, model, view, references) if model else None)
-                for alertname, settings in rc.rules.items():
-                    if not settings.enabled or (alertname == TARGET_DOWN) != (model == "") or alertname == ROUTER_PREDICTION_GAP:
-                        continue
+                for rule, settings in rules_to_run(rc, model):
+                    alertname = rule.alertname
                     key = (alertname, name, model, "")
                     evaluated.add(key)
                     alert = self.alerts.get(key) or Alert(alertname, name, model)
                     facts = replace(base, active_since=alert.active_at if alert.state in (PENDING, FIRING) else None,
                                     anchor=alert.anchor if alert.state in (PENDING, FIRING) else None,
                                     anchor_baseline=alert.baseline if alert.state in (PENDING, FIRING) else None)
-                    cond = RULES[alertname](facts, settings, rc)
+                    cond = rule.condition(facts, settings, rc)
                     new, transition = step(alert, cond, now, settings, lambda a, c, f=facts: self._describe(a, c, f))
                     self._keep(key, new, transition, transitions)
         self.hits_references = references
@@ -473,7 +471,7 @@ class Engine:
 
     def _fleet_ratios(self) -> dict[str, list[tuple[str, float]]]:
         """model -> [(target, hit ratio over the hit-rate rule's window)]."""
-        seconds = self.config.rules.rules[RULE_KEYS["hit_rate_low"]].window
+        seconds = self.config.rules.rules[HIT_RATE_LOW].window
         name = next((n for n, s in self.config.global_.windows if s == seconds), None)
         out: dict[str, list[tuple[str, float]]] = {}
         for target, track in list(self.tracks.items()):
@@ -505,7 +503,7 @@ class Engine:
         severity = causes.severity_for(cause, rc.rules[alert.alertname].severity)
         labels = {**extra, "alertname": alert.alertname, "severity": severity, **identity,
                   "model_name": alert.model, "cause": cause}
-        runbook = rc.runbook_url + "#" + RUNBOOK_ANCHORS[alert.alertname] if rc.runbook_url else ""
+        runbook = rc.runbook_url + "#" + runbook_anchor(alert.alertname) if rc.runbook_url else ""
         description = cond.description + (f" Probable cause: {cause} ({why})." if why else "")
         annotations = {"summary": cond.summary, "description": description.strip(),
                        "runbook_url": runbook, "dashboard_url": rc.dashboard_url}

@@ -1,17 +1,16 @@
-"""Alert rules: settings, conditions and the Prometheus-style state machine. Pure.
+"""Alert rules, each one unit: its config key, alert name, condition, look-back, runbook
+anchor and the settings it takes, declared once in REGISTRY. Pure.
 
-Each rule turns the facts about one (target, model) into a Condition; `step()` moves an
-alert through inactive -> pending -> firing -> resolved with `for` and
-`keep_firing_for` as Prometheus has them. The deploy rule may also say `inconclusive`
-(too few tokens to judge): exported, never firing.
+Each rule turns the facts about one (target, model) into a Condition; exporter/rules_state.py
+moves the alert through its states. What discovers the rules from REGISTRY: config.py (the
+`rules:` section read over exporter/default_rules.yml, the one home of their defaults, and
+the look-back check), the engine (which rules run where, the runbook link), and the docs
+and runbook tests.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from importlib import resources
 from typing import Callable, Sequence
-
-import yaml
 
 from . import causes
 from .deploys import ChangePointSettings, DeployEvent
@@ -19,10 +18,9 @@ from .analysis import token_rates
 from .snapshot import Snapshot
 from .history import TargetSample
 from .hitratio import judged_ratio, judged_tokens, lookup_ratio
+from .rules_state import (FALSE, FIRING, INACTIVE, INCONCLUSIVE, PENDING, RESOLVED, Alert, Condition,  # noqa: F401
+                          Transition, step)  # (re-exported: the alert's life is imported from here)
 from .window import WindowStats, last_hit_time, stats_between
-
-INACTIVE, PENDING, FIRING, INCONCLUSIVE = "inactive", "pending", "firing", "inconclusive"
-RESOLVED = "resolved"  # a transition, after which the alert is inactive
 
 DROP_AFTER_DEPLOY = "PrefixCacheHitRateDropAfterDeploy"
 HIT_RATE_LOW = "PrefixCacheHitRateLow"
@@ -31,28 +29,31 @@ HITS_STUCK_AT_ZERO = "PrefixCacheHitsStuckAtZero"
 TTFT_REGRESSION = "PrefixCacheTTFTRegression"
 TARGET_DOWN = "PrefixCacheTargetDown"
 COUNTERS_DISAGREE = "PrefixCacheCountersDisagree"
-ROUTER_PREDICTION_GAP = "PrefixCacheRouterPredictionGap"  # judged by the engine across targets (exporter/router.py)
-ALERT_NAMES = (DROP_AFTER_DEPLOY, HIT_RATE_LOW, CACHING_DISABLED, HITS_STUCK_AT_ZERO, TTFT_REGRESSION, TARGET_DOWN, COUNTERS_DISAGREE,
-               ROUTER_PREDICTION_GAP)
-RUNBOOK_ANCHORS = {name: name.lower() for name in ALERT_NAMES}
+ROUTER_PREDICTION_GAP = "PrefixCacheRouterPredictionGap"
 
 
 # --- settings ------------------------------------------------------------------------------
+COMMON_SETTINGS = ("enabled", "severity", "for", "keep_firing_for")  # every rule takes these
+
+
 @dataclass(frozen=True)
 class RuleSettings:
+    """One rule's settings as config.py reads them over exporter/default_rules.yml, their
+    one home: no value is defaulted here. None: a setting the rule does not take."""
+
     enabled: bool
     severity: str
     for_: float
     keep_firing_for: float
-    window: float = 300.0
-    baseline: float = 300.0
-    after: float = 300.0
-    reference: float = 3600.0
-    below: float = 0.5
-    drop_points: float = 0.25
-    ratio: float = 1.5
-    min_query_tokens: float = 20000.0
-    startup_grace: float = 600.0
+    window: float | None = None
+    baseline: float | None = None
+    after: float | None = None
+    reference: float | None = None
+    below: float | None = None
+    drop_points: float | None = None
+    ratio: float | None = None
+    min_query_tokens: float | None = None
+    startup_grace: float | None = None
 
 
 @dataclass(frozen=True)
@@ -67,23 +68,6 @@ class RulesConfig:
 
     def cause_settings(self) -> causes.Settings:
         return causes.Settings(event_lookback=self.event_lookback, cold_start_grace=self.cold_start_grace)
-
-
-# config key -> alert name
-RULE_KEYS = {
-    "hit_rate_drop_after_deploy": DROP_AFTER_DEPLOY,
-    "hit_rate_low": HIT_RATE_LOW,
-    "caching_disabled": CACHING_DISABLED,
-    "hits_stuck_at_zero": HITS_STUCK_AT_ZERO,
-    "ttft_regression": TTFT_REGRESSION,
-    "target_down": TARGET_DOWN,
-    "counters_disagree": COUNTERS_DISAGREE,
-    "router_prediction_gap": ROUTER_PREDICTION_GAP,
-}
-
-
-def default_rules_yaml() -> dict:
-    return yaml.safe_load(resources.files("exporter").joinpath("default_rules.yml").read_text(encoding="utf-8"))
 
 
 # --- facts and conditions ----------------------------------------------------------------------
@@ -121,24 +105,6 @@ class Facts:
 
     def query_tokens(self, ws: WindowStats) -> float:
         return judged_tokens(ws, self.block_size)
-
-
-@dataclass(frozen=True)
-class Condition:
-    state: str  # "true" | "false" | INCONCLUSIVE
-    value: float | None = None
-    summary: str = ""
-    description: str = ""
-    cause: tuple[str, str] | None = None  # classified later when None
-    anchor: float | None = None  # the event this condition compared against
-    baseline: float | None = None  # the ratio before that event
-
-    @property
-    def true(self) -> bool:
-        return self.state == "true"
-
-
-FALSE = Condition("false")
 
 
 def _in_cold_start(f: Facts, grace: float) -> DeployEvent | None:
@@ -379,15 +345,68 @@ def rule_target_down(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
                      (causes.UNKNOWN, "target down"))
 
 
-RULES: dict[str, Callable[[Facts, RuleSettings, RulesConfig], Condition]] = {
-    DROP_AFTER_DEPLOY: rule_drop_after_deploy,
-    HIT_RATE_LOW: rule_hit_rate_low,
-    CACHING_DISABLED: rule_caching_disabled,
-    HITS_STUCK_AT_ZERO: rule_hits_stuck_at_zero,
-    TTFT_REGRESSION: rule_ttft_regression,
-    TARGET_DOWN: rule_target_down,
-    COUNTERS_DISAGREE: rule_counters_disagree,
-}
+# --- the registry: each rule declared once --------------------------------------------------
+PER_MODEL, PER_TARGET, ACROSS_TARGETS = "per_model", "per_target", "across_targets"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One alert rule. Its defaults live in exporter/default_rules.yml under `key`, which
+    holds exactly COMMON_SETTINGS and `settings`; its runbook section is `### <anchor>`
+    in alerts/runbook.md."""
+
+    key: str  # under `rules:` in the config
+    alertname: str
+    settings: tuple[str, ...]  # the keys it takes besides COMMON_SETTINGS
+    # None: the engine judges it across targets (a router against its engines: exporter/router.py)
+    condition: Callable[[Facts, RuleSettings, RulesConfig], Condition] | None
+    look_back: tuple[str, ...] = ()  # the settings whose sum is how far back it reads the history
+    scope: str = PER_MODEL  # each (target, model); PER_TARGET: each target once, model ""
+
+    @property
+    def runbook_anchor(self) -> str:
+        return self.alertname.lower()
+
+    def looks_back(self, s: RuleSettings) -> float:
+        return sum(getattr(s, name) for name in self.look_back)
+
+
+REGISTRY: tuple[Rule, ...] = (
+    Rule("hit_rate_drop_after_deploy", DROP_AFTER_DEPLOY, ("baseline", "after", "below", "drop_points", "min_query_tokens"),
+         rule_drop_after_deploy, look_back=("baseline", "after")),
+    Rule("hit_rate_low", HIT_RATE_LOW, ("window", "below", "min_query_tokens"), rule_hit_rate_low, look_back=("window",)),
+    Rule("caching_disabled", CACHING_DISABLED, (), rule_caching_disabled),
+    Rule("hits_stuck_at_zero", HITS_STUCK_AT_ZERO, ("window", "min_query_tokens"), rule_hits_stuck_at_zero,
+         look_back=("window",)),
+    Rule("ttft_regression", TTFT_REGRESSION, ("window", "reference", "ratio", "drop_points", "min_query_tokens"),
+         rule_ttft_regression, look_back=("window", "reference")),
+    Rule("target_down", TARGET_DOWN, ("startup_grace",), rule_target_down, scope=PER_TARGET),
+    Rule("counters_disagree", COUNTERS_DISAGREE, ("window", "drop_points", "min_query_tokens"), rule_counters_disagree,
+         look_back=("window",)),
+    # its window is one of global.windows, read from the engines' window stats, not the history
+    Rule("router_prediction_gap", ROUTER_PREDICTION_GAP, ("window", "drop_points", "min_query_tokens"), None,
+         scope=ACROSS_TARGETS),
+)
+# static views of the registry, for readers that list the alerts (the runbook's tests)
+ALERT_NAMES = tuple(rule.alertname for rule in REGISTRY)
+RUNBOOK_ANCHORS = {rule.alertname: rule.runbook_anchor for rule in REGISTRY}
+
+
+def registered(alertname: str) -> Rule:
+    return next(rule for rule in REGISTRY if rule.alertname == alertname)
+
+
+def runbook_anchor(alertname: str) -> str:
+    return registered(alertname).runbook_anchor
+
+
+def rules_to_run(rc: RulesConfig, model: str) -> list[tuple[Rule, RuleSettings]]:
+    """The enabled rules the engine runs on one target's `model` ("" : the target itself),
+    in registry order."""
+    scope = PER_TARGET if model == "" else PER_MODEL
+    return [(rule, rc.rules[rule.alertname]) for rule in REGISTRY
+            if rule.scope == scope and rule.condition is not None and rule.alertname in rc.rules
+            and rc.rules[rule.alertname].enabled]
 
 
 def evidence(f: Facts, rc: RulesConfig) -> causes.Evidence:
@@ -399,12 +418,13 @@ def evidence(f: Facts, rc: RulesConfig) -> causes.Evidence:
     baseline = None
     rates, baseline_rates = token_rates(now_ws), token_rates(long_ws)
     if deploys:
+        drop = rc.rules[DROP_AFTER_DEPLOY]
         ev = next((e for e in deploys if e.t == f.anchor), deploys[-1])
-        before = stats_between(f.samples, f.model, ev.t - 300.0, ev.t, 0.0, f.block_size)
+        before = stats_between(f.samples, f.model, ev.t - drop.baseline, ev.t, 0.0, f.block_size)
         baseline = judged_ratio(before)
         # the traffic since the event against the traffic before it, as the deploy rule compares
         edge = max((x.t for x in f.samples if x.t <= ev.t), default=ev.t)
-        since = stats_between(f.samples, f.model, max(edge - 1e-6, f.now - 300.0), f.now, 0.0, f.block_size)
+        since = stats_between(f.samples, f.model, max(edge - 1e-6, f.now - drop.after), f.now, 0.0, f.block_size)
         rates, baseline_rates = token_rates(since), token_rates(before)
     return causes.Evidence(
         now=f.now,
@@ -418,81 +438,3 @@ def evidence(f: Facts, rc: RulesConfig) -> causes.Evidence:
         requests=now_ws.ttft_count_increase,
         token_rates=rates, baseline_token_rates=baseline_rates,
     )
-
-
-# --- the state machine ----------------------------------------------------------------------
-@dataclass(frozen=True)
-class Alert:
-    alertname: str
-    target: str
-    model: str
-    state: str = INACTIVE
-    active_at: float | None = None
-    fired_at: float | None = None
-    last_true: float | None = None
-    false_since: float | None = None  # first false evaluation while firing: keep_firing_for counts from it
-    resolved_at: float | None = None
-    labels: tuple[tuple[str, str], ...] = ()
-    annotations: tuple[tuple[str, str], ...] = ()
-    value: float | None = None
-    anchor: float | None = None  # the event an active alert measures against
-    baseline: float | None = None  # the ratio before `anchor`, for as long as the alert is active
-    version: str = ""  # a fleet alert about one version of a model (target is then "")
-
-    @property
-    def key(self) -> tuple[str, str, str, str]:
-        return (self.alertname, self.target, self.model, self.version)
-
-
-@dataclass(frozen=True)
-class Transition:
-    t: float
-    alert: Alert
-    state: str  # pending | firing | resolved; inactive: a pending alert ended without firing
-
-    def to_json(self) -> dict:
-        return {"t": self.t, "alertname": self.alert.alertname, "state": self.state,
-                "labels": dict(self.alert.labels), "annotations": dict(self.alert.annotations)}
-
-
-def step(alert: Alert, cond: Condition, now: float, s: RuleSettings,
-         describe: Callable[[Alert, Condition], Alert]) -> tuple[Alert, Transition | None]:
-    """One evaluation, with Prometheus's semantics: pending needs the condition true at
-    every evaluation; labels follow the evidence while pending and are fixed from the
-    moment the alert fires; `keep_firing_for` counts from the first false evaluation.
-    `describe` fills labels and annotations from the evidence of this evaluation."""
-    state = alert.state
-    if cond.true:
-        if state in (INACTIVE, INCONCLUSIVE):
-            new = describe(replace(alert, state=PENDING, active_at=now, last_true=now, false_since=None,
-                                   resolved_at=None, value=cond.value), cond)
-            if s.for_ <= 0:
-                new = replace(new, state=FIRING, fired_at=now)
-                return new, Transition(now, new, FIRING)
-            return new, Transition(now, new, PENDING)
-        if state == PENDING:
-            new = describe(replace(alert, last_true=now, value=cond.value), cond)
-            if now - alert.active_at >= s.for_:
-                new = replace(new, state=FIRING, fired_at=now)
-                return new, Transition(now, new, FIRING)
-            return new, None
-        # firing: labels (the cause) stay as they were when it began; annotations follow
-        described = describe(alert, cond)
-        return replace(alert, last_true=now, false_since=None, value=cond.value, annotations=described.annotations), None
-    if state == FIRING:
-        if cond.state == INCONCLUSIVE:
-            return alert, None  # no new information: a firing alert holds
-        false_since = alert.false_since if alert.false_since is not None else now
-        if now - false_since < s.keep_firing_for:
-            return replace(alert, false_since=false_since), None
-        new = replace(alert, state=INACTIVE, resolved_at=now)
-        return new, Transition(now, new, RESOLVED)
-    if state == PENDING:
-        # not true at this evaluation (false, or too little traffic to tell): pending ends
-        new = replace(alert, state=INACTIVE, active_at=None)
-        return new, Transition(now, new, INACTIVE)
-    if cond.state == INCONCLUSIVE:
-        return describe(replace(alert, state=INCONCLUSIVE, value=None), cond), None
-    if state == INCONCLUSIVE:
-        return replace(alert, state=INACTIVE, active_at=None), None
-    return alert, None

@@ -1,10 +1,16 @@
 import pytest
 
 from exporter import causes
-from exporter.causes import Evidence, classify
+from exporter.causes import Evidence
+from exporter.config import load
 from exporter.deploys import DeployEvent
 
 NOW = 10_000.0
+SETTINGS = load({}).rules.cause_settings()  # the configured look-back and grace, defaults from exporter/default_rules.yml
+
+
+def classify(e: Evidence, s: causes.Settings = SETTINGS) -> tuple[str, str]:
+    return causes.classify(e, s)
 
 
 def ev(source, ago, target="t"):
@@ -34,6 +40,8 @@ def evidence(**kw):
     pytest.param(dict(ratio=0.33, peer_ratios=(0.31, 0.85)), causes.UNKNOWN, id="one-replica-alone"),
     pytest.param(dict(ratio=0.33, peer_ratios=(0.31,), peers_had_events=True), causes.UNKNOWN, id="peers-had-deploys"),
     pytest.param(dict(events=(ev("api", 5000),)), causes.UNKNOWN, id="deploy-too-long-ago"),
+    # within the 30m event_lookback (causes used to say 900 s of its own, the YAML 30m)
+    pytest.param(dict(events=(ev("api", 1200),)), causes.PROMPT_PREFIX_CHANGE, id="deploy-20-minutes-ago"),
     pytest.param(dict(), causes.UNKNOWN, id="nothing-explains-it"),
     pytest.param(dict(events=(ev("api", 20),), ratio=0.56, token_rates=(5900.0, 10500.0), baseline_token_rates=(5800.0, 6500.0)),
                  causes.TRAFFIC_MIX, id="hits-held-queries-grew-after-a-deploy"),
@@ -62,3 +70,13 @@ def test_a_traffic_mix_is_at_most_a_warning():
     assert causes.severity_for(causes.TRAFFIC_MIX, "critical") == "warning"
     assert causes.severity_for(causes.TRAFFIC_MIX, "warning") == "warning"
     assert causes.severity_for(causes.TRAFFIC_MIX, "info") == "info"
+
+
+def test_the_look_back_and_grace_are_the_configured_ones_only():
+    """causes has no look-back of its own: the deploy 20 minutes ago is after it under a
+    30m `rules.event_lookback`, and no longer under a configured 15m."""
+    assert SETTINGS == causes.Settings(event_lookback=1800.0, cold_start_grace=600.0)
+    short = load({"rules": {"event_lookback": "15m"}}).rules.cause_settings()
+    assert classify(evidence(events=(ev("api", 1200),)), short)[0] == causes.UNKNOWN
+    with pytest.raises(TypeError):  # the values come from the config, not from here
+        causes.Settings()

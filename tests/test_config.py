@@ -140,3 +140,23 @@ def test_a_discovery_selector_that_cannot_select_is_a_config_error(prometheus, m
 def test_a_discovery_limit_must_be_a_whole_number():
     with pytest.raises(ConfigError, match="discovery.target_limit"):
         load({"discovery": {"target_limit": -1}})
+
+
+def test_a_bad_rule_setting_is_listed_with_its_key_path_not_a_crash():
+    """A wrong `for` used to leave RuleSettings without it: a TypeError instead of the list."""
+    with pytest.raises(ConfigError) as exc:
+        load({"rules": {"hit_rate_low": {"for": "soon"}, "target_down": {"startup_grace": -1}, "cold_start_grace": "x",
+                        "change_point": {"recent": "q"}}})
+    assert [e.split(":")[0] for e in exc.value.errors] == [
+        "rules.hit_rate_low.for", "rules.target_down.startup_grace", "rules.cold_start_grace", "rules.change_point.recent"]
+
+
+def test_the_rules_defaults_are_the_packaged_yaml():
+    """One home: what an empty config gets is exactly exporter/default_rules.yml."""
+    packaged = config.default_rules_yaml()
+    rc = load({}).rules
+    assert rc.cold_start_grace == config_reader.parse_duration(packaged["cold_start_grace"])
+    assert rc.event_lookback == config_reader.parse_duration(packaged["event_lookback"])
+    assert rc.cause_settings().event_lookback == rc.event_lookback == 1800.0
+    assert rc.change_point.min_query_tokens == packaged["change_point"]["min_query_tokens"]
+    assert rc.rules["PrefixCacheTTFTRegression"].reference == config_reader.parse_duration(packaged["ttft_regression"]["reference"])

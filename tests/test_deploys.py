@@ -4,7 +4,7 @@ import pytest
 
 from exporter import deploys
 from exporter.sim import simulator
-from exporter.deploys import AnnotationsWatcher, ChangePointSettings, SnapshotChangeDetector, detect_change_point, parse_annotations
+from exporter.deploys import AnnotationsWatcher, SnapshotChangeDetector, detect_change_point, parse_annotations
 from exporter.config import load
 from exporter.engine import Engine
 from exporter.vllm_metrics import parse
@@ -26,7 +26,7 @@ def snapshots(scenario, times, generation="current", start=-700.0):
 
 @pytest.mark.parametrize("generation", ["current", "v0.10", "v0.8"])
 def test_restart_is_detected_from_created_process_start_or_a_decrease(generation):
-    det = SnapshotChangeDetector("r")
+    det = SnapshotChangeDetector("r", GRACE)
     found = []
     for t, snap in snapshots(simulator.Scenario(events=(simulator.Event(722, "restart"),)), [5, 10, 15, 20, 25, 30], generation):
         found += det.observe(t, snap)
@@ -39,7 +39,7 @@ def test_restart_is_detected_from_created_process_start_or_a_decrease(generation
     pytest.param(-700.0, False, id="process-started-before-the-grace"),
 ])
 def test_a_first_scrape_of_a_fresh_process_is_a_cold_start(generation, started, cold):
-    det = SnapshotChangeDetector("r", grace=600.0)
+    det = SnapshotChangeDetector("r", GRACE)
     found = []
     for t, snap in snapshots(simulator.Scenario(), [5, 10], generation, start=started):
         found += det.observe(t, snap)
@@ -50,7 +50,7 @@ def test_a_first_scrape_of_a_fresh_process_is_a_cold_start(generation, started, 
 def test_a_first_scrape_of_counters_near_zero_is_a_cold_start():
     text = ('vllm:prefix_cache_queries_total{model_name="m",engine="0"} 320\n'
             'vllm:prefix_cache_hits_total{model_name="m",engine="0"} 0\n')
-    (e,) = SnapshotChangeDetector("r").observe(1.0, parse(text))
+    (e,) = SnapshotChangeDetector("r", GRACE).observe(1.0, parse(text))
     assert e.source == deploys.RESTART and "near zero" in e.description
 
 
@@ -58,14 +58,14 @@ def test_restart_detection_survives_series_with_and_without_engine():
     text = ('vllm:prefix_cache_queries_total{model_name="m"} 1e6\nvllm:prefix_cache_queries_created{model_name="m"} 5\n'
             'vllm:prefix_cache_queries_total{model_name="m",engine="0"} 1e6\n'
             'vllm:prefix_cache_queries_created{model_name="m",engine="0"} 5\n')
-    det = SnapshotChangeDetector("r")
+    det = SnapshotChangeDetector("r", GRACE)
     det.observe(1000.0, parse(text))
     (e,) = det.observe(1005.0, parse(text.replace("} 5", "} 900")))
     assert e.source == deploys.RESTART
 
 
 def test_a_counter_decrease_alone_is_a_restart(fixtures):
-    det = SnapshotChangeDetector("r")
+    det = SnapshotChangeDetector("r", GRACE)
     text = (FIXTURES / "edge" / "multiprocess_pid.txt").read_text()
     det.observe(1.0, parse(text))
     (e,) = det.observe(2.0, parse(text.replace("2000.0", "20.0")))
@@ -73,7 +73,7 @@ def test_a_counter_decrease_alone_is_a_restart(fixtures):
 
 
 def test_cache_config_change_is_a_config_event():
-    det = SnapshotChangeDetector("r")
+    det = SnapshotChangeDetector("r", GRACE)
     found = []
     for t, snap in snapshots(simulator.Scenario(events=(simulator.Event(707, "kv_blocks", 12000),)), [5, 10, 15]):
         found += det.observe(t, snap)
@@ -116,16 +116,16 @@ def iv(end, ratio, tokens=10000.0, kv=0.1):
 ])
 def test_change_point(ratios, kv, expect):
     ivs = [iv(5.0 * (i + 1), r, kv=kv) for i, r in enumerate(ratios)]
-    assert detect_change_point(ivs, ivs[-1].end, ChangePointSettings()) == expect
+    assert detect_change_point(ivs, ivs[-1].end, DEFAULTS.change_point) == expect
 
 
 def test_change_point_needs_tokens():
     ivs = [iv(5.0 * (i + 1), r, tokens=100) for i, r in enumerate([0.88] * 12 + [0.04] * 3)]
-    assert detect_change_point(ivs, ivs[-1].end, ChangePointSettings()) is None
+    assert detect_change_point(ivs, ivs[-1].end, DEFAULTS.change_point) is None
 
 
 def test_a_counter_that_steps_back_a_little_is_no_restart():
-    det = SnapshotChangeDetector("r")
+    det = SnapshotChangeDetector("r", GRACE)
     text = (FIXTURES / "edge" / "multiprocess_pid.txt").read_text()
     det.observe(1.0, parse(text))
     assert det.observe(2.0, parse(text.replace("2000.0", "1999.0"))) == []
@@ -137,7 +137,7 @@ def metrics_of(start: float, queries: float) -> str:
 
 
 def test_a_nan_start_time_is_never_a_restart():
-    det = SnapshotChangeDetector("r")
+    det = SnapshotChangeDetector("r", GRACE)
     found = [e for t in range(1, 30) for e in det.observe(float(t), parse(metrics_of(math.nan, 1e6 + t * 1000)))]
     assert found == [] and not det.flapping
 
@@ -145,7 +145,7 @@ def test_a_nan_start_time_is_never_a_restart():
 def test_one_url_round_robin_over_two_replicas_is_no_string_of_restarts():
     """28 start-time changes in 30 s used to be 28 restarts, each granting the cold-start
     grace: the alerts of that target never fired. Now at most one, then reported."""
-    det = SnapshotChangeDetector("r")
+    det = SnapshotChangeDetector("r", GRACE)
     found, refused, notes = [], 0, []
     for i in range(30):
         start = 1000.0 if i % 2 == 0 else 2000.0
@@ -161,7 +161,7 @@ def test_one_url_round_robin_over_two_replicas_is_no_string_of_restarts():
 
 
 def test_real_restarts_minutes_apart_are_each_a_restart():
-    det = SnapshotChangeDetector("r")
+    det = SnapshotChangeDetector("r", GRACE)
     found = []
     for k in range(4):
         for i in range(10):

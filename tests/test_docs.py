@@ -273,3 +273,97 @@ def test_the_development_page_gives_the_fast_loop_and_the_full_suite():
     assert 'pytest -m "not slow"' in page
     assert "scripts/test" in page
     assert '"slow:' in text(ROOT / "pyproject.toml")
+
+
+# --- the rules' defaults where the prose states them -------------------------------------------
+
+def prose_chunks(markdown: str) -> list[str]:
+    """Table rows, list items and paragraphs outside code blocks: one statement each."""
+    chunks, current = [], []
+    for line in without_code_blocks(markdown).splitlines():
+        starts = line.startswith(("|", "- ", "#")) or re.match(r"^\d+\. ", line) or not line.strip()
+        if starts and current:
+            chunks.append(" ".join(current))
+            current = []
+        if line.startswith("|"):
+            chunks.append(line)
+        elif line.strip():
+            current.append(line.strip())
+    return chunks + ([" ".join(current)] if current else [])
+
+
+def seconds(duration: str) -> float:
+    return 0.0 if re.fullmatch(r"0+[smh]", duration) else config.parse_duration(duration)
+
+
+def stated_quantities(chunk: str) -> list[tuple[str, str, float]]:
+    """(kind, as written, value) of every default-like quantity a statement makes."""
+    found = []
+    for m in re.finditer(r"(\d+)\+? points", chunk):
+        found.append(("fraction", m.group(0), int(m.group(1)) / 100))
+    for m in re.finditer(r"(?<![\w.])(\d+)%", chunk):
+        found.append(("fraction", m.group(0), int(m.group(1)) / 100))
+    for m in re.finditer(r"(?<![\w.])(\d+(?:\.\d+)?)x\b", chunk):
+        found.append(("ratio", m.group(0), float(m.group(1))))
+    for m in re.finditer(r"(?<![\w.])(\d+)(k)?\+? (?:engine )?query tokens", chunk):
+        found.append(("tokens", m.group(0), int(m.group(1)) * (1000 if m.group(2) else 1)))
+    for m in re.finditer(r"(?<![\w.`])(\d+)(s|m|h)\b(?!`)", chunk):
+        found.append(("duration", m.group(0), seconds(m.group(0))))
+    for m in re.finditer(r"(?<![\w.])(\d+)[- ]minutes?\b", chunk):
+        found.append(("duration", m.group(0), int(m.group(1)) * 60.0))
+    return found
+
+
+def rule_statements(markdown: str) -> list[str]:
+    """The rows of the alert tables, and every sentence of the prose, one statement each."""
+    out = []
+    for chunk in prose_chunks(markdown):
+        out += [chunk] if chunk.startswith("|") else re.split(r"(?<=[.;])\s+", chunk)
+    return out
+
+
+def test_every_rule_default_the_docs_state_in_prose_is_the_yamls():
+    """Where a page says what a rule fires on ("25+ points under the 5 minutes before",
+    "a 10-minute grace"), each number is a value exporter/default_rules.yml gives that
+    rule (or the rules' look-back and grace, or its window + for): change a default
+    and the sentence that states it fails here. The rules are the registry's: a table row
+    whose first cell is the alert, or a sentence naming the alert or its `rules.<key>`."""
+    from exporter import rules
+    packaged = config.default_rules_yaml()
+    shared = {seconds(packaged["cold_start_grace"]), seconds(packaged["event_lookback"])}
+    checked = 0
+    for page in PAGES:
+        for statement in rule_statements(text(page)):
+            if statement.startswith("|"):
+                named = [r for r in rules.REGISTRY if statement.split("|")[1].strip() == f"`{r.alertname}`"]
+            else:
+                named = [r for r in rules.REGISTRY if f"`{r.alertname}`" in statement or f"`rules.{r.key}`" in statement]
+            grace = re.search(r"\d+[- ]minute (?:cold-start )?grace", statement)
+            if len(named) != 1 and not grace:
+                continue  # no rule, or several: no single rule's defaults are stated
+            values = packaged[named[0].key] if len(named) == 1 else {}
+            durations = {seconds(v) for v in values.values() if isinstance(v, str) and re.fullmatch(r"\d+[smh]", v)}
+            allowed = {
+                "fraction": {v for k, v in values.items() if k in ("below", "drop_points")},
+                "ratio": {v for k, v in values.items() if k == "ratio"},
+                "tokens": {v for k, v in values.items() if k == "min_query_tokens"},
+                # "pages within 3 minutes": the window the rule reads, then its `for`
+                "duration": shared | durations | ({seconds(values["window"]) + seconds(values["for"])} if "window" in values else set()),
+            }
+            for kind, written, value in stated_quantities(statement):
+                assert any(abs(value - a) < 1e-9 for a in allowed[kind]), \
+                    f"{page.name}: {written!r} about {named[0].key if named else 'the cold-start grace'} is no default of default_rules.yml"
+                checked += 1
+    assert checked >= 20, "the alert tables state the rules' defaults"
+
+
+def test_every_registered_rule_is_in_the_alert_tables_and_its_settings_in_the_defaults_table():
+    from exporter import rules
+    documented = documented_defaults(DOCS / "alerts.md")
+    for page in (README, DOCS / "alerts.md"):
+        first_cells = {row[0] for row in table_rows(text(page))}
+        for rule in rules.REGISTRY:
+            assert f"`{rule.alertname}`" in first_cells, f"{page.name}: no row for {rule.alertname}"
+    for rule in rules.REGISTRY:
+        for name in rules.COMMON_SETTINGS + rule.settings:
+            assert f"rules.{rule.key}.{name}" in documented, f"alerts.md: rules.{rule.key}.{name}"

@@ -77,3 +77,105 @@ def test_labels_follow_the_evidence_while_pending_and_freeze_when_firing():
             assert dict(alert.labels)["cause"] == "eviction_pressure" and alert.state == PENDING
     assert alert.state == FIRING and dict(alert.labels)["cause"] == "eviction_pressure"
     assert dict(alert.annotations)["summary"] == "unknown"
+
+
+# --- rules as units: declared once in the registry, discovered by everything else -----------
+import dataclasses  # noqa: E402
+
+import yaml  # noqa: E402
+
+from exporter import config, rules  # noqa: E402
+from exporter.config import ConfigError, load  # noqa: E402
+from exporter.engine import Engine  # noqa: E402
+from exporter.hitratio import judged_ratio  # noqa: E402
+from exporter.vllm_metrics import parse  # noqa: E402
+
+
+def test_every_registered_rule_has_exactly_its_settings_in_the_packaged_defaults_and_nothing_else_there():
+    packaged = config.default_rules_yaml()
+    for rule in rules.REGISTRY:
+        assert set(packaged[rule.key]) == set(rules.COMMON_SETTINGS) | set(rule.settings), rule.key
+        assert set(rule.look_back) <= set(rule.settings), rule.key
+    sections = {k for k, v in packaged.items() if isinstance(v, dict)} - {"change_point"}
+    assert sections == {rule.key for rule in rules.REGISTRY}
+    assert len({r.alertname for r in rules.REGISTRY}) == len(rules.REGISTRY) == len({r.key for r in rules.REGISTRY})
+
+
+def test_rule_settings_default_no_value_of_their_own():
+    """The YAML is the one home of the defaults: a number here would be a second one."""
+    for f in dataclasses.fields(rules.RuleSettings):
+        assert f.default in (dataclasses.MISSING, None), f.name
+    loaded = load({}).rules.rules
+    for rule in rules.REGISTRY:
+        s = loaded[rule.alertname]
+        for f in dataclasses.fields(s):
+            key = "for" if f.name == "for_" else f.name
+            # a setting the rule takes comes from the YAML; one it does not take is None, never a stray default
+            assert (getattr(s, f.name) is not None) == (key in rules.COMMON_SETTINGS or key in rule.settings), (rule.key, key)
+
+
+TEST_RULE_KEY, TEST_ALERT = "hit_rate_very_low", "PrefixCacheTestOnlyVeryLow"
+
+
+def very_low(f: rules.Facts, s: rules.RuleSettings, rc: rules.RulesConfig) -> rules.Condition:
+    ws = f.window(s.window)
+    r = judged_ratio(ws)
+    if r is None or f.query_tokens(ws) < s.min_query_tokens or r >= s.below:
+        return rules.FALSE
+    return rules.Condition("true", r, f"{f.model} on {f.target} hits {r:.0%}", "a test-only rule")
+
+
+@pytest.fixture
+def test_rule(monkeypatch):
+    """A rule registered and given its defaults (in the YAML, their one home) and nothing else."""
+    rule = rules.Rule(TEST_RULE_KEY, TEST_ALERT, ("window", "below", "min_query_tokens"), very_low, look_back=("window",))
+    monkeypatch.setattr(rules, "REGISTRY", rules.REGISTRY + (rule,))
+    packaged = config.default_rules_yaml()
+    section = yaml.safe_load("{enabled: true, severity: warning, for: 0s, keep_firing_for: 0s, window: 1m, below: 0.2, "
+                             "min_query_tokens: 1000}")
+    monkeypatch.setattr(config, "default_rules_yaml", lambda: {**packaged, TEST_RULE_KEY: section})
+    return rule
+
+
+def scrape(queries: float, hits: float) -> str:
+    return ("process_start_time_seconds 0\n"
+            f'vllm:prefix_cache_queries_total{{model_name="m",engine="0"}} {queries}\n'
+            f'vllm:prefix_cache_hits_total{{model_name="m",engine="0"}} {hits}\n')
+
+
+def test_a_rule_registered_once_is_loaded_validated_evaluated_and_linked_to_its_runbook_section(test_rule):
+    # loaded from the config over its packaged defaults
+    assert load({}).rules.rules[TEST_ALERT].below == 0.2
+    assert load({"rules": {TEST_RULE_KEY: {"below": 0.3}}}).rules.rules[TEST_ALERT].below == 0.3
+    # validated: unknown keys, bad values and a look-back past the history kept, each with its key path
+    with pytest.raises(ConfigError) as exc:
+        load({"rules": {TEST_RULE_KEY: {"bogus": 1, "below": "half"}}})
+    assert any(e.startswith(f"rules.{TEST_RULE_KEY}.bogus: unknown key") for e in exc.value.errors)
+    assert any(e.startswith(f"rules.{TEST_RULE_KEY}.below:") for e in exc.value.errors)
+    with pytest.raises(ConfigError) as exc:
+        load({"global": {"windows": ["1m"]}, "rules": {TEST_RULE_KEY: {"window": "5m"}}})
+    assert any(e.startswith(f"rules.{TEST_RULE_KEY}: window looks back 300s") for e in exc.value.errors)
+    # evaluated by the engine, with the link to its runbook section; and resolving
+    engine = Engine(load({"targets": [{"name": "vllm-0", "url": "http://127.0.0.1:1/metrics"}]}))
+    queries = hits = 0.0
+    seen = []
+    for i in range(60):
+        t = 10_000.0 + 5 * i
+        queries += 2000
+        hits += 2000 * (0.9 if i < 20 or i >= 40 else 0.05)
+        engine.ingest("vllm-0", t, parse(scrape(queries, hits)))
+        seen += [(tr.t, tr.state, tr.alert) for tr in engine.evaluate(t) if tr.alert.alertname == TEST_ALERT]
+    assert [state for _, state, _ in seen] == ["firing", "resolved"]
+    fired = seen[0][2]
+    assert dict(fired.labels)["target"] == "vllm-0" and dict(fired.labels)["model_name"] == "m"
+    assert dict(fired.annotations)["runbook_url"].endswith("/alerts/runbook.md#" + test_rule.runbook_anchor)
+    assert test_rule.runbook_anchor == TEST_ALERT.lower()
+
+
+def test_a_registered_rule_without_its_defaults_in_the_yaml_is_refused(monkeypatch):
+    rule = rules.Rule("no_defaults", "PrefixCacheTestOnlyNoDefaults", ("window",), very_low)
+    monkeypatch.setattr(rules, "REGISTRY", rules.REGISTRY + (rule,))
+    with pytest.raises(ConfigError) as exc:
+        load({})
+    assert exc.value.errors == ["default_rules.yml:no_defaults: must give exactly the settings the rule takes "
+                                "(enabled, for, keep_firing_for, severity, window)"]
