@@ -360,7 +360,11 @@ def _rule_settings(r: Reader, rule: alert_rules.Rule, defaults: dict, given: Any
     path = f"rules.{rule.key}"
     takes = set(COMMON_SETTINGS) | set(rule.settings)
     packaged = defaults.get(rule.key)
-    if not isinstance(packaged, dict) or set(packaged) != takes or not takes <= set(_RULE_FIELDS):
+    unknown = takes - set(_RULE_FIELDS)
+    if unknown:
+        r.errors.append(f"rules.py REGISTRY: {rule.key} takes {', '.join(sorted(unknown))}, which no rule setting reads")
+        return None
+    if not isinstance(packaged, dict) or set(packaged) != takes:
         r.errors.append(f"default_rules.yml:{rule.key}: must give exactly the settings the rule takes ({', '.join(sorted(takes))})")
         return None
     section = r.mapping(given, path, takes)

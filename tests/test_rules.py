@@ -179,3 +179,11 @@ def test_a_registered_rule_without_its_defaults_in_the_yaml_is_refused(monkeypat
         load({})
     assert exc.value.errors == ["default_rules.yml:no_defaults: must give exactly the settings the rule takes "
                                 "(enabled, for, keep_firing_for, severity, window)"]
+
+
+def test_a_registered_rule_taking_a_setting_nothing_reads_is_refused(monkeypatch):
+    rule = rules.Rule("bad_setting", "PrefixCacheTestOnlyBadSetting", ("windoww",), very_low)
+    monkeypatch.setattr(rules, "REGISTRY", rules.REGISTRY + (rule,))
+    with pytest.raises(ConfigError) as exc:
+        load({})
+    assert exc.value.errors == ["rules.py REGISTRY: bad_setting takes windoww, which no rule setting reads"]
