@@ -13,7 +13,7 @@ MAX_LINES = 600
 # The pure core takes data and `now` and returns plain values: parsing, window math, rules, causes, the fleet's view,
 # the engine that runs them and the config it reads, and the backtest that replays a recording through them.
 CORE = ("exporter.vllm_metrics", "exporter.snapshot", "exporter.trtllm", "exporter.router", "exporter.roles",
-        "exporter.window", "exporter.history", "exporter.promql", "exporter.rules", "exporter.causes", "exporter.analysis", "exporter.rollouts",
+        "exporter.window", "exporter.history", "exporter.promql", "exporter.hitratio", "exporter.rules", "exporter.rules_state", "exporter.causes", "exporter.analysis", "exporter.rollouts",
         "exporter.deploys", "exporter.engine", "exporter.config", "exporter.recording", "exporter.replay", "exporter.sdtargets", "exporter.urls")
 # what talks to the network, starts threads or sleeps: none of it belongs in the core, directly or through a module it imports
 IO_MODULES = {"socket", "ssl", "requests", "urllib3", "urllib.request", "http.client", "http.server", "threading",
