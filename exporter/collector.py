@@ -24,7 +24,8 @@ from .poller import RESULTS as POLL_RESULTS
 from .urls import redact_url
 from .vllm_metrics import REJECT_REASONS
 from .config import Target
-from .state import State, TargetView
+from .state import Reading, State
+from .targetview import TargetView
 
 log = logging.getLogger(__name__)
 
@@ -144,48 +145,41 @@ class PrefixCacheCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         """Raises on a bug: the HTTP layer turns that into a 500, a log line and a count,
         which a silent empty answer would hide."""
-        fams = Families(self.windows, self._label_names())
-        self._fill(fams)
+        reading = self.state.read()  # once: every family of a render from the same moment
+        fams = Families(self.windows, _label_names(reading))
+        self._fill(fams, reading)
         yield from fams.done()
 
-    def _label_names(self) -> tuple[str, ...]:
-        names: set[str] = set()
-        for v in self.state.targets():
-            names.update(k for k, _ in v.target.labels)
-        return tuple(sorted(names))
-
-    def _fill(self, f: "Families") -> None:
-        proc = self.state.process()
+    def _fill(self, f: "Families", reading: Reading) -> None:
+        p = reading.published
         f.add("prefixcache_build_info", (__version__,), 1.0, target=None)
-        f.add("prefixcache_config_last_reload_successful", (), 1.0 if proc.config_reload_success else 0.0, target=None)
-        if proc.config_reload_time is not None:
-            f.add("prefixcache_config_last_reload_success_timestamp_seconds", (), proc.config_reload_time, target=None)
-        counters = self.state.counters()
-        for name, key in (("prefixcache_collect_errors", "collect_errors"), ("prefixcache_rule_evaluation_errors", "evaluation_errors"),
-                          ("prefixcache_clock_steps_back", "clock_steps_back")):
-            f.add(name, (), counters.get(key, 0), target=None)
-        for view in sorted(self.state.targets(), key=lambda v: v.target.name):
+        f.add("prefixcache_config_last_reload_successful", (), 1.0 if p.config_reload_success else 0.0, target=None)
+        if p.config_reload_time is not None:
+            f.add("prefixcache_config_last_reload_success_timestamp_seconds", (), p.config_reload_time, target=None)
+        f.add("prefixcache_collect_errors", (), p.counters.collect_errors, target=None)
+        f.add("prefixcache_rule_evaluation_errors", (), p.counters.evaluation_errors, target=None)
+        f.add("prefixcache_clock_steps_back", (), p.counters.clock_steps_back, target=None)
+        for view in sorted(reading.targets, key=lambda v: v.target.name):
             self._target(f, view)
-        for a in self.state.get("alerts") or ():
+        for a in p.alerts or ():
             labels = dict(a.labels)
             f.add("prefixcache_alert_state", (a.alertname, a.target, a.model, labels.get("cause", ""), labels.get("severity", ""), a.state, a.version),
                   1.0, target=None)
-        deploys = self.state.get("deploys") or {}
-        counts = deploys.get("counts", {})
+        counts = p.deploys.counts if p.deploys is not None else {}
         # from zero for every target and source, so that increase() sees the first event;
         # with the target's labels (namespace, pod), so that a dashboard filters them
-        known = {v.target.name: v.target for v in self.state.targets()}
+        known = {v.target.name: v.target for v in reading.targets}
         fleet_wide = Target("", "")
         for name in [""] + sorted(known):
             mine = counts.get(name, {})
             for source in sorted(set(DEPLOY_SOURCES) | set(mine)):
                 f.add("prefixcache_deploy_events", (source,), mine.get(source, 0), target=known.get(name, fleet_wide))
-        for name, t in sorted(deploys.get("last", {}).items()):
+        for name, t in sorted(p.deploys.last.items() if p.deploys is not None else ()):
             if name and name not in known:
                 continue  # a target that went (a pod replaced): its series goes with it
             f.add("prefixcache_last_deploy_timestamp_seconds", (), t, target=known.get(name, fleet_wide))
-        f.add("prefixcache_polled_targets", (), len(self.state.targets()), target=None)
-        for src in self.state.get("discovery") or ():
+        f.add("prefixcache_polled_targets", (), len(reading.targets), target=None)
+        for src in p.discovery:
             f.add("prefixcache_discovery_targets", (src.name,), len(src.targets), target=None)
             f.add("prefixcache_discovery_last_refresh_successful", (src.name,), 1.0 if src.ok else 0.0, target=None)
             f.add("prefixcache_discovery_refresh_failures", (src.name,), src.failures, target=None)
@@ -195,7 +189,7 @@ class PrefixCacheCollector(Collector):
                 f.add("prefixcache_discovery_dropped", (src.name, reason), n, target=None)
             if src.last_success is not None:
                 f.add("prefixcache_discovery_last_success_timestamp_seconds", (src.name,), src.last_success, target=None)
-        warm = self.state.get("warmup")
+        warm = p.warmup
         if warm is not None:
             for result, count in sorted(warm.results.items()):
                 f.add("prefixcache_warmup_requests", (result,), count, target=None)
@@ -205,7 +199,7 @@ class PrefixCacheCollector(Collector):
             if warm.last_duration is not None:
                 f.add("prefixcache_warmup_last_duration_seconds", (), warm.last_duration, target=None)
                 f.add("prefixcache_warmup_last_failed_requests", (), warm.last_failed, target=None)
-        for name, models in sorted((self.state.get("routing") or {}).items()):
+        for name, models in sorted(p.routing.items()):
             router_target = known.get(name)
             if router_target is None:
                 continue  # gone with its target
@@ -213,7 +207,7 @@ class PrefixCacheCollector(Collector):
                 for window, (predicted, delivered) in by_window.items():
                     f.add("prefixcache_predicted_hit_ratio", (model, window, predicted.weighting), predicted.ratio, target=router_target)
                     f.add_present("prefixcache_router_delivered_hit_ratio", (model, window), delivered.ratio, target=router_target)
-        for q in self.state.get("alertmanager") or ():
+        for q in p.alertmanager:
             url = redact_url(q.url)
             f.add("prefixcache_alertmanager_notifications", (url, "success"), q.notifications_ok, target=None)
             f.add("prefixcache_alertmanager_notifications", (url, "failure"), q.notifications_failed, target=None)
@@ -299,6 +293,13 @@ class PrefixCacheCollector(Collector):
                     f.summary("prefixcache_ttft_seconds", labels, sorted(ws.ttft_quantiles.items()), totals, target=t)
                 for name, value_of in _WINDOW_GAUGES_AFTER_TTFT:
                     f.add_present(name, labels, value_of(ws), target=t)
+
+
+def _label_names(reading: Reading) -> tuple[str, ...]:
+    names: set[str] = set()
+    for v in reading.targets:
+        names.update(k for k, _ in v.target.labels)
+    return tuple(sorted(names))
 
 
 # derived per-window gauges: (metric, value or None); absent values are not exported

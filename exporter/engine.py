@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from . import analysis, causes, rollouts
 from . import roles
@@ -36,7 +36,8 @@ from .rules import (
     step,
 )
 from .snapshot import Snapshot
-from .history import History, Samples
+from .history import History
+from .targetview import TargetView
 from .window import WindowStats, interval_sums, recent_intervals, stats_between, summarize
 
 # every sample of the last 5 minutes, one per 30 s up to 15 minutes, one a minute beyond:
@@ -45,26 +46,16 @@ _FINE_SECONDS, _MID_SECONDS, _MID_STEP = 300.0, 900.0, 30.0
 _MAX_EVENTS = 10000
 
 
-@dataclass(frozen=True)
-class TrackView:
-    """What the rules read of one target: replaced whole after each poll, never changed."""
-
-    samples: Samples = field(default_factory=lambda: Samples(()))
-    stats: dict[str, dict[str, WindowStats]] = field(default_factory=dict)
-    snapshot: Snapshot | None = None
-    up: bool = False
-    down_since: float | None = None
-    ever_up: bool = False
-    last_t: float | None = None
-    since: float | None = None  # the first successful poll
-
-
 @dataclass
 class Track:
+    """One target's machinery. `view` is what the rules (and, published, everyone else)
+    read of it: replaced whole after each poll, never changed in place."""
+
     target: Target
     history: History
     detector: SnapshotChangeDetector
-    view: TrackView = field(default_factory=TrackView)
+    view: TargetView
+    router: routing.RouterHistory | None = None  # a prefix-aware router's predictions' counters
 
     @property
     def stats(self) -> dict[str, dict[str, WindowStats]]:
@@ -102,7 +93,6 @@ class Engine:
         self.fleet_baselines: dict[tuple[str, str], tuple[float, float]] = {}  # (target, model) -> (ratio, pod start)
         # (target, model) -> (last lookup hit, TTFT p50 before it) while its hits stand still
         self.hits_references: dict[tuple[str, str], tuple[float, float]] = {}
-        self.routers: dict[str, routing.RouterHistory] = {}  # router target -> its predictions' counters
         # router target -> model -> window -> (predicted, delivered), as of the last evaluation
         self.predictions: dict[str, dict[str, dict[str, tuple[routing.Prediction, routing.Delivered]]]] = {}
         self.reconfigure(config)
@@ -126,22 +116,26 @@ class Engine:
         for t in config.targets:
             track = old.get(t.name)
             if track is None:
-                track = Track(t, self._new_history(config), SnapshotChangeDetector(t.name, config.rules.cold_start_grace))
+                track = Track(t, self._new_history(config), SnapshotChangeDetector(t.name, config.rules.cold_start_grace), TargetView(t))
             else:
                 track.target = t  # mutate: a poll in flight holds this object
+                track.view = replace(track.view, target=t)
                 track.history.retarget(self.keep_seconds(config), [s for _, s in config.global_.windows])
                 track.detector.grace = config.rules.cold_start_grace
             tracks[t.name] = track
         self.tracks = tracks
-        self.routers = {k: v for k, v in self.routers.items() if k in tracks}
         self.predictions = {k: v for k, v in self.predictions.items() if k in tracks}
         self.fleet_baselines = {k: v for k, v in self.fleet_baselines.items() if k[0] in tracks}
         # everything keyed by a target goes with it ('' is the fleet): pods churn for ever
-        for times in (self.last_deploy_t, self.last_event_t, self.last_restart_t):
-            for name in [n for n in times if n and n not in tracks]:
-                del times[name]
+        self.last_deploy_t, self.last_event_t, self.last_restart_t = (
+            {n: t for n, t in times.items() if not n or n in tracks} for times in (self.last_deploy_t, self.last_event_t, self.last_restart_t))
         for key in [k for k in self.event_counts if k[0] and k[0] not in tracks]:
             del self.event_counts[key]
+
+    @property
+    def routers(self) -> dict[str, routing.RouterHistory]:
+        """Router target -> its predictions' counters (each lives on its target's Track)."""
+        return {name: t.router for name, t in self.tracks.items() if t.router is not None}
 
     # --- input -------------------------------------------------------------------------
     def observe(self, target: str, now: float, snapshot: Snapshot) -> list[DeployEvent]:
@@ -150,10 +144,9 @@ class Engine:
         Returns the events it revealed; the caller hands them to `add_event`."""
         track = self.tracks[target]
         if snapshot.router is not None:
-            routed = self.routers.get(target)
-            if routed is None:
-                routed = self.routers[target] = routing.RouterHistory(self.keep_seconds(self.config))
-            routed.append(now, snapshot.router)
+            if track.router is None:
+                track.router = routing.RouterHistory(self.keep_seconds(self.config))
+            track.router.append(now, snapshot.router)
         if track.history.append(now, snapshot) is None:
             return []
         found = track.detector.observe(now, snapshot)
@@ -191,13 +184,14 @@ class Engine:
         key = (event.target or "", event.source)
         self.event_counts[key] = self.event_counts.get(key, 0) + 1
         target = event.target or ""
-        self.last_event_t[target] = max(self.last_event_t.get(target, event.t), event.t)
+        # observe() reads these two without the poller's engine lock: replaced whole, never changed in place
+        self.last_event_t = {**self.last_event_t, target: max(self.last_event_t.get(target, event.t), event.t)}
         if event.is_restart:
-            self.last_restart_t[target] = max(self.last_restart_t.get(target, event.t), event.t)
+            self.last_restart_t = {**self.last_restart_t, target: max(self.last_restart_t.get(target, event.t), event.t)}
         else:
             self.last_deploy_t[target] = max(self.last_deploy_t.get(target, event.t), event.t)
 
-    def _summarize(self, view: TrackView, now: float):
+    def _summarize(self, view: TargetView, now: float):
         g = self.config.global_
         block_size = view.snapshot.block_size if view.snapshot else None
         return summarize(view.samples, now, g.windows, g.min_query_tokens, block_size)
@@ -317,7 +311,7 @@ class Engine:
                 transitions.append(Transition(now, replace(alert, state=INACTIVE), INACTIVE))
         return transitions
 
-    def _hits_reference(self, name: str, model: str, view: TrackView,
+    def _hits_reference(self, name: str, model: str, view: TargetView,
                         references: dict[tuple[str, str], tuple[float, float]]) -> tuple[float, float] | None:
         """TTFT from before the lookup hits stopped, kept while they stand still: once the
         last hit has left the history, the rules still know how fast a working cache was."""
@@ -342,11 +336,12 @@ class Engine:
         targets delivered (exporter/router.py); a sustained gap is its own alert."""
         settings = self.config.rules.rules.get(ROUTER_PREDICTION_GAP)
         windows = self.config.global_.windows
-        engines = [t.view.stats for name, t in list(self.tracks.items()) if name not in self.routers and not self._decode(t)]
+        routers = self.routers
+        engines = [t.view.stats for name, t in list(self.tracks.items()) if name not in routers and not self._decode(t)]
         window = next((n for n, secs in windows if settings is not None and secs == settings.window), None)
         gap = routing.GapSettings(settings.drop_points, settings.min_query_tokens) if settings is not None else None
         predictions = {}
-        for name, history in list(self.routers.items()):
+        for name, history in routers.items():
             predicted = history.predictions(now, windows)
             predictions[name] = {m: {w: (p, routing.delivered(engines, m, w)) for w, p in by_window.items()}
                                  for m, by_window in predicted.items()}
@@ -367,7 +362,7 @@ class Engine:
         self.predictions = predictions
 
     # --- versions of a model side by side --------------------------------------------------
-    def _started(self, name: str, view: TrackView) -> float | None:
+    def _started(self, name: str, view: TargetView) -> float | None:
         """When the replica's cache last started empty: its process start, a restart we
         saw, or our first poll of it."""
         known = [t for t in (view.snapshot.process_start_time if view.snapshot else None,

@@ -71,7 +71,7 @@ class Exposition:
                     body = generate_latest(self.registry)
                 except Exception:
                     log.exception("collect failed: /metrics answers 500 until a render succeeds")
-                    self.state.count("collect_errors")
+                    self.state.count(collect_errors=1)
                     self._generation = -1
                     raise
                 self._body, self._gzip, self._generation, self._rendered_at = body, None, generation, now
@@ -219,7 +219,8 @@ def deploy_handlers(state: State, add_event: Callable[[DeployEvent], None], toke
         return json_response(202, {"status": "accepted", "event": event.to_json()})
 
     def get(environ) -> tuple[int, str, bytes]:
-        return json_response(200, state.get("deploys") or {"recent": [], "counts": {}, "last": {}})
+        deploys = state.published.deploys
+        return json_response(200, deploys.to_json() if deploys is not None else {"recent": [], "counts": {}, "last": {}})
 
     return post, get
 
@@ -275,8 +276,9 @@ def _wants_gzip(environ) -> bool:
 
 
 def status_json(state: State) -> dict:
+    reading = state.read()  # once: the targets, alerts and deploys of one moment
     targets = []
-    for v in state.targets():
+    for v in reading.targets:
         models = {}
         for model, windows in v.stats.items():
             models[model] = {
@@ -306,14 +308,14 @@ def status_json(state: State) -> dict:
             "warnings": list(snap.warnings) if snap else [],
             "models": models,
         })
-    out = {"version": __version__, "ready": state.ready(), "targets": targets}
-    alerts = state.get("alerts")
+    out = {"version": __version__, "ready": reading.ready(), "targets": targets}
+    alerts = reading.published.alerts
     if alerts is not None:
         out["alerts"] = [{"alertname": a.alertname, "state": a.state, "labels": dict(a.labels), "annotations": dict(a.annotations),
                           "active_at": a.active_at, "value": _finite(a.value)} for a in alerts]
-    deploys = state.get("deploys")
+    deploys = reading.published.deploys
     if deploys is not None:
-        out["deploys"] = deploys
+        out["deploys"] = deploys.to_json()
     return out
 
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import logging
 import time
+import threading
+from contextlib import ExitStack
 from dataclasses import replace
 from datetime import datetime, timezone
-import threading
+from types import MappingProxyType
 from typing import Callable, Sequence
 
 from apscheduler.executors.pool import ThreadPoolExecutor
@@ -20,10 +22,11 @@ from .config import Config, Target
 from .sdsources import Discovery
 from .sdtargets import polled
 from .scrape import Scraper
-from .state import State, TargetView
+from .state import Deploys, State
+from .targetview import add, count
 from .vllm_metrics import parse
 from .deploys import DeployEvent
-from .engine import Engine
+from .engine import Engine, Track
 from .prombaseline import FleetBaselineReader
 from .rules import INACTIVE
 
@@ -39,17 +42,24 @@ RESULTS = scrape_results.RESULTS + (NO_VLLM_METRICS, LIMIT_EXCEEDED, INTERNAL_ER
 class TargetPoller:
     """One target's job: scrape, parse, hand the snapshot to the engine, publish.
 
-    Work that grows with the target's size (parse, history, windows) runs under this
-    target's own lock; the shared lock only covers adding the events it found."""
+    The scrape runs under no lock. The engine work that grows with the target's size
+    (parse, history, windows) and the publishing of its view run under this target's own
+    lock, which a reload also takes: from the moment the poll reads its Track until the
+    view is published, no reload can remove or reconfigure it. The engine lock is only
+    taken to add the events the poll found."""
 
     def __init__(self, target: Target, config: Config, state: State, engine: Engine, lock: threading.Lock,
-                 clock: Callable[[], float] = time.time, on_start: Callable[[str, str], None] | None = None):
+                 clock: Callable[[], float] = time.time, on_start: Callable[[str, str], None] | None = None,
+                 target_lock: threading.Lock | None = None):
         g = config.global_
         self.target = target
         self.state = state
         self.engine = engine
-        self.lock = lock
-        self.track_lock = threading.Lock()
+        self.engine_lock = lock
+        self.target_lock = target_lock or threading.Lock()
+        # set by a reload that removed the target, under its lock: a poll still in flight then
+        # publishes nothing, even once the same name is polled again (with a new lock and Track)
+        self.retired = False
         self.clock = clock
         self.scraper = Scraper(target.url, g.connect_timeout, g.scrape_timeout, g.body_size_limit, idle=g.read_timeout)
         self.model_limit = g.model_limit
@@ -75,9 +85,14 @@ class TargetPoller:
         if self._last_now is not None and now < self._last_now:
             log.warning("target=%s the wall clock stepped back %.3fs; this poll is not used for windows",
                         self.target.name, self._last_now - now)
-            self.state.count("clock_steps_back")
+            self.state.count(clock_steps_back=1)
         self._last_now = now if self._last_now is None else max(now, self._last_now)
         return now
+
+    def _track(self) -> Track | None:
+        """This target's Track, read once under its lock (held by the caller); None once a
+        reload removed the target while the scrape was in flight."""
+        return None if self.retired else self.engine.tracks.get(self.target.name)
 
     def _poll(self) -> None:
         now = self._clock()
@@ -97,27 +112,30 @@ class TargetPoller:
         if over:
             self._publish_failure(now, LIMIT_EXCEEDED, over, result.duration)
             return
-        if self.target.name not in self.engine.tracks:
-            return  # removed by a reload while this poll was in flight
-        with self.track_lock:
-            was_up = self.engine.tracks[self.target.name].view.ever_up
+        with self.target_lock:
+            track = self._track()
+            if track is None:
+                return
+            was_up, before = track.view.ever_up, track.view
             events = self.engine.observe(self.target.name, now, snapshot)
-            track = self.engine.tracks.get(self.target.name)
-            stats, kept, samples = (track.view.stats, len(track.history), track.view.samples) if track else ({}, 0, None)
-            noted = track.view.snapshot if track is not None else None
-        if noted is not None and noted.warning_count > snapshot.warning_count:
-            # what ingesting it refused (a counter stepping back, start times flapping)
-            for w in noted.warnings[len(snapshot.warnings):][:10]:
-                log.warning("target=%s ingest: %s", self.target.name, w)
-            snapshot = noted
-        if events:
-            with self.lock:
-                for ev in events:
-                    self.engine.add_event(ev)
+            if events:
+                with self.engine_lock:
+                    for ev in events:
+                        self.engine.add_event(ev)
+            noted = track.view.snapshot
+            if noted is not None and noted.warning_count > snapshot.warning_count:
+                # what ingesting it refused (a counter stepping back, start times flapping)
+                for w in noted.warnings[len(snapshot.warnings):][:10]:
+                    log.warning("target=%s ingest: %s", self.target.name, w)
+                snapshot = noted
+            track.view = view = replace(
+                track.view, snapshot=snapshot, up=True, down_since=None, samples_kept=len(track.history),
+                polled=True, last_result=result.result, last_error=None, last_scrape_time=now, last_success_time=now,
+                scrape_duration=result.duration, scrapes=count(before.scrapes, result.result), rejected=add(before.rejected, snapshot.rejected))
+            self.state.publish(view)
         for ev in events:
             log.info("target=%s event source=%s version=%s %s", self.target.name, ev.source, ev.version, ev.description)
-        view = self._view()
-        if not view.up:
+        if not before.up:
             log.info("target=%s is up", self.target.name)
         # only a real start of vLLM empties its cache: the first answer since we
         # started, or a restart (process start time, counters reset), never a
@@ -127,11 +145,6 @@ class TargetPoller:
             self.on_start(self.target.name, started)
         if started and self.baseline_reader is not None:
             self._read_fleet_baseline(snapshot, now)
-        self.state.publish(replace(
-            view, up=True, polled=True, last_result=result.result, last_error=None, last_scrape_time=now,
-            last_success_time=now, scrape_duration=result.duration, scrapes=_count(view.scrapes, result.result),
-            snapshot=snapshot, stats=stats, samples=samples, samples_kept=kept, rejected=_add(view.rejected, snapshot.rejected),
-        ))
 
     def _read_fleet_baseline(self, snapshot, now: float) -> None:
         """The fleet's ratio for each model before this pod started, asked off the poll:
@@ -141,7 +154,7 @@ class TargetPoller:
         self.baseline_reader.read_in_background(self.target.name, models, at, self._set_fleet_baseline)
 
     def _set_fleet_baseline(self, model: str, ratio: float, at: float) -> None:
-        with self.lock:
+        with self.engine_lock:
             if self.target.name in self.engine.tracks:
                 self.engine.set_fleet_baseline(self.target.name, model, ratio, at)
 
@@ -153,25 +166,20 @@ class TargetPoller:
             return f"{models} models exceed global.model_limit={self.model_limit}"
         return ""
 
-    def _view(self) -> TargetView:
-        return self.state.target(self.target.name) or TargetView(target=self.target)
-
     def _publish_failure(self, now: float, result: str, error: str | None, duration: float | None, snapshot=None) -> None:
-        view = self._view()
-        if view.up or not view.polled:
-            log.warning("target=%s is down: %s", self.target.name, error)
-        stats, kept, samples = view.stats, view.samples_kept, view.samples
-        if self.target.name in self.engine.tracks:
-            with self.track_lock:
-                self.engine.ingest_failure(self.target.name, now)
-                track = self.engine.tracks.get(self.target.name)
-                if track is not None:
-                    stats, kept, samples = track.view.stats, len(track.history), track.view.samples
-        self.state.publish(replace(
-            view, up=False, polled=True, last_result=result, last_error=error, last_scrape_time=now,
-            scrape_duration=duration, scrapes=_count(view.scrapes, result),
-            snapshot=snapshot or view.snapshot, stats=stats, samples=samples, samples_kept=kept,
-        ))
+        with self.target_lock:
+            track = self._track()
+            if track is None:
+                return
+            before = track.view
+            if before.up or not before.polled:
+                log.warning("target=%s is down: %s", self.target.name, error)
+            self.engine.ingest_failure(self.target.name, now)
+            track.view = view = replace(
+                track.view, samples_kept=len(track.history), polled=True, last_result=result, last_error=error,
+                last_scrape_time=now, scrape_duration=duration, scrapes=count(before.scrapes, result),
+                snapshot=snapshot or before.snapshot)
+            self.state.publish(view)
 
     def close(self) -> None:
         self.scraper.close()
@@ -179,25 +187,22 @@ class TargetPoller:
             self.baseline_reader.close()
 
 
-def _count(scrapes: tuple[tuple[str, int], ...], result: str) -> tuple[tuple[str, int], ...]:
-    counts = dict(scrapes)
-    counts[result] = counts.get(result, 0) + 1
-    return tuple(sorted(counts.items()))
-
-
-def _add(total: tuple[tuple[str, int], ...], more: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
-    if not more:
-        return total
-    counts = dict(total)
-    for reason, n in more:
-        counts[reason] = counts.get(reason, 0) + n
-    return tuple(sorted(counts.items()))
-
-
 class Poller:
     """Owns the schedulers, the engine and one TargetPoller per target. Targets poll on
     one pool; rule evaluation runs on its own thread every poll interval, so slow
-    targets cannot starve it, and hands transitions on."""
+    targets cannot starve it, and hands transitions on.
+
+    Locks, always taken in this order (a thread holding one takes only later ones):
+      1. reload_lock: one reconfiguration at a time (reload, a discovery refresh's change);
+      2. the targets' locks (self.target_locks, one per target name, all of them in name
+         order when a reconfiguration takes them): a target's Track, its history and
+         view, and the publishing of that view;
+      3. engine_lock: the rest of the engine (its config and track list, events, alerts,
+         verdicts, predictions, fleet baselines), for evaluation, analysis, events and
+         reconfiguration;
+      4. the State's own lock, taken inside State's methods only.
+    Evaluation reads each Track's view without its lock: views are immutable and replaced
+    whole, and the track list only changes under every lock above."""
 
     def __init__(self, config: Config, state: State, clock: Callable[[], float] = time.time,
                  after_evaluate: Callable[[list, list], None] | None = None, sources: Sequence[Callable[[float], list]] = (),
@@ -207,9 +212,9 @@ class Poller:
         self.clock = clock
         self.after_evaluate = after_evaluate
         self.sources = list(sources)
-        self.lock = threading.Lock()  # events and alert views: small work only
-        self.eval_lock = threading.Lock()  # evaluation against reconfiguration
-        self.reload_lock = threading.Lock()  # one reload at a time
+        self.reload_lock = threading.Lock()
+        self.target_locks: dict[str, threading.Lock] = {}  # changed only under reload_lock and every lock in it
+        self.engine_lock = threading.Lock()
         self._busy = 0  # jobs running now: stop() waits for them, but only so long
         self._idle = threading.Condition()
         self.engine = Engine(config)
@@ -224,18 +229,31 @@ class Poller:
         self.discovered: list[Target] = []
         self.current = config  # what is polled: static and discovered targets of this shard
         self._merge_warnings: tuple[str, ...] = ()
-        self._install(config, rebuild=True)
+        with self.reload_lock:
+            self._install(config, rebuild=True)
 
     def _install(self, config: Config, rebuild: bool) -> None:
-        """Poll the targets of `config` plus the discovered ones. `rebuild` (a reload:
-        timings may have changed) replaces every job; otherwise only targets that came,
-        went or changed are touched, so a discovery refresh never resets a poll."""
+        """Poll the targets of `config` plus the discovered ones (the caller holds
+        reload_lock). `rebuild` (a reload: timings may have changed) replaces every job;
+        otherwise only targets that came, went or changed are touched, so a discovery
+        refresh never resets a poll."""
         current = replace(config, targets=self._targets_of(config))
-        with self.eval_lock, self.lock:
-            self.engine.reconfigure(current)
-        self.current = current
-        self.state.set_targets([TargetView(target=t) for t in current.targets])
         wanted = {t.name: t for t in current.targets}
+        for name in wanted:
+            self.target_locks.setdefault(name, threading.Lock())
+        with ExitStack() as held:
+            # every target's lock: no poll is between reading its Track and publishing its view
+            for name in sorted(self.target_locks):
+                held.enter_context(self.target_locks[name])
+            with self.engine_lock:
+                self.engine.reconfigure(current)
+                views = [self.engine.tracks[t.name].view for t in current.targets]
+            self.current = current
+            self.state.set_targets(views)
+            for name in [n for n in self.target_locks if n not in wanted]:
+                del self.target_locks[name]
+                if name in self.pollers:
+                    self.pollers[name].retired = True
         for name in list(self.pollers):
             if rebuild or name not in wanted or self.pollers[name].target != wanted[name]:
                 self.pollers.pop(name).close()
@@ -244,7 +262,8 @@ class Poller:
         for t in current.targets:
             if t.name in self.pollers:
                 continue
-            poller = TargetPoller(t, current, self.state, self.engine, self.lock, self.clock, self.on_start)
+            poller = TargetPoller(t, current, self.state, self.engine, self.engine_lock, self.clock, self.on_start,
+                                  target_lock=self.target_locks[t.name])
             self.pollers[t.name] = poller
             self.scheduler.add_job(self._tracked(poller.poll), "interval", id=t.name, name=t.name,
                                    seconds=config.global_.poll_interval, jitter=config.global_.jitter or None,
@@ -273,7 +292,7 @@ class Poller:
             self.scheduler.remove_job("discover")
         self.discovery = Discovery(config.discovery, self.clock) if config.discovery.enabled else None
         # published before the first refresh: readiness waits for every source to answer once
-        self.state.put("discovery", self.discovery.snapshot() if self.discovery is not None else [])
+        self.state.update(discovery=tuple(self.discovery.snapshot()) if self.discovery is not None else ())
         if self.discovery is None:
             self.discovered = []
             return
@@ -291,37 +310,35 @@ class Poller:
             with self.reload_lock:
                 if discovery is not self.discovery:
                     return
-                self.state.put("discovery", discovery.snapshot())
+                self.state.update(discovery=tuple(discovery.snapshot()))
                 if found == self.discovered:
                     return
                 self.discovered = found
                 self._install(self.config, rebuild=False)
         except Exception:  # noqa: BLE001 - the refresh loop must survive a bug
             log.exception("discovery refresh failed")
-            self.state.count("discovery_errors")
+            self.state.count(discovery_errors=1)
 
     def analyze(self, now: float, model: str, version: str, baseline: str | None):
-        """The rollout gate's verdict; reads only the tracks' immutable views."""
-        with self.eval_lock:  # the engine's config and track list, against a reload
+        """The rollout gate's verdict, against one consistent engine."""
+        with self.engine_lock:
             return self.engine.analyze(now, model, version, baseline)
 
     def add_event(self, event: DeployEvent) -> None:
-        with self.lock:
+        with self.engine_lock:
             self.engine.add_event(event)
         self._publish_engine()
 
     def evaluate(self) -> None:
         try:
             now = self.clock()
-            for source in self.sources:
-                for ev in source(now):
-                    log.info("event source=%s target=%s version=%s %s", ev.source, ev.target, ev.version, ev.description)
-                    with self.lock:
-                        self.engine.add_event(ev)
-            with self.lock:
-                events = self.engine.take_events(now)
-            with self.eval_lock:
-                transitions = self.engine.evaluate(now, events)
+            found = [ev for source in self.sources for ev in source(now)]  # a source may read a file: under no lock
+            for ev in found:
+                log.info("event source=%s target=%s version=%s %s", ev.source, ev.target, ev.version, ev.description)
+            with self.engine_lock:
+                for ev in found:
+                    self.engine.add_event(ev)
+                transitions = self.engine.evaluate(now, self.engine.take_events(now))
                 firing = self.engine.firing()
             for tr in transitions:
                 a = tr.alert
@@ -336,27 +353,26 @@ class Poller:
                 self.after_evaluate(transitions, firing)
         except Exception:  # noqa: BLE001 - the evaluation loop must survive a bug
             log.exception("rule evaluation failed")
-            self.state.count("evaluation_errors")
+            self.state.count(evaluation_errors=1)
 
     def _publish_engine(self) -> None:
-        with self.eval_lock:
-            alerts = self.engine.active_alerts()
-            verdicts = dict(self.engine.verdicts)
-            routing = dict(self.engine.predictions)
-        with self.lock:
-            events = list(self.engine.events)[-50:]
+        """Alerts, verdicts, predictions and deploys as of one moment of the engine,
+        copied under its lock: readers never see a dict the engine goes on changing."""
+        with self.engine_lock:
+            alerts = tuple(self.engine.active_alerts())
+            verdicts = MappingProxyType(dict(self.engine.verdicts))
+            routing = MappingProxyType(dict(self.engine.predictions))
+            recent = tuple(e.to_json() for e in list(self.engine.events)[-50:])
             counts: dict[str, dict[str, int]] = {}
             for (target, source), n in self.engine.event_counts.items():
                 counts.setdefault(target, {})[source] = n
             last = self.engine.last_deploy()
-        self.state.put("alerts", alerts)
-        self.state.put("fleet", verdicts)
-        self.state.put("routing", routing)
-        self.state.put("deploys", {"recent": [e.to_json() for e in events], "counts": counts, "last": last})
+        self.state.update(alerts=alerts, verdicts=verdicts, routing=routing,
+                          deploys=Deploys(recent, MappingProxyType(counts), MappingProxyType(last)))
 
     def reload(self, config: Config) -> None:
         """New targets, timings or rules: histories of kept targets survive. Reloads are
-        serialized; a poll in flight finishes against the track it started with."""
+        serialized; a poll in flight of a kept target finishes against its Track."""
         with self.reload_lock:
             self.config = config
             self._install(config, rebuild=True)

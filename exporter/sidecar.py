@@ -76,7 +76,7 @@ class Sidecar:
             new = with_shard(config_mod.load_file(path), self.shard)
             parse_listen_address(new.web.listen_address)
         except ConfigError as exc:
-            self.state.set_process(config_reload_success=False)
+            self.state.update(config_reload_success=False)
             for err in exc.errors:
                 log.error("reload failed, keeping the old config: %s", err)
             return False
@@ -95,7 +95,7 @@ class Sidecar:
             log.info("reload: the deploy API token changed")
         self.poller.reload(new)
         self.config = new
-        self.state.set_process(config_reload_success=True, config_reload_time=time.time())
+        self.state.update(config_reload_success=True, config_reload_time=time.time())
         log.info("reloaded config from %s: %d static target(s), %d polled", path, len(new.targets), len(self.poller.current.targets))
         return True
 
@@ -116,7 +116,7 @@ def tune_gc() -> None:
 def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.time, security: WebSecurity | None = None,
                   on_transitions: Callable[[list], None] | None = None) -> Sidecar:
     state = State()
-    state.set_process(config_reload_success=True, config_reload_time=time.time())
+    state.update(config_reload_success=True, config_reload_time=time.time())
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PrefixCacheCollector(state, [w for w, _ in cfg.global_.windows]))
     # the process's own memory, CPU and GC: what the benchmarks measure, visible in production
@@ -136,8 +136,7 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
             on_transitions(transitions)
         notifier.transitions(transitions)
         notifier.resend(engine_firing)
-        state.put("alertmanager", notifier.stats())
-        state.put("warmup", warmer.snapshot() if cfg.warmup.enabled else None)
+        state.update(alertmanager=tuple(notifier.stats()), warmup=warmer.snapshot() if cfg.warmup.enabled else None)
 
     def on_start(target: str, reason: str) -> None:
         if target == sidecar.config.warmup_target:
@@ -145,7 +144,7 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
 
     def ready() -> tuple[bool, str]:
         # no evidence is never ready: a discovery source that has not answered once may hold the whole fleet
-        waiting = [f"{s.name} ({s.error or 'first refresh running'})" for s in state.get("discovery") or () if not s.refreshed]
+        waiting = [f"{s.name} ({s.error or 'first refresh running'})" for s in state.published.discovery if not s.refreshed]
         if waiting:
             return False, "discovery has not answered yet: " + "; ".join(waiting)
         if not state.ready():

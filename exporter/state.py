@@ -1,53 +1,98 @@
-"""The latest published results: written by the poller, read by the collector and HTTP.
+"""The latest published results: the one store the collector, the HTTP APIs and the status page read.
 
-Writers replace whole immutable views under a lock; readers take a consistent copy.
+Per target, the TargetView its last poll published (exporter/targetview.py); for the rest
+of the process, one frozen `Published` record of typed fields, replaced whole. Both sit
+under one lock, and `read()` hands out one consistent moment of both. Every field has a
+name: a misspelled one is an AttributeError or TypeError, never a silently empty value.
 Nothing here computes anything.
 """
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from types import MappingProxyType
+from typing import Mapping
 
-from .config import Target
-from .snapshot import Snapshot
-from .history import Samples
-from .window import WindowStats
+from .alertmanager import QueueStats
+from .analysis import Verdict
+from .router import Delivered, Prediction
+from .rules import Alert
+from .sdtargets import SourceState
+from .targetview import TargetView
+from .warmup import WarmupStatus
 
-
-@dataclass(frozen=True)
-class TargetView:
-    target: Target
-    up: bool = False
-    polled: bool = False
-    last_result: str | None = None
-    last_error: str | None = None
-    last_scrape_time: float | None = None
-    last_success_time: float | None = None
-    scrape_duration: float | None = None
-    scrapes: tuple[tuple[str, int], ...] = ()  # result -> count, cumulative
-    snapshot: Snapshot | None = None
-    stats: dict[str, dict[str, WindowStats]] = field(default_factory=dict)  # model -> window -> stats
-    samples: Samples | None = None  # what `stats` came from (immutable): the status page draws the last hour from it
-    samples_kept: int = 0
-    rejected: tuple[tuple[str, int], ...] = ()  # reason -> samples the parser refused, cumulative
+_EMPTY: Mapping = MappingProxyType({})
 
 
 @dataclass(frozen=True)
-class ProcessView:
+class Counters:
+    """Process-wide events, counted from start (prefixcache_*_total)."""
+
+    collect_errors: int = 0  # renders of /metrics that failed
+    evaluation_errors: int = 0  # rule evaluations that failed
+    clock_steps_back: int = 0  # polls that saw the wall clock step back
+    discovery_errors: int = 0  # discovery refreshes that failed on a bug (logged)
+
+
+@dataclass(frozen=True)
+class Deploys:
+    """The deploy events as GET /api/v1/deploys answers them."""
+
+    recent: tuple[dict, ...] = ()  # the newest 50, oldest first, as DeployEvent.to_json()
+    counts: Mapping[str, Mapping[str, int]] = field(default_factory=lambda: _EMPTY)  # target ('' for all) -> source -> events
+    last: Mapping[str, float] = field(default_factory=lambda: _EMPTY)  # target ('' for all) -> newest deploy-like event
+
+    def to_json(self) -> dict:
+        return {"recent": list(self.recent), "counts": {t: dict(c) for t, c in self.counts.items()}, "last": dict(self.last)}
+
+
+@dataclass(frozen=True)
+class Published:
+    """Everything but the per-target views, as the later stages last published it."""
+
     config_reload_success: bool = True
     config_reload_time: float | None = None
+    counters: Counters = Counters()
+    alerts: tuple[Alert, ...] | None = None  # None until the first evaluation
+    verdicts: Mapping[str, Verdict] = field(default_factory=lambda: _EMPTY)  # model -> the rollout gate's verdict at the last evaluation
+    # router target -> model -> window -> (predicted, delivered)
+    routing: Mapping[str, Mapping[str, Mapping[str, tuple[Prediction, Delivered]]]] = field(default_factory=lambda: _EMPTY)
+    deploys: Deploys | None = None  # None until the engine first published
+    discovery: tuple[SourceState, ...] = ()  # one per discovery source
+    alertmanager: tuple[QueueStats, ...] = ()
+    warmup: WarmupStatus | None = None  # None while warm-up is off
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One consistent moment of the state: what a render reads, once."""
+
+    targets: tuple[TargetView, ...]
+    published: Published
+    generation: int
+
+    def ready(self) -> bool:
+        return all(v.polled for v in self.targets)
+
+
+_COUNTERS = frozenset(f.name for f in fields(Counters))
 
 
 class State:
+    """Lock order: callers may hold their own locks (the poller's target and engine locks)
+    when they call in; State calls nothing back while it holds its lock."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._targets: dict[str, TargetView] = {}
-        self._process = ProcessView()
-        self._extras: dict[str, Any] = {}
-        self._counters: dict[str, int] = {}
+        self._published = Published()
         self._generation = 0  # bumped on every change: readers cache what they render from it
 
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    # --- per-target views ---------------------------------------------------------------
     def set_targets(self, views: list[TargetView]) -> None:
         """Install the target list (start-up and reload); views of kept targets survive."""
         with self._lock:
@@ -55,23 +100,10 @@ class State:
             self._targets = {v.target.name: (replace(old[v.target.name], target=v.target) if v.target.name in old else v) for v in views}
             self._generation += 1
 
-    @property
-    def generation(self) -> int:
-        return self._generation
-
-    def count(self, name: str, n: int = 1) -> None:
-        """Process-wide event counters (collect errors, clock steps, ...)."""
-        with self._lock:
-            self._counters[name] = self._counters.get(name, 0) + n
-            self._generation += 1
-
-    def counters(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._counters)
-
     def publish(self, view: TargetView) -> None:
         """A poll's result. The installed Target wins over the one the poll started with,
-        so a poll in flight during a reload never brings back the old labels or URL."""
+        so a poll in flight during a reload never brings back the old labels or URL; a
+        target no longer installed stays gone."""
         with self._lock:
             current = self._targets.get(view.target.name)
             if current is not None:
@@ -86,25 +118,33 @@ class State:
         with self._lock:
             return list(self._targets.values())
 
-    def set_process(self, **changes) -> None:
-        with self._lock:
-            self._process = replace(self._process, **changes)
-            self._generation += 1
-
-    def process(self) -> ProcessView:
-        with self._lock:
-            return self._process
-
-    def put(self, key: str, value: Any) -> None:
-        """Results of later stages (alerts, deploys, warm-up), published the same way."""
-        with self._lock:
-            self._extras[key] = value
-            self._generation += 1
-
-    def get(self, key: str, default: Any = None) -> Any:
-        with self._lock:
-            return self._extras.get(key, default)
-
     def ready(self) -> bool:
         with self._lock:
             return all(v.polled for v in self._targets.values())
+
+    # --- the rest -----------------------------------------------------------------------
+    @property
+    def published(self) -> Published:
+        return self._published  # replaced whole under the lock, never changed: a plain read is one moment
+
+    def update(self, **changes) -> None:
+        """Replace named fields of `Published` (a name it lacks is a TypeError)."""
+        with self._lock:
+            self._published = replace(self._published, **changes)
+            self._generation += 1
+
+    def count(self, **increments: int) -> None:
+        """Raise named `Counters` (a name it lacks is a TypeError)."""
+        unknown = set(increments) - _COUNTERS
+        if unknown:
+            raise TypeError(f"no such counter: {', '.join(sorted(unknown))}")
+        with self._lock:
+            c = self._published.counters
+            counters = replace(c, **{name: getattr(c, name) + n for name, n in increments.items()})
+            self._published = replace(self._published, counters=counters)
+            self._generation += 1
+
+    def read(self) -> Reading:
+        """The views and the rest as of one moment."""
+        with self._lock:
+            return Reading(tuple(self._targets.values()), self._published, self._generation)

@@ -24,7 +24,8 @@ from typing import Callable, Sequence
 from . import analysis
 from .hitratio import shown_ratio
 from .rules import FIRING, PENDING, Alert
-from .state import State, TargetView
+from .state import State
+from .targetview import TargetView
 from .history import Samples
 from .window import WindowStats
 
@@ -57,9 +58,10 @@ class PageInput:
 
 
 def gather(state: State, links: Sequence[str] = (), version: str = "", warning: str = "") -> PageInput:
-    deploys = state.get("deploys") or {}
-    return PageInput(tuple(state.targets()), tuple(state.get("alerts") or ()), tuple(deploys.get("recent") or ()),
-                     dict(state.get("fleet") or {}), tuple(links), version, warning)
+    reading = state.read()  # once: the targets, alerts, deploys and verdicts of one moment
+    p = reading.published
+    return PageInput(reading.targets, p.alerts or (), p.deploys.recent if p.deploys is not None else (),
+                     dict(p.verdicts), tuple(links), version, warning)
 
 
 class StatusPage:

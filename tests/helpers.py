@@ -4,7 +4,8 @@ from pathlib import Path
 
 from exporter.sim import simulator
 from exporter.config import Target
-from exporter.state import State, TargetView
+from exporter.state import State
+from exporter.targetview import TargetView
 from exporter.history import History
 from exporter.window import summarize
 
@@ -27,7 +28,7 @@ def simulated_state(**kwargs) -> State:
     state = State()
     view = simulated_view(**kwargs)
     state.set_targets([view])
-    state.set_process(config_reload_success=True, config_reload_time=1764480000.0)
+    state.update(config_reload_success=True, config_reload_time=1764480000.0)
     down = TargetView(target=Target(name="vllm-down", url="http://127.0.0.1:1/x/metrics"), polled=True,
                       last_result="connection_error", last_error="connection refused", scrapes=(("connection_error", 3),))
     state.set_targets([view, down])

@@ -6,7 +6,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collector import METRICS, PrefixCacheCollector
-from exporter.state import State
+from exporter.state import Deploys, State
 
 from conftest import FIXTURES, require_binary
 from helpers import WINDOWS, simulated_state
@@ -66,10 +66,10 @@ def test_a_failing_collect_is_a_500_a_log_line_and_a_count(caplog):
     class Flaky(State):
         broken = True
 
-        def targets(self):
+        def read(self):
             if self.broken:
                 raise RuntimeError("bug")
-            return super().targets()
+            return super().read()
 
     state = Flaky()
     registry = CollectorRegistry(auto_describe=False)
@@ -94,8 +94,8 @@ def test_promtool_check_metrics_accepts_our_output():
 def test_a_gone_target_leaves_no_last_deploy_series():
     """40 replaced pods left 40 prefixcache_last_deploy_timestamp_seconds{pod=""} series."""
     state = simulated_state()
-    state.put("deploys", {"recent": [], "counts": {"pod-gone": {"api": 1}},
-                          "last": {"": 1764480000.0, "vllm-0": 1764480001.0, "pod-gone": 1764480002.0}})
+    state.update(deploys=Deploys((), {"pod-gone": {"api": 1}},
+                                 {"": 1764480000.0, "vllm-0": 1764480001.0, "pod-gone": 1764480002.0}))
     fams = {f.name: f for f in text_string_to_metric_families(exposition(state).decode())}
     last = {s.labels["target"] for s in fams["prefixcache_last_deploy_timestamp_seconds"].samples}
     assert last == {"", "vllm-0"}

@@ -15,7 +15,8 @@ from exporter.collector import PrefixCacheCollector
 from exporter.config import load
 from exporter.engine import Engine
 from exporter.http import App, status_json
-from exporter.state import State, TargetView
+from exporter.state import State
+from exporter.targetview import TargetView
 from exporter.vllm_metrics import parse
 
 from conftest import FIXTURES
@@ -86,7 +87,7 @@ def test_hostile_bodies_never_break_the_pipeline(bodies):
         view = engine.tracks["t"].view
         state.publish(TargetView(target=target, up=view.up, polled=True, snapshot=snap, stats=view.stats,
                                  rejected=snap.rejected, last_result="success" if view.up else "no_vllm_metrics"))
-        state.put("alerts", engine.active_alerts())
+        state.update(alerts=tuple(engine.active_alerts()))
         t += 1.0
         status, text = get(app, "/metrics")
         assert status == 200 and text.startswith(b"# HELP")

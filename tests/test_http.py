@@ -9,7 +9,8 @@ from prometheus_client import CollectorRegistry
 from exporter.collector import PrefixCacheCollector
 from exporter.config import Target
 from exporter.http import App
-from exporter.state import State, TargetView
+from exporter.state import State
+from exporter.targetview import TargetView
 
 from helpers import simulated_state
 
@@ -241,7 +242,7 @@ def test_the_exposition_is_rendered_once_per_state_change():
     first = [call(app, "GET", "/metrics")[2] for _ in range(5)]
     zipped = [call(app, "GET", "/metrics", {"HTTP_ACCEPT_ENCODING": "gzip"})[2] for _ in range(3)]
     assert len(calls) == 1 and len(set(first)) == 1 and gzip.decompress(zipped[0]) == first[0]
-    state.set_process(config_reload_success=False)
+    state.update(config_reload_success=False)
     clock[0] += 0.5  # changes within the render interval share one render...
     assert b"prefixcache_config_last_reload_successful 1.0" in call(app, "GET", "/metrics")[2]
     clock[0] += 0.5  # ...and the next scrape after it sees them

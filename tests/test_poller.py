@@ -1,4 +1,6 @@
+import logging
 import os
+import sys
 import threading
 import time
 
@@ -7,9 +9,11 @@ import pytest
 from exporter.sim import simulator
 from exporter.sim.server import Fleet
 from exporter.config import Config, GlobalConfig, Target
+from exporter.deploys import DeployEvent
 from exporter.engine import Engine
 from exporter.poller import Poller, TargetPoller
-from exporter.state import State, TargetView
+from exporter.state import Counters, State
+from exporter.targetview import TargetView
 
 from conftest import FIXTURES, free_port
 from fakeserver import FakeServer, reply, slow, text
@@ -173,7 +177,7 @@ def test_one_targets_work_never_holds_up_another_target_or_the_rules():
     with FakeServer(routes) as server:
         cfg = config(Target("a", server.base + "/a"), Target("b", server.base + "/b"))
         poller = Poller(cfg, State(), clock=clock)
-        busy = poller.pollers["a"].track_lock
+        busy = poller.target_locks["a"]
         busy.acquire()
         try:
             done = threading.Event()
@@ -201,7 +205,7 @@ def test_a_wall_clock_stepping_back_is_logged_and_counted(switch, caplog):
         replica.advance(max(t, 105.0))
         switch.body = replica.render()
         poller.poll()
-    assert state.counters() == {"clock_steps_back": 1}
+    assert state.published.counters == Counters(clock_steps_back=1)
     assert "wall clock stepped back 15.000s" in caplog.text
 
 
@@ -297,3 +301,139 @@ def test_discovered_targets_are_polled_and_a_removed_one_is_forgotten_once_its_a
         sidecar.poller.stop()
         sidecar.server.stop()  # built, never started: its workers run since it bound the port
         fleet.stop()
+
+
+def test_a_reload_between_reading_the_track_and_using_it_is_not_an_internal_error(switch, caplog):
+    """The poll checked its target was there, a reload removed it, the poll then indexed
+    the engine's tracks: a KeyError, logged and published as internal_error. Now the poll
+    reads its Track once under the target's lock, which the reload waits for."""
+    replica = simulator.Replica("a", simulator.Scenario(), start=-600.0, seed=1)
+    replica.advance(0.0)
+    switch.body = replica.render()
+    a, b = Target("a", switch.url), Target("b", switch.url)
+    state = State()
+    poller = Poller(config(a, b), state, clock=Clock(0.0))  # not started: the test runs each poll
+    reloaded, reloads = threading.Event(), []
+
+    class ReloadAtFirstLookUp(dict):
+        """The engine's tracks, starting a reload that removes `a` as the poll first looks `a` up."""
+
+        def _reload(self):
+            if not reloads:
+                reloads.append(threading.Thread(target=lambda: (poller.reload(config(b)), reloaded.set())))
+                reloads[0].start()
+                reloaded.wait(1.0)  # bounded: done at once where nothing holds the reload off
+
+        def __contains__(self, name):
+            found = super().__contains__(name)
+            self._reload()
+            return found
+
+        def get(self, name, default=None):
+            found = super().get(name, default)
+            self._reload()
+            return found
+
+        def __getitem__(self, name):
+            found = super().__getitem__(name)
+            self._reload()
+            return found
+
+    poller.engine.tracks = ReloadAtFirstLookUp(poller.engine.tracks)
+    with caplog.at_level(logging.WARNING):
+        poller.pollers["a"].poll()
+    reloads[0].join(10)
+    assert reloaded.is_set()
+    assert "poll failed" not in caplog.text and "internal" not in caplog.text
+    assert sorted(poller.engine.tracks) == ["b"] and [v.target.name for v in state.targets()] == ["b"]
+
+
+def test_a_poll_of_a_removed_target_publishes_nothing_even_once_it_is_back(switch):
+    """A pod gone and back (a discovery flap) while its old poll was in flight: that poll
+    has a lock and a Track that are no longer the target's and must leave the new ones alone."""
+    replica = simulator.Replica("a", simulator.Scenario(), start=-600.0, seed=1)
+    replica.advance(0.0)
+    switch.body = replica.render()
+    a = Target("a", switch.url)
+    state = State()
+    poller = Poller(config(a), state, clock=Clock(0.0))
+    in_flight = poller.pollers["a"]
+    poller.reload(config())
+    poller.reload(config(a))
+    in_flight.poll()
+    assert not state.target("a").polled and poller.engine.tracks["a"].view.samples_kept == 0
+    poller.pollers["a"].poll()
+    assert state.target("a").up and state.target("a").samples_kept == 1
+
+
+def test_a_reload_waits_for_the_poll_that_holds_its_targets_track():
+    """Reconfiguring a kept target's history (its windows) while a poll appends to it
+    would race: the reload takes every target's lock, in the documented order."""
+    a = Target("a", "http://127.0.0.1:1/metrics")
+    poller = Poller(config(a), State(), clock=Clock(0.0))
+    done = threading.Event()
+    with poller.target_locks["a"]:  # a poll of `a` between reading its Track and publishing its view
+        reload = threading.Thread(target=lambda: (poller.reload(config(a, windows=(("5m", 300.0),))), done.set()))
+        reload.start()
+        assert not done.wait(0.3)
+    reload.join(10)
+    assert done.is_set() and poller.engine.tracks["a"].history.keep_seconds == 305.0
+
+
+def test_observe_reads_event_times_that_add_event_never_changes_in_place():
+    """A poll's change-point check reads the newest event times without the engine lock:
+    add_event publishes new dicts instead of changing the ones a poll may be reading."""
+    engine = Engine(config(Target("a", "http://127.0.0.1:1/metrics")))
+    event_times, restart_times = engine.last_event_t, engine.last_restart_t
+    engine.add_event(DeployEvent(10.0, "a", "v2", "api"))
+    engine.add_event(DeployEvent(11.0, "a", "", "restart"))
+    assert event_times == {} and restart_times == {}
+    assert engine.last_event_t == {"a": 11.0} and engine.last_restart_t == {"a": 11.0}
+
+
+def test_events_polls_evaluations_and_readers_run_side_by_side_without_errors(switch, caplog):
+    """Deploy events arrive (the HTTP API) while targets poll, rules evaluate and scrapers
+    render: nobody sees a dict change size under them, nothing is counted as an error."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from exporter.collector import PrefixCacheCollector
+    from exporter.http import status_json
+
+    replica = simulator.Replica("a", simulator.Scenario(), start=-600.0, seed=1)
+    replica.advance(0.0)
+    switch.body = replica.render()
+    clock, state = Clock(0.0), State()
+    targets = [Target(n, switch.url) for n in ("a", "b")]
+    poller = Poller(config(*targets, windows=(("1m", 60.0), ("5m", 300.0))), state, clock=clock)  # 5m: the rollout gate's
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PrefixCacheCollector(state, ["1m"]))
+    errors, rounds = [], 60
+    switch_interval = sys.getswitchinterval()
+
+    def run(work):
+        def loop():
+            try:
+                for i in range(rounds):
+                    work(i)
+            except Exception as exc:  # noqa: BLE001 - collected, asserted below
+                errors.append(exc)
+        return threading.Thread(target=loop)
+
+    workers = [
+        run(lambda i: [poller.add_event(DeployEvent(float(i), f"pod-{i}-{k}", f"v{i}", "api")) for k in range(5)]),
+        run(lambda i: [p.poll() for p in list(poller.pollers.values())]),
+        run(lambda i: poller.evaluate()),
+        run(lambda i: (generate_latest(registry), status_json(state))),
+    ]
+    sys.setswitchinterval(1e-5)
+    try:
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(60)
+    finally:
+        sys.setswitchinterval(switch_interval)
+    assert not any(w.is_alive() for w in workers)
+    assert errors == [] and "failed" not in caplog.text
+    assert state.published.counters.evaluation_errors == 0
+    assert all(dict(v.scrapes).get("internal_error", 0) == 0 for v in state.targets())

@@ -108,7 +108,8 @@ def sidecar_with_a_fleet_baseline(prometheus_url, vllm, **baseline):
 
     from exporter.config import Target
     from exporter.poller import TargetPoller
-    from exporter.state import State, TargetView
+    from exporter.state import State
+    from exporter.targetview import TargetView
 
     cfg = load({"targets": [{"name": "vllm-new", "url": vllm}],
                 "fleet_baseline": {"prometheus_url": prometheus_url, "timeout": "1s", **baseline}})

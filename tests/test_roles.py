@@ -126,7 +126,8 @@ def test_the_decode_pod_is_exported_as_such():
 
     from exporter.collector import PrefixCacheCollector
     from exporter.config import Target
-    from exporter.state import State, TargetView
+    from exporter.state import State
+    from exporter.targetview import TargetView
 
     body = json.loads(lines(Scenario(request_rate=5.0), duration=300, replicas=1)[-1])["body"]
     state = State()

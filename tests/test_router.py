@@ -158,13 +158,14 @@ def test_predicted_and_delivered_are_exported_beside_each_other_and_go_with_the_
 
     from exporter.collector import PrefixCacheCollector
     from exporter.config import Target
-    from exporter.state import State, TargetView
+    from exporter.state import State
+    from exporter.targetview import TargetView
 
     rec = with_router(lines(Scenario(**DELIVERS_ABOUT_30), duration=600), lambda t: 0.8)
     _, engine, _ = backtest_with_engine(rec)
     state = State()
     state.set_targets([TargetView(target=Target("epp", "http://epp:9090/metrics", (("namespace", "llm"),)))])
-    state.put("routing", dict(engine.predictions))
+    state.update(routing=dict(engine.predictions))
 
     def families():
         registry = CollectorRegistry(auto_describe=False)

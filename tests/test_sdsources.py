@@ -290,7 +290,7 @@ def test_the_discovery_metrics_tell_a_wrong_selector_and_what_was_dropped(tmp_pa
         d = Discovery(DiscoveryConfig(prometheus=PrometheusSDConfig(url=server.base, job="vllm"), file_sd=(str(sd),), target_limit=3), Clock())
         d.refresh()
     state = State()
-    state.put("discovery", d.snapshot())
+    state.update(discovery=tuple(d.snapshot()))
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PrefixCacheCollector(state, ["1m"]))
     metrics = generate_latest(registry).decode()

@@ -21,7 +21,8 @@ from exporter.sim.server import Fleet
 from exporter.config import Target, load
 from exporter.http import App
 from exporter.rules import FIRING, PENDING, Alert
-from exporter.state import State, TargetView
+from exporter.state import State
+from exporter.targetview import TargetView
 from exporter.statuspage import PageInput, StatusPage, gather, render
 from exporter.vllm_metrics import parse
 from exporter.history import History
@@ -360,7 +361,7 @@ def test_chromium_shows_the_firing_alert_its_cause_and_the_drop_then_the_recover
         dom = browse(binary, base + "/", tmp_path / "profile", "--dump-dom")
         assert not [b for s, b in alert_items(dom) if "PrefixCacheHitRateDropAfterDeploy" in b], dom[:3000]
         assert "No alert is firing or pending." in dom
-        assert not [a for a in sidecar.state.get("alerts") if a.alertname == "PrefixCacheHitRateDropAfterDeploy"]
+        assert not [a for a in sidecar.state.published.alerts if a.alertname == "PrefixCacheHitRateDropAfterDeploy"]
         assert json.loads(requests.get(base + "/api/v1/status", timeout=5).text)["targets"][0]["up"]
     finally:
         sidecar.poller.stop()

@@ -73,7 +73,8 @@ def test_tiers_and_residency_are_exported():
 
     from exporter.collector import PrefixCacheCollector
     from exporter.config import Target
-    from exporter.state import State, TargetView
+    from exporter.state import State
+    from exporter.targetview import TargetView
 
     text = ('vllm:prompt_tokens_cached_by_source_total{engine="0",model_name="m",source="host"} 30\n'
             + residency("kv_block_idle_before_evict_seconds", {2: 80}) + residency("kv_block_reuse_gap_seconds", {30: 60}))
