@@ -94,10 +94,10 @@ class State:
 
     # --- per-target views ---------------------------------------------------------------
     def set_targets(self, views: list[TargetView]) -> None:
-        """Install the target list (start-up and reload); views of kept targets survive."""
+        """Install the target list (start-up and reload): each target's view as its Track
+        holds it (a kept target's keeps its history and counts), the very same object."""
         with self._lock:
-            old = self._targets
-            self._targets = {v.target.name: (replace(old[v.target.name], target=v.target) if v.target.name in old else v) for v in views}
+            self._targets = {v.target.name: v for v in views}
             self._generation += 1
 
     def publish(self, view: TargetView) -> None:

@@ -437,3 +437,22 @@ def test_events_polls_evaluations_and_readers_run_side_by_side_without_errors(sw
     assert errors == [] and "failed" not in caplog.text
     assert state.published.counters.evaluation_errors == 0
     assert all(dict(v.scrapes).get("internal_error", 0) == 0 for v in state.targets())
+
+
+def test_the_view_the_rules_read_is_the_very_view_served(switch):
+    """One store: the poll publishes the view it computed; the state holds that object,
+    not a copy into a second type, across polls, failures and reloads."""
+    replica = simulator.Replica("a", simulator.Scenario(), start=-600.0, seed=1)
+    clock, state = Clock(0.0), State()
+    a = Target("a", switch.url)
+    poller = Poller(config(a), state, clock=clock)
+    for t, status in ((0.0, 200), (5.0, 200), (10.0, 503)):
+        clock.t = t
+        replica.advance(t)
+        switch.status, switch.body = status, replica.render()
+        poller.pollers["a"].poll()
+        assert state.target("a") is poller.engine.tracks["a"].view
+    poller.reload(config(Target("a", switch.url, (("team", "x"),))))
+    view = state.target("a")
+    assert view is poller.engine.tracks["a"].view and view.target.labels == (("team", "x"),)
+    assert dict(view.scrapes) == {"success": 2, "http_error": 1} and view.samples_kept == 2 and not view.up
