@@ -193,7 +193,8 @@ class Poller:
     targets cannot starve it, and hands transitions on.
 
     Locks, always taken in this order (a thread holding one takes only later ones):
-      1. reload_lock: one reconfiguration at a time (reload, a discovery refresh's change);
+      1. reload_lock: one reconfiguration at a time (a SIGHUP's whole reload, which holds it
+         from reading the file on, and a discovery refresh's change); reentrant;
       2. the targets' locks (self.target_locks, one per target name, all of them in name
          order when a reconfiguration takes them): a target's Track, its history and
          view, and the publishing of that view;
@@ -212,7 +213,7 @@ class Poller:
         self.clock = clock
         self.after_evaluate = after_evaluate
         self.sources = list(sources)
-        self.reload_lock = threading.Lock()
+        self.reload_lock = threading.RLock()
         self.target_locks: dict[str, threading.Lock] = {}  # changed only under reload_lock and every lock in it
         self.engine_lock = threading.Lock()
         self._busy = 0  # jobs running now: stop() waits for them, but only so long

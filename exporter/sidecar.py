@@ -10,7 +10,7 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
@@ -47,7 +47,6 @@ class Sidecar:
     server: Server
     notifier: Notifier
     warmer: Warmer
-    reload_lock: threading.Lock = field(default_factory=threading.Lock)
     shard: str | None = None  # --shard, which outlives reloads
 
     def start(self) -> "Sidecar":
@@ -68,7 +67,7 @@ class Sidecar:
         return idle
 
     def reload(self, path: str) -> bool:
-        with self.reload_lock:  # concurrent SIGHUPs apply one after the other
+        with self.poller.reload_lock:  # concurrent SIGHUPs (and discovery's changes) apply one after the other
             return self._reload(path)
 
     def _reload(self, path: str) -> bool:
