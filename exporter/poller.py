@@ -42,20 +42,20 @@ RESULTS = scrape_results.RESULTS + (NO_VLLM_METRICS, LIMIT_EXCEEDED, INTERNAL_ER
 class TargetPoller:
     """One target's job: scrape, parse, hand the snapshot to the engine, publish.
 
-    The scrape runs under no lock. The engine work that grows with the target's size
-    (parse, history, windows) and the publishing of its view run under this target's own
+    The scrape and the parse run under no lock. The engine work that grows with the
+    target's size (history, windows) and the publishing of its view run under its own
     lock, which a reload also takes: from the moment the poll reads its Track until the
     view is published, no reload can remove or reconfigure it. The engine lock is only
     taken to add the events the poll found."""
 
-    def __init__(self, target: Target, config: Config, state: State, engine: Engine, lock: threading.Lock,
+    def __init__(self, target: Target, config: Config, state: State, engine: Engine, engine_lock: threading.Lock,
                  clock: Callable[[], float] = time.time, on_start: Callable[[str, str], None] | None = None,
                  target_lock: threading.Lock | None = None):
         g = config.global_
         self.target = target
         self.state = state
         self.engine = engine
-        self.engine_lock = lock
+        self.engine_lock = engine_lock
         self.target_lock = target_lock or threading.Lock()
         # set by a reload that removed the target, under its lock: a poll still in flight then
         # publishes nothing, even once the same name is polled again (with a new lock and Track)
@@ -411,7 +411,14 @@ class Poller:
             idle = self._idle.wait_for(lambda: self._busy <= 0, timeout)
             if not idle:
                 log.warning("stopping with %d poll(s) or refresh(es) still waiting on their peers", self._busy)
-        for p in self.pollers.values():
+        # the poller list changes under reload_lock; a reload stuck on a peer never holds SIGTERM up
+        locked = self.reload_lock.acquire(timeout=0.5)
+        try:
+            pollers = list(self.pollers.values())
+        finally:
+            if locked:
+                self.reload_lock.release()
+        for p in pollers:
             p.close()
         if self.discovery is not None:
             self.discovery.close()
