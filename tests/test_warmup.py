@@ -127,7 +127,7 @@ def test_sidecar_warms_its_vllm_at_start_and_after_a_restart_and_the_cache_is_wa
 
 
 def test_a_paused_vllm_keeps_a_ready_sidecar_ready_and_runs_no_warm_up():
-    """vLLM frozen for 12 s (SIGSTOP: a GC pause, a stuck GPU call) makes scrapes time out,
+    """vLLM frozen for 4 s (SIGSTOP: a GC pause, a stuck GPU call) makes scrapes time out,
     but its cache is still there: /-/ready stays 200 and no warm-up re-runs. Only a real
     restart re-opens the gate."""
     import json
@@ -152,7 +152,7 @@ def test_a_paused_vllm_keeps_a_ready_sidecar_ready_and_runs_no_warm_up():
             assert wait_for(lambda: requests.get(base + "/-/ready", timeout=2).status_code == 200, timeout=30)
             runs = sidecar.warmer.snapshot().runs
             sim.send_signal(signal.SIGSTOP)
-            answers, deadline = [], time.monotonic() + 12.0
+            answers, deadline = [], time.monotonic() + 4.0  # 8 polls, each scrape timing out after 1 s
             try:
                 while time.monotonic() < deadline:
                     answers.append(requests.get(base + "/-/ready", timeout=2).status_code)
@@ -162,7 +162,7 @@ def test_a_paused_vllm_keeps_a_ready_sidecar_ready_and_runs_no_warm_up():
                 sim.send_signal(signal.SIGCONT)
             assert wait_for(lambda: sidecar.state.target("vllm").up, timeout=20)
             time.sleep(2.0)
-            assert set(answers) == {200} and len(answers) >= 15
+            assert set(answers) == {200} and len(answers) >= 6
             assert requests.get(base + "/-/ready", timeout=2).status_code == 200
             assert sidecar.warmer.snapshot().runs == runs
         finally:
