@@ -94,6 +94,7 @@ def test_bad_warmup_config(section, fragment):
     assert any(fragment in e for e in exc.value.errors), exc.value.errors
 
 
+@pytest.mark.slow
 def test_sidecar_warms_its_vllm_at_start_and_after_a_restart_and_the_cache_is_warm():
     now = time.time()
     warm = 600.0
@@ -126,6 +127,7 @@ def test_sidecar_warms_its_vllm_at_start_and_after_a_restart_and_the_cache_is_wa
         fleet.stop()
 
 
+@pytest.mark.slow
 def test_a_paused_vllm_keeps_a_ready_sidecar_ready_and_runs_no_warm_up():
     """vLLM frozen for 4 s (SIGSTOP: a GC pause, a stuck GPU call) makes scrapes time out,
     but its cache is still there: /-/ready stays 200 and no warm-up re-runs. Only a real
