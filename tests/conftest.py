@@ -49,3 +49,17 @@ def prometheus_fleet(tmp_path_factory):
     setup, sidecar = promstack.start(tmp_path_factory.mktemp("fleet"))
     yield setup
     promstack.stop(setup, sidecar)
+
+
+# Tests that share an expensive fixture run on one worker of `pytest -n` (pytest-xdist,
+# --dist loadgroup): the simulated fleet with Prometheus takes two minutes to fill, the
+# image a build; on every worker they would cost that many times over.
+_SHARED_FIXTURES = {"prometheus_fleet": "prometheus_fleet", "built": "image"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture, group in _SHARED_FIXTURES.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(group))
+                break

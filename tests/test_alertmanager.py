@@ -233,6 +233,7 @@ def test_a_dripping_alertmanager_delays_only_its_own_alerts_and_never_the_stop()
         assert time.monotonic() - started < 1.5  # not the drip's 30 s deadline, nor its send lock
 
 
+@pytest.mark.slow
 def test_a_post_has_one_deadline_for_its_whole_answer():
     import time
 

@@ -157,6 +157,7 @@ def test_help_shows_defaults(command):
     assert proc.returncode == 0 and "default" in proc.stdout
 
 
+@pytest.mark.slow
 def test_record_with_a_config_writes_discovered_targets_with_their_labels(tmp_path):
     from exporter.sim import simulator
     from exporter.sim.server import Fleet

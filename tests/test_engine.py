@@ -1,6 +1,8 @@
 """The engine end to end on simulated scrapes: each rule fires where it should."""
 
 
+import pytest
+
 from exporter.sim import simulator
 from exporter.config import load
 from exporter.deploys import DeployEvent
@@ -54,6 +56,7 @@ def test_hits_stuck_at_zero_fires():
     assert firing(tr, "PrefixCacheHitsStuckAtZero")
 
 
+@pytest.mark.slow
 def test_ttft_regression_fires_with_the_drop():
     e = engine_for(1, hit_rate_drop_after_deploy={"enabled": False}, change_point={"enabled": False})
     tr = drive(e, [replica(0, simulator.incident(900 + 600))], 1200)
@@ -69,6 +72,7 @@ def test_target_down_fires_after_its_for_and_resolves():
     assert [t.state for t in tr if t.alert.alertname == "PrefixCacheTargetDown"][:2] == ["pending", "firing"]
 
 
+@pytest.mark.slow
 def test_load_balancer_scatter_when_every_replica_sits_moderate_together():
     # prompts share only part of their prefix across a spread-out fleet: all replicas sit near 40%
     scenario = Scenario(request_rate=5.0, tenants=100, kv_blocks=4600)
@@ -147,6 +151,7 @@ def test_target_down_is_one_alert_per_target_whatever_its_models():
     assert [(t.alert.model, t.state) for t in down] == [("", "firing")]
 
 
+@pytest.mark.slow
 def test_a_rollback_announced_during_an_incident_does_not_become_its_baseline():
     """The drop alert measures against the deploy that raised it: announcing the rollback
     (v43) while the hit ratio is still low keeps it firing until the ratio is back."""
@@ -198,6 +203,7 @@ def fleet_alerts(transitions, state):
             and tr.state == state]
 
 
+@pytest.mark.slow
 def test_a_rolling_update_that_breaks_the_prompt_fires_before_half_the_fleet_has_rolled():
     tr, engine, verdicts = rolling_update(simulator.incident(0.0))  # the new image's prompt carries a timestamp
     (fired,) = fleet_alerts(tr, "firing")
@@ -214,6 +220,7 @@ def test_a_rolling_update_that_breaks_the_prompt_fires_before_half_the_fleet_has
     assert any(a.version == "v2" and a.state == "firing" for a in engine.active_alerts())
 
 
+@pytest.mark.slow
 def test_a_rollback_resolves_the_version_alert():
     tr, engine, _ = rolling_update(simulator.incident(0.0), rollback_at=4 * 120 + 60)
     (fired,) = fleet_alerts(tr, "firing")
@@ -222,6 +229,7 @@ def test_a_rollback_resolves_the_version_alert():
     assert not [a for a in engine.active_alerts() if a.version]
 
 
+@pytest.mark.slow
 def test_a_harmless_rolling_update_never_fires_and_passes_the_gate():
     tr, engine, verdicts = rolling_update(Scenario())
     assert not fleet_alerts(tr, "firing") and not fleet_alerts(tr, "pending")
@@ -229,6 +237,7 @@ def test_a_harmless_rolling_update_never_fires_and_passes_the_gate():
     assert judged and all(v.verdict == "pass" for v in judged)
 
 
+@pytest.mark.slow
 def test_new_replicas_are_left_out_during_their_warmup():
     tr, engine, verdicts = rolling_update(simulator.incident(0.0))
     early = verdicts[START + 60]

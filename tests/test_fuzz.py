@@ -7,6 +7,7 @@ import io
 import json
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
@@ -63,6 +64,7 @@ def get(app, path):
     return int(out["status"].split()[0]), body
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(BODIES, min_size=1, max_size=6))
 def test_hostile_bodies_never_break_the_pipeline(bodies):
@@ -148,6 +150,7 @@ RAW_LINES = st.one_of(st.binary(max_size=40), DEEP.map(str.encode), json_line(RE
                                        b'{"t": 1764480001, "event": "deploy", "target": null, "version": "v2"}']))
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=3000, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(RAW_LINES, max_size=20))
 def test_backtest_reads_any_bytes_as_records_or_counted_bad_lines(lines):

@@ -5,6 +5,7 @@ credentials) or raise DiscoveryError, nothing else."""
 import json
 import re
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -61,6 +62,7 @@ def assert_exposable(targets):
         assert t.url.startswith(("http://", "https://"))
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 @given(ANSWERS, SELECTORS)
 def test_a_targets_answer_is_targets_we_can_expose_or_a_discovery_error(payload, selector):
@@ -92,6 +94,7 @@ def file_sd_text(draw):
     return draw(st.text(max_size=200)), draw(st.sampled_from(["sd.json", "sd.yml", "sd.yaml"]))
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=3000, suppress_health_check=[HealthCheck.too_slow])
 @given(file_sd_text())
 def test_a_file_sd_file_is_targets_we_can_expose_or_a_discovery_error(text_and_path):

@@ -368,6 +368,7 @@ def test_the_flagger_webhook_refuses_a_body_without_metadata(rollout_app):
     assert got == 400 and "metadata" in json.loads(payload)["error"]
 
 
+@pytest.mark.slow
 def test_slowloris_connections_do_not_starve_scrapes_or_probes():
     """20 clients (more than the 16 workers) each send one header line every 0.3 s and
     never end the head. Each read is far inside the 10 s read timeout, so only a

@@ -81,6 +81,7 @@ def new_pod(scenario, baseline=0.88, until=2400.0, step=5.0):
     return [tr for tr in transitions if tr.alert.alertname == "PrefixCacheHitRateDropAfterDeploy"]
 
 
+@pytest.mark.slow
 def test_a_new_pod_whose_prompt_broke_is_compared_with_the_fleet_after_its_cold_start_and_resolves_when_fixed():
     fixed_at = 1500.0
     tr = new_pod(Scenario(events=(Event(0.0, "prompt", "timestamp"), Event(fixed_at, "prompt", "static"))))
@@ -91,6 +92,7 @@ def test_a_new_pod_whose_prompt_broke_is_compared_with_the_fleet_after_its_cold_
     assert len(resolved) == 1 and resolved[0].t > START + fixed_at
 
 
+@pytest.mark.slow
 def test_a_healthy_new_pod_matches_the_fleet():
     assert not [x for x in new_pod(Scenario()) if x.state in ("pending", "firing")]
 

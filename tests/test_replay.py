@@ -44,6 +44,7 @@ def test_a_the_incident_fires_with_its_cause_within_30s_of_the_deploy():
         assert "v42" in t["annotations"]["summary"]
 
 
+@pytest.mark.slow
 def test_b_a_restart_and_its_warm_up_page_nobody():
     rec = lines(Scenario(request_rate=5.0), duration=1200, per_replica_events={0: [Event(at(300), "restart")]})
     transitions, engine, _ = run(rec)
@@ -61,6 +62,7 @@ def test_c_traffic_under_the_token_minimum_is_inconclusive_and_fires_nothing():
     assert ("PrefixCacheHitRateDropAfterDeploy", "inconclusive") in states
 
 
+@pytest.mark.slow
 def test_d_a_harmless_deploy_fires_nothing():
     deploy = 300.0
     scenario = Scenario(request_rate=5.0, events=(Event(at(deploy), "prompt", "tail_edit"),))
@@ -69,6 +71,7 @@ def test_d_a_harmless_deploy_fires_nothing():
     assert transitions == []
 
 
+@pytest.mark.slow
 def test_e_kv_pressure_slide_is_low_hit_rate_from_eviction():
     rec = lines(simulator.kv_pressure(at(120), 600, request_rate=5.0), duration=1500)
     transitions, _, _ = run(rec)
@@ -77,6 +80,7 @@ def test_e_kv_pressure_slide_is_low_hit_rate_from_eviction():
     assert not [t for t in transitions if t["labels"]["cause"] == "prompt_prefix_change"]
 
 
+@pytest.mark.slow
 def test_f_the_incident_without_a_deploy_event_is_caught_by_the_change_point():
     rec = lines(simulator.incident(at(300), request_rate=5.0), duration=600)
     transitions, engine, _ = run(rec)
@@ -85,6 +89,7 @@ def test_f_the_incident_without_a_deploy_event_is_caught_by_the_change_point():
     assert {e.source for e in engine.events} == {"change_point"}
 
 
+@pytest.mark.slow
 def test_g_an_hour_of_steady_85_percent_fires_nothing():
     rec = lines(Scenario(request_rate=5.0, user_tokens=(120, 330)), duration=3600)
     transitions, engine, _ = run(rec)
@@ -93,6 +98,7 @@ def test_g_an_hour_of_steady_85_percent_fires_nothing():
     assert all(0.82 <= r <= 0.88 for r in ratios)
 
 
+@pytest.mark.slow
 def test_backtest_is_deterministic_and_the_cli_prints_transitions(tmp_path):
     deploy = 120.0
     rec = lines(simulator.incident(at(deploy), request_rate=5.0), duration=300, deploys=[(deploy, "vllm-0", "v42")])
@@ -162,6 +168,7 @@ def test_vllm_loading_its_model_for_4_minutes_pages_nobody():
     assert transitions == []  # the startup grace (10m) covers loading, the cold-start grace the cold cache
 
 
+@pytest.mark.slow
 def test_target_down_during_loading_resolves_once_vllm_answers():
     """With a short startup grace TargetDown fires while vLLM loads (one alert per
     target, not per model) and resolves at the first answer."""
@@ -195,6 +202,7 @@ def test_a_vllm_upgrade_from_0_10_to_current_names_with_a_restart_is_quiet():
     assert [e.source for e in engine.events] == ["restart"]
 
 
+@pytest.mark.slow
 def test_a_restart_that_also_breaks_the_prompt_layout_fires_once_the_grace_is_over():
     restart = 300.0
     broken = Scenario(request_rate=5.0, events=(Event(at(restart), "restart"), Event(at(restart), "prompt", "timestamp")))
@@ -218,6 +226,7 @@ def test_hits_stuck_at_zero_pages_within_3_minutes():
 
 
 # --- when the engine's counters lie (docs/engines.md: "When the engine's counters lie") ----------------------------
+@pytest.mark.slow
 def test_retry_overcount_under_kv_pressure_pages_eviction_and_says_the_counters_lie():
     """vLLM <= 0.26 records a waiting request's lookup again on every retry: under KV
     pressure the lookup ratio holds up while the admitted ratio falls. The rules judge
@@ -246,6 +255,7 @@ def test_counters_that_are_not_wired_raise_the_instrumentation_alert_not_a_cache
     assert transitions[1]["labels"]["cause"] == "instrumentation" and transitions[1]["labels"]["severity"] == "warning"
 
 
+@pytest.mark.slow
 def test_an_sglang_fleet_with_the_timestamp_incident_fires_as_vllm_does():
     deploy = 300.0
     rec = lines(simulator.incident(at(deploy), request_rate=5.0), duration=600, deploys=[(deploy, None, "v42")], generation="sglang")
@@ -256,6 +266,7 @@ def test_an_sglang_fleet_with_the_timestamp_incident_fires_as_vllm_does():
     assert all(t["labels"]["cause"] == "prompt_prefix_change" and t["t"] - (START + deploy) <= 30 for t in firing_)
 
 
+@pytest.mark.slow
 def test_without_admitted_counters_a_ttft_that_stays_low_shows_hits_are_just_not_counted():
     """vLLM 0.10 has no admitted-prefill counters: when its hit counter stops while TTFT
     stays where it was, the cache works and the counter lies; a real cache failure
@@ -286,6 +297,7 @@ def rollout_recording(new_scenario, every=120.0, replicas=4, after=300.0, interv
     return out
 
 
+@pytest.mark.slow
 def test_a_recorded_rollout_replays_with_its_verdict_and_its_pods_come_and_go():
     transitions, engine, warnings = run(rollout_recording(simulator.incident(0.0)))
     assert warnings == []
@@ -297,6 +309,7 @@ def test_a_recorded_rollout_replays_with_its_verdict_and_its_pods_come_and_go():
     assert not [t for t in transitions if t["alertname"] == "PrefixCacheTargetDown"]
 
 
+@pytest.mark.slow
 def test_a_harmless_recorded_rollout_stays_quiet():
     transitions, engine, warnings = run(rollout_recording(Scenario()))
     assert not paging(transitions)
@@ -337,6 +350,7 @@ def tenant_recording(deploy=300.0, join=310.0, leave=660.0, duration=1080.0, rat
     return out
 
 
+@pytest.mark.slow
 def test_a_tenant_joining_after_a_harmless_deploy_is_a_traffic_mix_warning_never_a_prompt_page():
     transitions, engine, warnings = run(tenant_recording())
     assert warnings == []
@@ -360,6 +374,7 @@ def _stuck_counter_then_cold(cold: float = 300.0 + 3700.0):
     return cold, transitions
 
 
+@pytest.mark.slow
 def test_a_hit_counter_stuck_for_an_hour_with_ttft_unchanged_stays_an_instrumentation_warning():
     cold, transitions = _stuck_counter_then_cold()
     before = [t for t in transitions if t["t"] < START + cold]
@@ -378,6 +393,7 @@ def test_a_cache_that_really_goes_cold_after_its_counter_stuck_pages_within_3_mi
     assert stuck[0]["labels"]["severity"] == "critical"
 
 
+@pytest.mark.slow
 def test_a_drop_after_deploy_holds_past_its_look_back_while_the_ratio_stays_down_and_resolves_when_fixed():
     deploy, fixed = 300.0, 2400.0  # the look-back (30 min) ends at 2100 s
     scenario = replace(simulator.incident(at(deploy), request_rate=5.0),

@@ -64,6 +64,7 @@ def pd_pair(duration=900, p2p=False, labels=None):
 
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("p2p", [False, True])
 def test_a_pd_pair_at_normal_operation_stays_quiet_and_the_decode_pods_transfers_are_not_hits(p2p):
     transitions, engine, warnings = backtest_with_engine(pd_pair(p2p=p2p))

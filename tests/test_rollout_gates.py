@@ -224,6 +224,7 @@ def test_the_flagger_webhook_names_what_is_wrong():
         server.stop()
 
 
+@pytest.mark.slow
 def test_the_central_variants_engine_answers_a_version_no_pod_runs_with_an_error(tmp_path):
     """The central variant's own config (its analysis section), its targets as discovery
     hands them over (pod name, namespace, version label), an engine fed simulated scrapes,

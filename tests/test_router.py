@@ -60,6 +60,7 @@ def gap_transitions(transitions):
             for t in transitions if t["alertname"] == "PrefixCacheRouterPredictionGap"]
 
 
+@pytest.mark.slow
 def test_a_router_predicting_80_percent_over_engines_delivering_30_fires_routing_index_stale_and_resolves():
     fixed = 900.0  # the router's index is rebuilt here: it predicts what the engines hold again
     rec = with_router(lines(Scenario(**DELIVERS_ABOUT_30), duration=1800), lambda t: 0.8 if t < fixed else 0.3)
@@ -78,6 +79,7 @@ def test_a_router_predicting_80_percent_over_engines_delivering_30_fires_routing
     assert all(t["labels"]["cause"] != "routing_index_stale" for t in transitions if t["labels"]["target"] != "epp")
 
 
+@pytest.mark.slow
 def test_a_router_that_agrees_with_its_engines_stays_quiet():
     rec = with_router(lines(Scenario(request_rate=5.0), duration=900), lambda t: 0.87)  # engines deliver ~89%
     transitions, engine, warnings = backtest_with_engine(rec)
@@ -86,6 +88,7 @@ def test_a_router_that_agrees_with_its_engines_stays_quiet():
     assert p.ratio == pytest.approx(0.87, abs=0.01) and d.ratio == pytest.approx(0.89, abs=0.03)
 
 
+@pytest.mark.slow
 def test_agreeing_at_30_percent_never_fires_the_gap_and_both_ratios_are_kept():
     rec = with_router(lines(Scenario(**DELIVERS_ABOUT_30), duration=900), lambda t: 0.3)
     transitions, engine, warnings = backtest_with_engine(rec)
@@ -95,12 +98,14 @@ def test_agreeing_at_30_percent_never_fires_the_gap_and_both_ratios_are_kept():
     assert d.ratio == pytest.approx(0.29, abs=0.03) and d.targets == 2
 
 
+@pytest.mark.slow
 def test_delivered_above_predicted_is_fine():
     rec = with_router(lines(Scenario(request_rate=5.0), duration=900), lambda t: 0.1)  # engines deliver ~89%
     transitions, _, _ = backtest_with_engine(rec)
     assert gap_transitions(transitions) == []
 
 
+@pytest.mark.slow
 def test_the_router_goes_with_its_target():
     rec = with_router(lines(Scenario(**DELIVERS_ABOUT_30), duration=600), lambda t: 0.8)
     _, engine, _ = backtest_with_engine(rec)
@@ -151,6 +156,7 @@ def test_dynamo_decode_routing_is_not_a_prediction_of_hits():
     assert (models[""].ratio_sum, models[""].ratio_count) == (3.0, 5.0)
 
 
+@pytest.mark.slow
 def test_predicted_and_delivered_are_exported_beside_each_other_and_go_with_the_router_target():
     from prometheus_client import CollectorRegistry
     from prometheus_client.exposition import generate_latest

@@ -301,6 +301,7 @@ def test_the_discovery_metrics_tell_a_wrong_selector_and_what_was_dropped(tmp_pa
 
 
 # --- the whole process: a peer that drips never holds start-up, readiness or SIGTERM --------------
+@pytest.mark.slow
 def test_a_dripping_discovery_prometheus_holds_neither_start_up_nor_readiness_nor_sigterm(tmp_path):
     import signal
     import subprocess

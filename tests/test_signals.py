@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import requests
 import yaml
 
@@ -23,6 +24,7 @@ def start(config_path, port):
                              f"--web.listen-address=127.0.0.1:{port}"], stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_sighup_reloads_and_a_bad_reload_keeps_the_old_config(tmp_path):
     replicas = [simulator.Replica(n, simulator.Scenario(), start=time.time() - 60, seed=i) for i, n in enumerate(("a", "b"))]
     fleet = Fleet(replicas, clock=time.time).start()
@@ -54,6 +56,7 @@ def test_sighup_reloads_and_a_bad_reload_keeps_the_old_config(tmp_path):
     assert "reload failed, keeping the old config" in err
 
 
+@pytest.mark.slow
 def test_sigterm_lets_an_in_flight_delivery_finish(tmp_path):
     received = []
 
@@ -86,6 +89,7 @@ def test_sigterm_lets_an_in_flight_delivery_finish(tmp_path):
         assert received and received[0][0]["labels"]["alertname"] == "PrefixCacheTargetDown"
 
 
+@pytest.mark.slow
 def test_sigterm_exits_in_seconds_while_a_target_drips_bytes(tmp_path):
     """A target that answers a byte at a time is cut at the scrape deadline, is down,
     and never keeps the process from stopping (Kubernetes allows 30 s)."""
@@ -139,6 +143,7 @@ def test_sighup_rereads_the_deploy_token(tmp_path):
     assert "is empty" in err
 
 
+@pytest.mark.slow
 def test_concurrent_reloads_apply_one_after_the_other(tmp_path):
     """Each SIGHUP reloads on its own thread: ten at once must not race (duplicate job
     ids, KeyErrors, wrong job counts) and every target keeps polling."""
@@ -169,6 +174,7 @@ def test_concurrent_reloads_apply_one_after_the_other(tmp_path):
         fleet.stop()
 
 
+@pytest.mark.slow
 def test_sigterm_exits_within_8s_whatever_every_peer_is_doing(tmp_path):
     """All at once: a discovery Prometheus that sends its headers and then a byte a second,
     a FIFO matching the file_sd glob (no writer ever opens it), an Alertmanager, a

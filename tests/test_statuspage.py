@@ -83,6 +83,7 @@ def alert(target, model, state=FIRING, cause="prompt_prefix_change", summary="Hi
 
 
 # --- escaping ---------------------------------------------------------------------------
+@pytest.mark.slow
 def test_hostile_names_labels_and_texts_render_as_text():
     evil = "".join(HOSTILE)
     view, now = played_view(models=(evil,), target=evil, labels=tuple((f"k{i}", h) for i, h in enumerate(HOSTILE)) + ((evil, "v"),))

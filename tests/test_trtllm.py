@@ -117,6 +117,7 @@ def trtllm_lines(rec):
 
 
 
+@pytest.mark.slow
 def test_a_trtllm_fleet_pages_a_prefix_change_with_its_cause_and_resolves_after_the_rollback():
     deploy, rollback = 300.0, 600.0
     scenario = Scenario(request_rate=5.0, events=(Event(at(deploy), "prompt", "timestamp"), Event(at(rollback), "prompt", "static")))
@@ -134,6 +135,7 @@ def test_a_trtllm_fleet_pages_a_prefix_change_with_its_cause_and_resolves_after_
     assert not [a for a in engine.active_alerts() if a.state == "firing"]
 
 
+@pytest.mark.slow
 def test_the_cumulative_hit_rate_gauge_is_never_alerted_on():
     """A steady fleet whose since-start gauge reads 0 (a stuck gauge, warm-up counted in)
     pages nobody: only the windowed counters are judged."""

@@ -94,6 +94,7 @@ def test_bad_warmup_config(section, fragment):
     assert any(fragment in e for e in exc.value.errors), exc.value.errors
 
 
+@pytest.mark.slow
 def test_sidecar_warms_its_vllm_at_start_and_after_a_restart_and_the_cache_is_warm():
     now = time.time()
     warm = 600.0
@@ -126,8 +127,9 @@ def test_sidecar_warms_its_vllm_at_start_and_after_a_restart_and_the_cache_is_wa
         fleet.stop()
 
 
+@pytest.mark.slow
 def test_a_paused_vllm_keeps_a_ready_sidecar_ready_and_runs_no_warm_up():
-    """vLLM frozen for 12 s (SIGSTOP: a GC pause, a stuck GPU call) makes scrapes time out,
+    """vLLM frozen for 4 s (SIGSTOP: a GC pause, a stuck GPU call) makes scrapes time out,
     but its cache is still there: /-/ready stays 200 and no warm-up re-runs. Only a real
     restart re-opens the gate."""
     import json
@@ -152,7 +154,7 @@ def test_a_paused_vllm_keeps_a_ready_sidecar_ready_and_runs_no_warm_up():
             assert wait_for(lambda: requests.get(base + "/-/ready", timeout=2).status_code == 200, timeout=30)
             runs = sidecar.warmer.snapshot().runs
             sim.send_signal(signal.SIGSTOP)
-            answers, deadline = [], time.monotonic() + 12.0
+            answers, deadline = [], time.monotonic() + 4.0  # 8 polls, each scrape timing out after 1 s
             try:
                 while time.monotonic() < deadline:
                     answers.append(requests.get(base + "/-/ready", timeout=2).status_code)
@@ -162,7 +164,7 @@ def test_a_paused_vllm_keeps_a_ready_sidecar_ready_and_runs_no_warm_up():
                 sim.send_signal(signal.SIGCONT)
             assert wait_for(lambda: sidecar.state.target("vllm").up, timeout=20)
             time.sleep(2.0)
-            assert set(answers) == {200} and len(answers) >= 15
+            assert set(answers) == {200} and len(answers) >= 6
             assert requests.get(base + "/-/ready", timeout=2).status_code == 200
             assert sidecar.warmer.snapshot().runs == runs
         finally:

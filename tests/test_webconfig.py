@@ -166,6 +166,7 @@ def test_plain_http_to_a_tls_port_gets_a_plain_400(secure_server):
     every_route_answers(base, ca)
 
 
+@pytest.mark.slow
 def test_mutual_tls_on_the_workers_handshake(cert, tmp_path, state):
     """The handshake moved off the accept thread; a client certificate is still
     required and verified there: none, or one from another CA, is refused."""

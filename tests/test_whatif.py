@@ -49,6 +49,7 @@ def test_bad_lines_are_errors_with_their_line_number(line, fragment):
     assert isinstance(item, whatif.SampleError) and str(item).startswith("line 2:") and fragment in str(item)
 
 
+@pytest.mark.slow
 def test_the_cli_skips_bad_lines_and_an_empty_input_exits_2(tmp_path):
     sample = tmp_path / "s.jsonl"
     sample.write_text('{"prompt_token_ids": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}\nnot a request\n'
@@ -64,6 +65,7 @@ def test_the_cli_skips_bad_lines_and_an_empty_input_exits_2(tmp_path):
     assert run(str(tmp_path / "missing.jsonl")).returncode == 1
 
 
+@pytest.mark.slow
 def test_replaying_the_simulators_traffic_gives_the_ratio_its_metrics_reported(tmp_path):
     """Two replicas serve 10 minutes of traffic and count hits as vLLM does; their
     requests, replayed with observed routing, give the same ratio within a point."""
@@ -120,6 +122,7 @@ def test_a_session_whose_earlier_turns_are_rewritten_shows_the_history_loss():
     assert losses["history_rewritten"]["points"] > 5 and "conv-1" in losses["history_rewritten"]["example"]
 
 
+@pytest.mark.slow
 def test_text_is_tokenized_exactly_through_a_targets_tokenize(tmp_path):
     replica = simulator.Replica("vllm-0", simulator.Scenario(), start=time.time(), seed=3)
     fleet = Fleet([replica], clock=time.time).start()

@@ -13,6 +13,7 @@ clock behind HTTP and on a simulated clock when writing recordings.
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import math
 import random
@@ -174,6 +175,7 @@ class Replica:
             "counter_bug": scenario.counter_bug,
         }
         self._system = [self._system_prompt(k) for k in range(scenario.tenants)]
+        self._chains: list[tuple[int, ...] | None] = [None] * scenario.tenants  # each tenant's block hashes, once
         self.sample: list[dict] | None = None  # set to a list to record the traffic as a whatif sample
         self.sample_bodies = False  # record chat bodies (text) instead of token ids
         self._restart(start)
@@ -273,7 +275,9 @@ class Replica:
             tenant = self._rng.randrange(sc.tenants)
             tokens = self._prompt_tokens(tenant, t)
             if self._state["prompt"] == "static":
-                shared = block_hash_chain(tuple(self._system[tenant]), sc.block_size)
+                shared = self._chains[tenant]
+                if shared is None:
+                    shared = self._chains[tenant] = block_hash_chain(tuple(self._system[tenant]), sc.block_size)
         if self.sample is not None:
             line = {"t": t, "replica": self.name}
             if tenant is not None:
@@ -302,20 +306,27 @@ class Replica:
         matched = 0
         hashes = []
         if self._state["prefix_caching"]:
-            parent = 0
-            still_matching = True
-            for start in range(0, n - n % bs, bs):
-                index = start // bs
-                parent = shared[index] if index < len(shared) else hash((parent, tuple(tokens[start:start + bs])))
+            # the same walk as the one-loop version (match while the chain is cached,
+            # then add every later block), split in phases: this loop is most of what a
+            # simulated hour costs, and the tests replay many hours
+            pool = engine.pool
+            full = n // bs
+            hashes = list(shared[:full])
+            parent = hashes[-1] if hashes else 0
+            for start in range(len(hashes) * bs, full * bs, bs):
+                parent = hash((parent, tuple(tokens[start:start + bs])))
                 hashes.append(parent)
-                if still_matching and parent in engine.pool:
-                    engine.pool.move_to_end(parent)
-                    matched += 1
-                else:
-                    still_matching = False
-                    engine.pool[parent] = None
-            while len(engine.pool) > free_for_cache:
-                engine.pool.popitem(last=False)
+            touch = pool.move_to_end
+            for h in hashes:
+                if h not in pool:
+                    break
+                touch(h)
+                matched += 1
+            for h in hashes[matched:]:
+                pool[h] = None
+            popitem = pool.popitem
+            for _ in range(len(pool) - free_for_cache):
+                popitem(last=False)
         hit_tokens = min(matched * bs, ((n - 1) // bs) * bs)
         if self._state["hits_broken"]:
             hit_tokens = 0
@@ -372,8 +383,14 @@ class Replica:
 
 
 def _labels(**labels: str | None) -> str:
+    return _label_text(tuple(labels.items()))
+
+
+@functools.lru_cache(maxsize=8192)
+def _label_text(labels: tuple[tuple[str, str | None], ...]) -> str:
+    """Rendered once per label set: a replica renders the same few hundred sets at every scrape."""
     parts = []
-    for k, v in labels.items():
+    for k, v in labels:
         if v is None:
             continue
         v = str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
