@@ -30,7 +30,9 @@ class Clock:
 
 
 def config(*targets, **g):
-    defaults = dict(poll_interval=5.0, connect_timeout=0.5, read_timeout=1.0, windows=(("1m", 60.0),), min_query_tokens=1.0, jitter=0.0)
+    # timeouts far above what a loaded machine takes to answer: only the test about slow
+    # and dead targets sets short ones (a 1 s read timed out under a parallel suite)
+    defaults = dict(poll_interval=5.0, connect_timeout=5.0, read_timeout=10.0, windows=(("1m", 60.0),), min_query_tokens=1.0, jitter=0.0)
     defaults.update(g)
     return Config(targets=tuple(targets), global_=GlobalConfig(**defaults))
 
