@@ -57,6 +57,7 @@ def prometheus_fleet(tmp_path_factory):
 _SHARED_FIXTURES = {"prometheus_fleet": "prometheus_fleet", "built": "image"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for fixture, group in _SHARED_FIXTURES.items():
