@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from exporter.sim import simulator  # noqa: E402
 from exporter.config import Target  # noqa: E402
-from exporter.rules import FIRING, Alert  # noqa: E402
+from exporter.rules_state import FIRING, Alert  # noqa: E402
 from exporter.targetview import TargetView  # noqa: E402
 from exporter.statuspage import PageInput, render  # noqa: E402
 from exporter.history import History  # noqa: E402

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 from .config import AlertmanagerConfig
 from .peerhttp import Endpoint, PeerError, basic_auth, exchange
 from .urls import redact_url
-from .rules import FIRING, RESOLVED, Alert, Transition
+from .rules_state import FIRING, RESOLVED, Alert, Transition
 
 log = logging.getLogger(__name__)
 

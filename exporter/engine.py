@@ -19,22 +19,15 @@ from .config import Config, Target
 from .deploys import CHANGE_POINT, DeployEvent, SnapshotChangeDetector, change_point_has_traffic, detect_change_point
 from .rules import (
     DROP_AFTER_DEPLOY,
-    FIRING,
-    INACTIVE,
-    PENDING,
-    RESOLVED,
     HIT_RATE_LOW,
     ROUTER_PREDICTION_GAP,
-    Alert,
-    Condition,
     Facts,
-    Transition,
     evidence,
     hits_reference,
     rules_to_run,
     runbook_anchor,
-    step,
 )
+from .rules_state import FIRING, INACTIVE, PENDING, RESOLVED, Alert, Condition, Transition, step
 from .snapshot import Snapshot
 from .history import History
 from .targetview import TargetView

@@ -28,7 +28,7 @@ from .vllm_metrics import parse
 from .deploys import DeployEvent
 from .engine import Engine, Track
 from .prombaseline import FleetBaselineReader
-from .rules import INACTIVE
+from .rules_state import INACTIVE
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from .config import Config, Target
 from .deploys import DeployEvent
 from .engine import Engine
 from .recording import RecordingError, read_lines
-from .rules import Transition
+from .rules_state import Transition
 from .vllm_metrics import parse
 
 GONE_AFTER_POLLS = 3  # a target with no line for this many poll intervals has gone, as a pod does

@@ -16,7 +16,8 @@ from typing import Callable, Mapping, Sequence
 
 from . import analysis
 from .analysis import Member, Verdict
-from .rules import FIRING, INCONCLUSIVE, PENDING, Condition, recovered
+from .rules import recovered
+from .rules_state import FIRING, INCONCLUSIVE, PENDING, Condition
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .causes import ROUTING_INDEX_STALE
 from .router_metrics import ALL_MODELS, RouterSnapshot
-from .rules import Condition
+from .rules_state import Condition
 
 TOKENS = "tokens"
 PER_REQUEST_MEAN = "per_request_mean"

@@ -18,9 +18,7 @@ from .analysis import token_rates
 from .snapshot import Snapshot
 from .history import TargetSample
 from .hitratio import judged_ratio, judged_tokens, lookup_ratio
-# an alert's life is rules_state.py's; the rest of the sidecar imports its names from here
-from .rules_state import (FALSE, FIRING, INACTIVE, INCONCLUSIVE, PENDING, RESOLVED, Alert, Condition,  # noqa: F401
-                          Transition, step)
+from .rules_state import FALSE, INCONCLUSIVE, Condition
 from .window import WindowStats, last_hit_time, stats_between
 
 DROP_AFTER_DEPLOY = "PrefixCacheHitRateDropAfterDeploy"

@@ -16,7 +16,7 @@ from typing import Mapping
 from .alertmanager import QueueStats
 from .analysis import Verdict
 from .router import Delivered, Prediction
-from .rules import Alert
+from .rules_state import Alert
 from .sdtargets import SourceState
 from .targetview import TargetView
 from .warmup import WarmupStatus

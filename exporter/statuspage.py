@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 from . import analysis
 from .hitratio import shown_ratio
-from .rules import FIRING, PENDING, Alert
+from .rules_state import FIRING, PENDING, Alert
 from .state import State
 from .targetview import TargetView
 from .history import Samples

@@ -5,7 +5,7 @@ import pytest
 
 from exporter.alertmanager import Notifier, payload, rfc3339
 from exporter.config import AlertmanagerConfig
-from exporter.rules import FIRING, RESOLVED, Alert, Transition
+from exporter.rules_state import FIRING, RESOLVED, Alert, Transition
 
 from conftest import free_port
 from fakeserver import FakeServer, reply

@@ -5,7 +5,7 @@ import pytest
 from exporter import rollouts
 from exporter.rollouts import Rollout, Settings, observe
 from exporter.analysis import FAIL, INCONCLUSIVE, PASS, Member, analyze
-from exporter.rules import FIRING
+from exporter.rules_state import FIRING
 from exporter.window import WindowStats
 
 

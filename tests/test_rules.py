@@ -1,7 +1,8 @@
 """The alert state machine, transition by transition, with an injected clock."""
 import pytest
 
-from exporter.rules import (FIRING, INACTIVE, INCONCLUSIVE, PENDING, RESOLVED, Alert, Condition, RuleSettings, step)
+from exporter.rules import RuleSettings
+from exporter.rules_state import FIRING, INACTIVE, INCONCLUSIVE, PENDING, RESOLVED, Alert, Condition, step
 
 TRUE, FALSE, INCON = Condition("true", 0.1, "s", "d"), Condition("false"), Condition(INCONCLUSIVE, None, "s", "d")
 
@@ -117,12 +118,12 @@ def test_rule_settings_default_no_value_of_their_own():
 TEST_RULE_KEY, TEST_ALERT = "hit_rate_very_low", "PrefixCacheTestOnlyVeryLow"
 
 
-def very_low(f: rules.Facts, s: rules.RuleSettings, rc: rules.RulesConfig) -> rules.Condition:
+def very_low(f: rules.Facts, s: rules.RuleSettings, rc: rules.RulesConfig) -> Condition:
     ws = f.window(s.window)
     r = judged_ratio(ws)
     if r is None or f.query_tokens(ws) < s.min_query_tokens or r >= s.below:
-        return rules.FALSE
-    return rules.Condition("true", r, f"{f.model} on {f.target} hits {r:.0%}", "a test-only rule")
+        return FALSE
+    return Condition("true", r, f"{f.model} on {f.target} hits {r:.0%}", "a test-only rule")
 
 
 @pytest.fixture

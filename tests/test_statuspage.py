@@ -20,7 +20,7 @@ from exporter.sim import simulator
 from exporter.sim.server import Fleet
 from exporter.config import Target, load
 from exporter.http import App
-from exporter.rules import FIRING, PENDING, Alert
+from exporter.rules_state import FIRING, PENDING, Alert
 from exporter.state import State
 from exporter.targetview import TargetView
 from exporter.statuspage import PageInput, StatusPage, gather, render
