@@ -362,7 +362,8 @@ def _rule_settings(r: Reader, rule: alert_rules.Rule, defaults: dict, given: Any
     packaged = defaults.get(rule.key)
     unknown = takes - set(_RULE_FIELDS)
     if unknown:
-        r.errors.append(f"rules.py REGISTRY: {rule.key} takes {', '.join(sorted(unknown))}, which no rule setting reads")
+        r.errors.append(f"rules.py REGISTRY: {rule.key} takes {', '.join(sorted(unknown))}, which no rule setting reads "
+                        "(a new setting is a field of RuleSettings in exporter/rules.py and a parser in config.py's _RULE_FIELDS)")
         return None
     if not isinstance(packaged, dict) or set(packaged) != takes:
         r.errors.append(f"default_rules.yml:{rule.key}: must give exactly the settings the rule takes ({', '.join(sorted(takes))})")

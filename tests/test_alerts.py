@@ -38,7 +38,7 @@ def _promtool_groups():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path, index", _promtool_groups())
+@pytest.mark.parametrize("path, index", list(_promtool_groups()))
 def test_promtool_unit_tests_pass(path, index, tmp_path):
     """promtool runs one file's groups one after the other (minutes of CPU in all): each
     group runs as a test of its own, with the file's rules and settings, so that the suite's

@@ -187,4 +187,13 @@ def test_a_registered_rule_taking_a_setting_nothing_reads_is_refused(monkeypatch
     monkeypatch.setattr(rules, "REGISTRY", rules.REGISTRY + (rule,))
     with pytest.raises(ConfigError) as exc:
         load({})
-    assert exc.value.errors == ["rules.py REGISTRY: bad_setting takes windoww, which no rule setting reads"]
+    assert exc.value.errors == ["rules.py REGISTRY: bad_setting takes windoww, which no rule setting reads (a new setting is "
+                                "a field of RuleSettings in exporter/rules.py and a parser in config.py's _RULE_FIELDS)"]
+
+
+def test_every_setting_config_reads_is_a_field_of_rule_settings():
+    """A setting with a parser but no RuleSettings field would be a TypeError at load, not a listed error."""
+    import dataclasses
+
+    from exporter.config import _RULE_FIELDS
+    assert {field for field, _ in _RULE_FIELDS.values()} == {f.name for f in dataclasses.fields(rules.RuleSettings)}
