@@ -173,22 +173,19 @@ def test_a_rule_registered_once_is_loaded_validated_evaluated_and_linked_to_its_
     assert test_rule.runbook_anchor == TEST_ALERT.lower()
 
 
-def test_a_registered_rule_without_its_defaults_in_the_yaml_is_refused(monkeypatch):
-    rule = rules.Rule("no_defaults", "PrefixCacheTestOnlyNoDefaults", ("window",), very_low)
+@pytest.mark.parametrize("key, settings, error", [
+    pytest.param("no_defaults", ("window",), "default_rules.yml:no_defaults: must give exactly the settings the rule takes "
+                 "(enabled, for, keep_firing_for, severity, window)", id="without-its-defaults-in-the-yaml"),
+    pytest.param("bad_setting", ("windoww",), "rules.py REGISTRY: bad_setting takes windoww, which no rule setting reads (a new "
+                 "setting is a field of RuleSettings in exporter/rules.py and a parser in config.py's _RULE_FIELDS)",
+                 id="taking-a-setting-nothing-reads"),
+])
+def test_a_registered_rule_the_config_cannot_read_is_refused(monkeypatch, key, settings, error):
+    rule = rules.Rule(key, "PrefixCacheTestOnly" + key.title().replace("_", ""), settings, very_low)
     monkeypatch.setattr(rules, "REGISTRY", rules.REGISTRY + (rule,))
     with pytest.raises(ConfigError) as exc:
         load({})
-    assert exc.value.errors == ["default_rules.yml:no_defaults: must give exactly the settings the rule takes "
-                                "(enabled, for, keep_firing_for, severity, window)"]
-
-
-def test_a_registered_rule_taking_a_setting_nothing_reads_is_refused(monkeypatch):
-    rule = rules.Rule("bad_setting", "PrefixCacheTestOnlyBadSetting", ("windoww",), very_low)
-    monkeypatch.setattr(rules, "REGISTRY", rules.REGISTRY + (rule,))
-    with pytest.raises(ConfigError) as exc:
-        load({})
-    assert exc.value.errors == ["rules.py REGISTRY: bad_setting takes windoww, which no rule setting reads (a new setting is "
-                                "a field of RuleSettings in exporter/rules.py and a parser in config.py's _RULE_FIELDS)"]
+    assert exc.value.errors == [error]
 
 
 def test_every_setting_config_reads_is_a_field_of_rule_settings():
