@@ -56,10 +56,10 @@ def tenant_system_prompt(tenant: int, system_tokens: int) -> tuple[str, tuple[in
     return text, ids[:system_tokens], tuple(pieces)
 
 
-@functools.lru_cache(maxsize=4096)
 def block_hash_chain(tokens: tuple[int, ...], block_size: int) -> tuple[int, ...]:
     """The chained hashes of the full blocks of a shared prefix (a tenant's system
-    prompt), computed once instead of on every request that starts with it."""
+    prompt); a replica computes each tenant's once and keeps it, instead of on every
+    request that starts with it."""
     chain, parent = [], 0
     for start in range(0, len(tokens) - len(tokens) % block_size, block_size):
         parent = hash((parent, tuple(tokens[start:start + block_size])))
