@@ -6,6 +6,7 @@ import json
 import sys
 
 from .. import jsonlines
+from ..hitratio import tokens_per_block
 from ..exitcodes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from . import divergence
 from .vllm_client import VLLMClient, VLLMError
@@ -28,10 +29,10 @@ def read_request(path: str) -> dict:
 def diagnose_requests(a: dict, b: dict, target: str | None, block_size: int | None, offline: bool) -> divergence.Finding:
     """Raises VLLMError when the target cannot answer."""
     if offline:
-        return divergence.offline(a, b, block_size or 16)
+        return divergence.offline(a, b, tokens_per_block(block_size))
     client = VLLMClient(target)
     tokens_a, tokens_b = client.tokenize_chat(a), client.tokenize_chat(b)
-    size = block_size or client.block_size() or 16
+    size = tokens_per_block(block_size or client.block_size())
     d = divergence.first_divergence(tokens_a, tokens_b)
     model = a.get("model")
     window = slice(max(0, d - 12), d + 12)
