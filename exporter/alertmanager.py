@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 from .config import AlertmanagerConfig
 from .peerhttp import Endpoint, PeerError, basic_auth, exchange
 from .urls import redact_url
+from .state import QueueStats
 from .rules_state import FIRING, RESOLVED, Alert, Transition
 
 log = logging.getLogger(__name__)
@@ -72,17 +73,6 @@ class _Queue:
     thread: threading.Thread | None = None
 
 
-@dataclass(frozen=True)
-class QueueStats:
-    url: str
-    pending: int
-    notifications_ok: int
-    notifications_failed: int
-    alerts_sent: int
-    dropped: int
-    last_success: float | None
-    last_error: str | None
-    rejected: int = 0
 
 
 class Notifier:

@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from . import __version__, roles, tiers
 from .deploys import SOURCES as DEPLOY_SOURCES
-from .poller import RESULTS as POLL_RESULTS
+from .targetview import POLL_RESULTS
 from .urls import redact_url
 from .vllm_metrics import REJECT_REASONS
 from .config import Target

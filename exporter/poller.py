@@ -17,13 +17,12 @@ from typing import Callable, Sequence
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from . import scrape as scrape_results
 from .config import Config, Target
 from .sdsources import Discovery
 from .sdtargets import polled
 from .scrape import Scraper
 from .state import Deploys, State
-from .targetview import add, count
+from .targetview import INTERNAL_ERROR, LIMIT_EXCEEDED, NO_VLLM_METRICS, SUCCESS, add, count
 from .vllm_metrics import parse
 from .deploys import DeployEvent
 from .engine import Engine, Track
@@ -32,11 +31,7 @@ from .rules_state import INACTIVE
 
 log = logging.getLogger(__name__)
 
-NO_VLLM_METRICS = "no_vllm_metrics"
-LIMIT_EXCEEDED = "limit_exceeded"
-INTERNAL_ERROR = "internal_error"
 MAX_BASELINE_MODELS = 10
-RESULTS = scrape_results.RESULTS + (NO_VLLM_METRICS, LIMIT_EXCEEDED, INTERNAL_ERROR)
 
 
 class TargetPoller:
@@ -97,7 +92,7 @@ class TargetPoller:
     def _poll(self) -> None:
         now = self._clock()
         result = self.scraper.scrape()
-        if result.result != scrape_results.SUCCESS:
+        if result.result != SUCCESS:
             self._publish_failure(now, result.result, result.error, result.duration)
             return
         snapshot = parse(result.body or "")

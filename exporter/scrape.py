@@ -1,7 +1,7 @@
 """GET one target's /metrics under one total deadline and size cap; never raises.
 
 peerhttp holds the clock (connect, request, headers and body as one deadline, as a
-probe deadline does); here the outcome becomes one of the `result` label values.
+probe deadline does); here the outcome becomes one of the poll results (exporter/targetview.py).
 """
 from __future__ import annotations
 
@@ -9,15 +9,7 @@ from dataclasses import dataclass
 import time
 
 from .peerhttp import Endpoint, PeerDecodeError, PeerError, PeerTimeout, PeerTooLarge, exchange
-
-# The `result` label values of prefixcache_scrapes_total, in one place.
-SUCCESS = "success"
-TIMEOUT = "timeout"
-CONNECTION_ERROR = "connection_error"
-HTTP_ERROR = "http_error"
-TOO_LARGE = "too_large"
-DECODE_ERROR = "decode_error"
-RESULTS = (SUCCESS, TIMEOUT, CONNECTION_ERROR, HTTP_ERROR, TOO_LARGE, DECODE_ERROR)
+from .targetview import CONNECTION_ERROR, DECODE_ERROR, HTTP_ERROR, SUCCESS, TIMEOUT, TOO_LARGE
 
 _HEADERS = {"Accept": "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"}
 

@@ -13,15 +13,39 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Mapping
 
-from .alertmanager import QueueStats
 from .analysis import Verdict
 from .router import Delivered, Prediction
 from .rules_state import Alert
 from .sdtargets import SourceState
 from .targetview import TargetView
-from .warmup import WarmupStatus
 
 _EMPTY: Mapping = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """One Alertmanager queue as the notifier publishes it (exporter/alertmanager.py)."""
+    url: str
+    pending: int
+    notifications_ok: int
+    notifications_failed: int
+    alerts_sent: int
+    dropped: int
+    last_success: float | None
+    last_error: str | None
+    rejected: int = 0
+
+
+@dataclass
+class WarmupStatus:
+    """The warm-up's runs as it publishes them (exporter/warmup.py)."""
+    runs: int = 0
+    running: bool = False
+    done: bool = False  # a warm-up finished since the last start or restart
+    results: dict[str, int] = field(default_factory=dict)  # result -> requests, cumulative
+    last_duration: float | None = None
+    last_finished: float | None = None
+    last_failed: int = 0
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,20 @@ from .snapshot import Snapshot
 from .window import WindowStats
 
 
+# A poll's result, the `result` label of prefixcache_scrapes_total: how the GET went
+# (exporter/scrape.py), or what became of a body that arrived
+SUCCESS = "success"
+TIMEOUT = "timeout"
+CONNECTION_ERROR = "connection_error"
+HTTP_ERROR = "http_error"
+TOO_LARGE = "too_large"
+DECODE_ERROR = "decode_error"
+NO_VLLM_METRICS = "no_vllm_metrics"
+LIMIT_EXCEEDED = "limit_exceeded"
+INTERNAL_ERROR = "internal_error"
+POLL_RESULTS = (SUCCESS, TIMEOUT, CONNECTION_ERROR, HTTP_ERROR, TOO_LARGE, DECODE_ERROR, NO_VLLM_METRICS, LIMIT_EXCEEDED, INTERNAL_ERROR)
+
+
 @dataclass(frozen=True)
 class TargetView:
     target: Target
@@ -31,7 +45,7 @@ class TargetView:
     samples_kept: int = 0
     # how the polls went (the poller's part)
     polled: bool = False
-    last_result: str | None = None
+    last_result: str | None = None  # one of POLL_RESULTS
     last_error: str | None = None
     last_scrape_time: float | None = None
     last_success_time: float | None = None

@@ -7,25 +7,16 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Callable
 
 import requests
 
 from .config import WarmupConfig
+from .state import WarmupStatus
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class WarmupStatus:
-    runs: int = 0
-    running: bool = False
-    done: bool = False  # a warm-up finished since the last start or restart
-    results: dict[str, int] = field(default_factory=dict)  # result -> requests, cumulative
-    last_duration: float | None = None
-    last_finished: float | None = None
-    last_failed: int = 0
 
 
 def request_body(body: dict) -> dict:

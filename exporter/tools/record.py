@@ -15,7 +15,8 @@ from ..sdsources import Discovery
 from ..sdtargets import polled
 from ..exitcodes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from ..recording import write_line
-from ..scrape import SUCCESS, Scraper
+from ..scrape import Scraper
+from ..targetview import SUCCESS
 from ..urls import redact_url
 from ..stopping import stop_event
 
