@@ -16,10 +16,10 @@ from pathlib import Path
 import yaml
 
 from exporter.sim import simulator
-from exporter.config import Config
-from exporter.replay import backtest
+from exporter.config.sections import Config
+from exporter.monitor.replay import backtest
 from exporter.sim.simulator import Event, Scenario
-from exporter.vllm_metrics import parse
+from exporter.parse.vllm_metrics import parse
 
 START = 1_764_480_000.0
 WARM = 900.0

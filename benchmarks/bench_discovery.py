@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_sidecar import measure, start_fleet, start_sidecar_with  # noqa: E402
 
 from exporter.sim import simulator  # noqa: E402
-from exporter.config import load  # noqa: E402
-from exporter.engine import Engine  # noqa: E402
-from exporter.vllm_metrics import parse  # noqa: E402
+from exporter.config.sections import load  # noqa: E402
+from exporter.monitor.engine import Engine  # noqa: E402
+from exporter.parse.vllm_metrics import parse  # noqa: E402
 
 GOAL_CPU, GOAL_KIB = 0.60, 150.0
 

@@ -15,9 +15,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from exporter.sidecar import GC_THRESHOLDS  # noqa: E402
-from exporter.config import load  # noqa: E402
-from exporter.engine import Engine  # noqa: E402
-from exporter.vllm_metrics import parse  # noqa: E402
+from exporter.config.sections import load  # noqa: E402
+from exporter.monitor.engine import Engine  # noqa: E402
+from exporter.parse.vllm_metrics import parse  # noqa: E402
 
 BOUNDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 

@@ -5,7 +5,7 @@ import time
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.sim import simulator
-from exporter.vllm_metrics import parse
+from exporter.parse.vllm_metrics import parse
 
 WANTED = {"vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:external_prefix_cache_queries",
           "vllm:external_prefix_cache_hits", "vllm:time_to_first_token_seconds", "vllm:kv_cache_usage_perc",

@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from procstat import cpu_seconds, peak_rss_mb, rss_mb  # noqa: E402
 
 from exporter.sim import simulator  # noqa: E402
-from exporter.vllm_metrics import parse  # noqa: E402
-from exporter.engine import _FINE_SECONDS, _MID_SECONDS, _MID_STEP  # noqa: E402
-from exporter.history import History  # noqa: E402
+from exporter.parse.vllm_metrics import parse  # noqa: E402
+from exporter.monitor.engine import _FINE_SECONDS, _MID_SECONDS, _MID_STEP  # noqa: E402
+from exporter.series.history import History  # noqa: E402
 
 
 def free_port() -> int:

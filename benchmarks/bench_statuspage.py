@@ -15,12 +15,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from exporter.sim import simulator  # noqa: E402
-from exporter.config import Target  # noqa: E402
-from exporter.rules_state import FIRING, Alert  # noqa: E402
-from exporter.targetview import TargetView  # noqa: E402
-from exporter.statuspage import PageInput, render  # noqa: E402
-from exporter.history import History  # noqa: E402
-from exporter.window import summarize  # noqa: E402
+from exporter.config.sections import Target  # noqa: E402
+from exporter.alerting.rules_state import FIRING, Alert  # noqa: E402
+from exporter.monitor.targetview import TargetView  # noqa: E402
+from exporter.serve.statuspage import PageInput, render  # noqa: E402
+from exporter.series.history import History  # noqa: E402
+from exporter.series.window import summarize  # noqa: E402
 
 WINDOWS = (("1m", 60.0), ("5m", 300.0), ("15m", 900.0), ("1h", 3600.0))
 HOUR, STEP = 3600.0, 10.0

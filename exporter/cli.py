@@ -7,8 +7,9 @@ import logging
 import sys
 from typing import Sequence
 
-from . import __version__, config as config_mod, sidecar
-from .config import ConfigError
+from . import __version__, sidecar
+from .config import sections as config_mod
+from .config.sections import ConfigError
 from .exitcodes import EXIT_USAGE
 from .sim import demo, serve, simulator
 from .tools import backtest, diagnose, lint_command, parse as parse_command, record, whatif_command

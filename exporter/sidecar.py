@@ -15,21 +15,21 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
-from . import config as config_mod
-from .alertmanager import Notifier
-from .collector import PrefixCacheCollector
-from .config import Config, ConfigError
-from .config_discovery import parse_shard
-from .config_reader import parse_listen_address
-from .deploys import AnnotationsWatcher
+from .alerting.deploys import AnnotationsWatcher
+from .config import sections as config_mod
+from .config.discovery import parse_shard
+from .config.reader import parse_listen_address
+from .config.sections import Config, ConfigError
 from .exitcodes import EXIT_ERROR, EXIT_OK
-from .http import App, analysis_handlers, deploy_handlers
-from .httpserver import Server
-from .poller import Poller
-from .state import State
+from .notify.alertmanager import Notifier
+from .poll.poller import Poller
+from .poll.warmup import Warmer
+from .serve.app import App, analysis_handlers, deploy_handlers
+from .serve.collector import PrefixCacheCollector
+from .serve.server import Server
+from .serve.state import State
+from .serve.webconfig import WebSecurity, load_web_config
 from .stopping import stop_event
-from .warmup import Warmer
-from .webconfig import WebSecurity, load_web_config
 
 log = logging.getLogger("exporter")
 

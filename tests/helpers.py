@@ -3,11 +3,11 @@ import re
 from pathlib import Path
 
 from exporter.sim import simulator
-from exporter.config import Target
-from exporter.state import State
-from exporter.targetview import TargetView
-from exporter.history import History
-from exporter.window import summarize
+from exporter.config.sections import Target
+from exporter.serve.state import State
+from exporter.monitor.targetview import TargetView
+from exporter.series.history import History
+from exporter.series.window import summarize
 
 WINDOWS = (("1m", 60.0), ("5m", 300.0))
 
@@ -59,9 +59,9 @@ def pinned_base_image() -> str:
 def backtest_with_engine(recording):
     """A recording through `backtest` with the default config: (transitions as JSON,
     the engine after it, the warnings it gave)."""
-    from exporter.config import Config
-    from exporter.engine import Engine
-    from exporter.replay import backtest
+    from exporter.config.sections import Config
+    from exporter.monitor.engine import Engine
+    from exporter.monitor.replay import backtest
     config = Config()
     engine = Engine(config)
     warnings = []

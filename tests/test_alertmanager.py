@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from exporter.alertmanager import Notifier, payload, rfc3339
-from exporter.config import AlertmanagerConfig
-from exporter.rules_state import FIRING, RESOLVED, Alert, Transition
+from exporter.notify.alertmanager import Notifier, payload, rfc3339
+from exporter.config.sections import AlertmanagerConfig
+from exporter.alerting.rules_state import FIRING, RESOLVED, Alert, Transition
 
 from conftest import free_port
 from fakeserver import FakeServer, reply

@@ -108,7 +108,7 @@ def _attached_config(tmp_path, monkeypatch, pod, namespace):
     the downward API named `pod` in `namespace`."""
     import yaml
 
-    from exporter.config import load
+    from exporter.config.sections import load
     from test_manifests import RECIPES, USER_VLLM, build_overlay
     tmp_path.mkdir()
     docs = build_overlay(tmp_path, own=(str(USER_VLLM),), namespace=namespace, **RECIPES["five-minutes-attach-sidecar"])
@@ -120,11 +120,11 @@ def _attached_config(tmp_path, monkeypatch, pod, namespace):
 
 def _sidecar_alerts(config, scenario, down: bool):
     """The engine of one attached sidecar on a simulated vLLM: its firing alerts' labels,
-    as exporter.alertmanager sends them."""
-    from exporter.alertmanager import payload
-    from exporter.engine import Engine
+    as exporter.notify.alertmanager sends them."""
+    from exporter.notify.alertmanager import payload
+    from exporter.monitor.engine import Engine
     from exporter.sim.simulator import Replica
-    from exporter.vllm_metrics import parse
+    from exporter.parse.vllm_metrics import parse
     engine = Engine(config)
     (target,) = config.targets
     start = 10_000.0

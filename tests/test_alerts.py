@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter import causes, rules as sidecar_rules
+from exporter.alerting import causes, rules as sidecar_rules
 
 from conftest import require_binary
 

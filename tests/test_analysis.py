@@ -1,12 +1,12 @@
 """Versions of one model side by side: the verdict a rollout controller gets, and a model's
-rollouts over time (exporter/rollouts.py)."""
+rollouts over time (exporter/alerting/rollouts.py)."""
 import pytest
 
-from exporter import rollouts
-from exporter.rollouts import Rollout, Settings, observe
-from exporter.analysis import FAIL, INCONCLUSIVE, PASS, Member, analyze
-from exporter.rules_state import FIRING
-from exporter.window import WindowStats
+from exporter.alerting import rollouts
+from exporter.alerting.rollouts import Rollout, Settings, observe
+from exporter.alerting.analysis import FAIL, INCONCLUSIVE, PASS, Member, analyze
+from exporter.alerting.rules_state import FIRING
+from exporter.series.window import WindowStats
 
 
 def ws(hits, queries, admitted=None):
@@ -71,7 +71,7 @@ def test_hits_above_queries_are_no_pass_and_no_ratio_above_one(new, old):
     assert 0.0 <= v.hit_ratio <= 1.0 and 0.0 <= v.baseline_hit_ratio <= 1.0
 
 
-# --- a model's rollouts over time (exporter/rollouts.py), driven with plain data ----------------
+# --- a model's rollouts over time (exporter/alerting/rollouts.py), driven with plain data ----------------
 GATE = Settings(window=300.0, before=600.0, look_back=1800.0, min_query_tokens=20_000.0, drop_points=0.25)
 BEFORE = [Member(f"old-{i}", "v41", ws(90_000, 100_000)) for i in range(3)]  # over the drop rule's baseline window
 

@@ -1,12 +1,12 @@
 import pytest
 
-from exporter import causes
-from exporter.causes import Evidence
-from exporter.config import load
-from exporter.deploys import DeployEvent
+from exporter.alerting import causes
+from exporter.alerting.causes import Evidence
+from exporter.config.sections import load
+from exporter.alerting.deploys import DeployEvent
 
 NOW = 10_000.0
-SETTINGS = load({}).rules.cause_settings()  # the configured look-back and grace, defaults from exporter/default_rules.yml
+SETTINGS = load({}).rules.cause_settings()  # the configured look-back and grace, defaults from exporter/config/default_rules.yml
 
 
 def classify(e: Evidence, s: causes.Settings = SETTINGS) -> tuple[str, str]:

@@ -234,7 +234,7 @@ def test_parse_splits_lines_as_the_sidecar_does(tmp_path, capsys):
             'vllm:prefix_cache_queries_total{model_name="n"} 10\r\nvllm:prefix_cache_hits_total{model_name="n"} 5\r\n')
     path = tmp_path / "metrics.txt"
     path.write_bytes(text.encode())
-    from exporter.vllm_metrics import parse
+    from exporter.parse.vllm_metrics import parse
     main(["parse", str(path)])
     assert json.loads(capsys.readouterr().out)["series"] == parse(text).to_json()["series"]
 

@@ -5,8 +5,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collector import METRICS, PrefixCacheCollector
-from exporter.state import Deploys, State
+from exporter.serve.collector import METRICS, PrefixCacheCollector
+from exporter.serve.state import Deploys, State
 
 from conftest import FIXTURES, require_binary
 from helpers import WINDOWS, simulated_state
@@ -61,7 +61,7 @@ def test_a_failing_collect_is_a_500_a_log_line_and_a_count(caplog):
     """Never a silent empty 200: the scrape fails visibly, the error is counted, and the
     next good render shows the count."""
     import io
-    from exporter.http import App
+    from exporter.serve.app import App
 
     class Flaky(State):
         broken = True
@@ -109,7 +109,7 @@ def test_the_sidecar_exposes_its_process_and_gc_metrics_and_no_name_twice():
     import pytest
     from prometheus_client.core import GaugeMetricFamily
 
-    from exporter.config import load
+    from exporter.config.sections import load
     from exporter.sidecar import build_sidecar
 
     sidecar = build_sidecar(load({"targets": [{"name": "vllm-0", "url": "http://127.0.0.1:1/metrics"}]}), "127.0.0.1:0")

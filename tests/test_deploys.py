@@ -2,17 +2,17 @@ import math
 
 import pytest
 
-from exporter import deploys
+from exporter.alerting import deploys
 from exporter.sim import simulator
-from exporter.deploys import AnnotationsWatcher, SnapshotChangeDetector, detect_change_point, parse_annotations
-from exporter.config import load
-from exporter.engine import Engine
-from exporter.vllm_metrics import parse
-from exporter.window import Interval
+from exporter.alerting.deploys import AnnotationsWatcher, SnapshotChangeDetector, detect_change_point, parse_annotations
+from exporter.config.sections import load
+from exporter.monitor.engine import Engine
+from exporter.parse.vllm_metrics import parse
+from exporter.series.window import Interval
 
 from conftest import FIXTURES
 
-DEFAULTS = load({}).rules  # the packaged defaults: exporter/default_rules.yml
+DEFAULTS = load({}).rules  # the packaged defaults: exporter/config/default_rules.yml
 GRACE = DEFAULTS.cold_start_grace
 
 
@@ -89,7 +89,7 @@ def test_annotations_file_format():
 
 def test_annotations_watcher_reports_changes_not_the_first_read(tmp_path, caplog):
     path = tmp_path / "annotations"
-    caplog.set_level("INFO", logger="exporter.deploys")
+    caplog.set_level("INFO", logger="exporter.alerting.deploys")
     w = AnnotationsWatcher(str(path), "app.kubernetes.io/version")
     assert w.poll(1.0) == [] and w.poll(1.5) == []
     unreadable = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter import cli, config
-from exporter.collector import METRICS
+from exporter import cli
+from exporter.config import sections as config
+from exporter.serve.collector import METRICS
 
 ROOT = Path(__file__).parent.parent
 DOCS = ROOT / "docs"
@@ -211,7 +212,7 @@ def test_defaults_shown_in_yaml_blocks_are_the_defaults():
 
 
 def test_every_rule_key_of_the_packaged_defaults_is_in_the_alerts_page():
-    packaged = yaml.safe_load(text(ROOT / "exporter" / "default_rules.yml"))
+    packaged = yaml.safe_load(text(ROOT / "exporter" / "config" / "default_rules.yml"))
     keys = {f"rules.{k}.{sub}" for k, v in packaged.items() if isinstance(v, dict) for sub in v}
     keys |= {f"rules.{k}" for k, v in packaged.items() if not isinstance(v, dict)}
     documented = documented_defaults(DOCS / "alerts.md")
@@ -275,6 +276,26 @@ def test_the_development_page_gives_the_fast_loop_and_the_full_suite():
     assert '"slow:' in text(ROOT / "pyproject.toml")
 
 
+def test_the_development_page_draws_every_folder_and_top_module_of_the_package_in_its_layer():
+    """The tree of docs/development.md: one line per subpackage and top-level module, from the
+    top layer down, as tests/test_layout.py's LAYERS orders them."""
+    import test_layout
+    tree = section(text(DOCS / "development.md"), "## Layout").split("```")[1]
+    drawn = re.findall(r"[├└]── ([\w., /]+?)(?:/)?\s{2,}", tree)
+    names = [n.strip().removesuffix(".py") for entry in drawn for n in entry.replace("/", "").split(",")]
+    package = ROOT / "exporter"
+    folders = sorted(p.parent.name for p in package.glob("*/__init__.py"))
+    tops = sorted(p.stem for p in package.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert sorted(names) == sorted(folders + tops), "draw each folder and top-level module once in docs/development.md"
+    rank = {}
+    for layer, groups in enumerate(test_layout.LAYERS):
+        for group in groups:
+            for prefix in group:
+                rank[prefix.removeprefix("exporter.")] = layer
+    drawn_ranks = [rank[n] for n in names]
+    assert drawn_ranks == sorted(drawn_ranks, reverse=True), "draw the layers from the top down"
+
+
 # --- the rules' defaults where the prose states them -------------------------------------------
 
 def prose_chunks(markdown: str) -> list[str]:
@@ -324,11 +345,11 @@ def rule_statements(markdown: str) -> list[str]:
 
 def test_every_rule_default_the_docs_state_in_prose_is_the_yamls():
     """Where a page says what a rule fires on ("25+ points under the 5 minutes before",
-    "a 10-minute grace"), each number is a value exporter/default_rules.yml gives that
+    "a 10-minute grace"), each number is a value exporter/config/default_rules.yml gives that
     rule (or the rules' look-back and grace, or its window + for): change a default
     and the sentence that states it fails here. The rules are the registry's: a table row
     whose first cell is the alert, or a sentence naming the alert or its `rules.<key>`."""
-    from exporter import rules
+    from exporter.alerting import rules
     packaged = config.default_rules_yaml()
     shared = {seconds(packaged["cold_start_grace"]), seconds(packaged["event_lookback"])}
     checked = 0
@@ -358,7 +379,7 @@ def test_every_rule_default_the_docs_state_in_prose_is_the_yamls():
 
 
 def test_every_registered_rule_is_in_the_alert_tables_and_its_settings_in_the_defaults_table():
-    from exporter import rules
+    from exporter.alerting import rules
     documented = documented_defaults(DOCS / "alerts.md")
     for page in (README, DOCS / "alerts.md"):
         first_cells = {row[0] for row in table_rows(text(page))}

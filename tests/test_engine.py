@@ -4,11 +4,11 @@
 import pytest
 
 from exporter.sim import simulator
-from exporter.config import load
-from exporter.deploys import DeployEvent
-from exporter.engine import Engine
+from exporter.config.sections import load
+from exporter.alerting.deploys import DeployEvent
+from exporter.monitor.engine import Engine
 from exporter.sim.simulator import Event, Replica, Scenario
-from exporter.vllm_metrics import parse
+from exporter.parse.vllm_metrics import parse
 
 START = 10_000.0
 
@@ -83,7 +83,7 @@ def test_load_balancer_scatter_when_every_replica_sits_moderate_together():
 
 
 def test_old_events_are_forgotten_but_the_last_deploy_time_stays():
-    from exporter.deploys import DeployEvent
+    from exporter.alerting.deploys import DeployEvent
     e = engine_for(1)
     e.add_event(DeployEvent(START, None, "v1", "api"))
     e.evaluate(START + 60)
@@ -309,7 +309,7 @@ def test_what_is_kept_per_target_goes_when_the_pod_goes():
 
 
 def _window(hits, queries, seconds=300.0):
-    from exporter.window import WindowStats, _WindowValues
+    from exporter.series.window import WindowStats, _WindowValues
     values = dict.fromkeys(f for f in _WindowValues._fields if f != "lazy_ttft")
     values.update(window="5m", seconds=seconds, query_increase=queries, hit_increase=hits, unit="tokens",
                   hit_ratio=hits / queries, query_rate=queries / seconds, hit_rate=hits / seconds, samples=61)
@@ -319,7 +319,7 @@ def _window(hits, queries, seconds=300.0):
 def test_a_rollout_judged_against_before_is_no_fail_when_only_the_traffic_mix_changed():
     """Once every replica runs the new version it is judged against the model before the
     rollout: the same hit tokens/s over 60% more query tokens/s is a tenant joining."""
-    from exporter import analysis
+    from exporter.alerting import analysis
     before = (0.9 * 6500.0, 6500.0)  # (hit, query) tokens/s of the fleet before the rollout
     diluted = [analysis.Member(f"new-{i}", "v2", _window(0.9 * 6500 * 300 / 2, 10400.0 * 300 / 2)) for i in range(2)]
     v = analysis.judge(diluted, "m", "v2", "v1", 0.9, 6500.0 * 300, 2, "", 20000.0, 0.25, before)

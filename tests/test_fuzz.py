@@ -12,13 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from exporter.collector import PrefixCacheCollector
-from exporter.config import load
-from exporter.engine import Engine
-from exporter.http import App, status_json
-from exporter.state import State
-from exporter.targetview import TargetView
-from exporter.vllm_metrics import parse
+from exporter.serve.collector import PrefixCacheCollector
+from exporter.config.sections import load
+from exporter.monitor.engine import Engine
+from exporter.serve.app import App, status_json
+from exporter.serve.state import State
+from exporter.monitor.targetview import TargetView
+from exporter.parse.vllm_metrics import parse
 
 from conftest import FIXTURES
 
@@ -124,8 +124,8 @@ def test_no_sample_poisons_a_models_windows(values):
 
 # --- the command line's readers: a hostile file is counted skips or a clear error -------
 from exporter.tools import lint as lint_mod, whatif  # noqa: E402
-from exporter.recording import RecordingError, read_lines  # noqa: E402
-from exporter.replay import backtest  # noqa: E402
+from exporter.monitor.recording import RecordingError, read_lines  # noqa: E402
+from exporter.monitor.replay import backtest  # noqa: E402
 
 JSON_ATOMS = st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "1e308", "0", "-1", "true", "null",
                               '"x"', '""', "1" * 400, "[]", "{}", '"\\ud800"', '"\\u0000"'])

@@ -10,8 +10,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.config import RESERVED_LABELS
-from exporter.sdtargets import DiscoveryError, Limits, Selector, from_file_sd, from_targets_api
+from exporter.config.sections import RESERVED_LABELS
+from exporter.discovery.targets import DiscoveryError, Limits, Selector, from_file_sd, from_targets_api
 
 VALID_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 LIMITS = Limits(target_limit=50, label_limit=8, label_value_length_limit=40)

@@ -1,14 +1,14 @@
 """The ratio policy and the units, in one place: every module that judges, pools or shows
-a hit ratio, or weighs a count against a token floor, asks exporter/hitratio.py."""
+a hit ratio, or weighs a count against a token floor, asks exporter/series/hitratio.py."""
 import ast
 from pathlib import Path
 
 import pytest
 
-from exporter import hitratio
-from exporter.hitratio import (DEFAULT_BLOCK_SIZE, judged_counts, judged_ratio, judged_tokens, lookup_ratio, ratio,
+from exporter.series import hitratio
+from exporter.series.hitratio import (DEFAULT_BLOCK_SIZE, judged_counts, judged_ratio, judged_tokens, lookup_ratio, ratio,
                                shown_ratio, tokens)
-from exporter.window import WindowStats, _WindowValues
+from exporter.series.window import WindowStats, _WindowValues
 
 PACKAGE = Path(__file__).resolve().parent.parent / "exporter"
 

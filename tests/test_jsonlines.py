@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from exporter import jsonlines
+from exporter.peers import jsonlines
 
 
 @pytest.mark.parametrize("text, message", [

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.config import load
+from exporter.config.sections import load
 
 from conftest import require_binary
 from helpers import canonical_name, locked_pins, pinned_base_image

@@ -8,12 +8,12 @@ import pytest
 
 from exporter.sim import simulator
 from exporter.sim.server import Fleet
-from exporter.config import Config, GlobalConfig, Target
-from exporter.deploys import DeployEvent
-from exporter.engine import Engine
-from exporter.poller import Poller, TargetPoller
-from exporter.state import Counters, State
-from exporter.targetview import TargetView
+from exporter.config.sections import Config, GlobalConfig, Target
+from exporter.alerting.deploys import DeployEvent
+from exporter.monitor.engine import Engine
+from exporter.poll.poller import Poller, TargetPoller
+from exporter.serve.state import Counters, State
+from exporter.monitor.targetview import TargetView
 
 from conftest import FIXTURES, free_port
 from fakeserver import FakeServer, reply, slow, text
@@ -107,7 +107,7 @@ def test_poll_never_raises_on_internal_errors(switch, monkeypatch):
     state.set_targets([TargetView(target=target)])
     cfg = config(target)
     poller = TargetPoller(target, cfg, state, Engine(cfg), threading.Lock(), Clock())
-    monkeypatch.setattr("exporter.poller.parse", lambda body: 1 / 0)
+    monkeypatch.setattr("exporter.poll.poller.parse", lambda body: 1 / 0)
     switch.body = "vllm:prefix_cache_hits_total{model_name=\"m\"} 1\n"
     poller.poll()
     assert state.target("r").last_result == "internal_error"
@@ -248,8 +248,8 @@ def test_discovered_targets_are_polled_and_a_removed_one_is_forgotten_once_its_a
     import json
 
     from exporter.sidecar import build_sidecar
-    from exporter.config import load
-    from test_http import call
+    from exporter.config.sections import load
+    from test_app import call
 
     clock = Clock(time.time())
     replicas = [simulator.Replica(n, simulator.Scenario(), start=clock.t - 900, seed=i) for i, n in enumerate(("a", "c"))]
@@ -398,8 +398,8 @@ def test_events_polls_evaluations_and_readers_run_side_by_side_without_errors(sw
     render: nobody sees a dict change size under them, nothing is counted as an error."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from exporter.collector import PrefixCacheCollector
-    from exporter.http import status_json
+    from exporter.serve.collector import PrefixCacheCollector
+    from exporter.serve.app import status_json
 
     replica = simulator.Replica("a", simulator.Scenario(), start=-600.0, seed=1)
     replica.advance(0.0)

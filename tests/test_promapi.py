@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from exporter.promapi import PrometheusAPI, PrometheusAPIError
+from exporter.peers.promapi import PrometheusAPI, PrometheusAPIError
 
 from fakeserver import JSON_OK, FakeServer, MisbehavingServer, reply
 
@@ -63,8 +63,8 @@ def test_credentials_are_sent_and_never_shown():
 def test_discovery_counts_a_broken_answer_as_a_failed_refresh(prom):
     """prefixcache_discovery_last_refresh_successful reads the source's `ok`: a short body
     or bad gzip must make it 0, not escape as a traceback while it stays 1."""
-    from exporter.config_discovery import DiscoveryConfig, PrometheusSDConfig
-    from exporter.sdsources import Discovery
+    from exporter.config.discovery import DiscoveryConfig, PrometheusSDConfig
+    from exporter.discovery.sources import Discovery
 
     for behaviour in ("short", "badgzip"):
         d = Discovery(DiscoveryConfig(prometheus=PrometheusSDConfig(url=prom.url(behaviour), job="vllm", timeout=1.0)), time.time)

@@ -4,11 +4,11 @@ import time
 
 import pytest
 
-from exporter.config import FleetBaselineConfig, load
-from exporter.engine import Engine
-from exporter.prombaseline import BaselineError, FleetBaselineReader
+from exporter.config.sections import FleetBaselineConfig, load
+from exporter.monitor.engine import Engine
+from exporter.discovery.prombaseline import BaselineError, FleetBaselineReader
 from exporter.sim.simulator import Event, Replica, Scenario
-from exporter.vllm_metrics import parse
+from exporter.parse.vllm_metrics import parse
 
 from conftest import free_port
 from fakeserver import FakeServer, text
@@ -108,10 +108,10 @@ def test_the_reader_reads_the_recording_rule_from_a_real_prometheus(prometheus_f
 def sidecar_with_a_fleet_baseline(prometheus_url, vllm, **baseline):
     import threading
 
-    from exporter.config import Target
-    from exporter.poller import TargetPoller
-    from exporter.state import State
-    from exporter.targetview import TargetView
+    from exporter.config.sections import Target
+    from exporter.poll.poller import TargetPoller
+    from exporter.serve.state import State
+    from exporter.monitor.targetview import TargetView
 
     cfg = load({"targets": [{"name": "vllm-new", "url": vllm}],
                 "fleet_baseline": {"prometheus_url": prometheus_url, "timeout": "1s", **baseline}})

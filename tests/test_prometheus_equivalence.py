@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-from exporter.snapshot import CounterPair, Histogram, SeriesSnapshot, Snapshot
-from exporter.history import History
-from exporter.window import window_stats
+from exporter.parse.snapshot import CounterPair, Histogram, SeriesSnapshot, Snapshot
+from exporter.series.history import History
+from exporter.series.window import window_stats
 
 
 POD = '{pod="vllm-0"}'

@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from exporter.config import Config
-from exporter.engine import Engine
-from exporter.recording import read_lines, RecordingError
-from exporter.replay import backtest
+from exporter.config.sections import Config
+from exporter.monitor.engine import Engine
+from exporter.monitor.recording import read_lines, RecordingError
+from exporter.monitor.replay import backtest
 from exporter.sim.simulator import Event, Scenario
 from exporter.sim import simulator
 
@@ -172,7 +172,7 @@ def test_vllm_loading_its_model_for_4_minutes_pages_nobody():
 def test_target_down_during_loading_resolves_once_vllm_answers():
     """With a short startup grace TargetDown fires while vLLM loads (one alert per
     target, not per model) and resolves at the first answer."""
-    from exporter.config import load
+    from exporter.config.sections import load
     cfg = load({"rules": {"target_down": {"startup_grace": "1m", "for": "1m"}}})
     transitions, engine, _ = run(loading_then_serving(240, 1200), cfg)
     assert transitions_of(transitions) == [

@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from exporter import roles
+from exporter.parse import roles
 from exporter.sim.simulator import Scenario
-from exporter.vllm_metrics import parse
+from exporter.parse.vllm_metrics import parse
 
 from helpers import backtest_with_engine
 
@@ -125,10 +125,10 @@ def test_the_decode_pod_is_exported_as_such():
     from prometheus_client.exposition import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from exporter.collector import PrefixCacheCollector
-    from exporter.config import Target
-    from exporter.state import State
-    from exporter.targetview import TargetView
+    from exporter.serve.collector import PrefixCacheCollector
+    from exporter.config.sections import Target
+    from exporter.serve.state import State
+    from exporter.monitor.targetview import TargetView
 
     body = json.loads(lines(Scenario(request_rate=5.0), duration=300, replicas=1)[-1])["body"]
     state = State()

@@ -23,10 +23,10 @@ import requests
 import yaml
 from prometheus_client import CollectorRegistry
 
-from exporter import analysis
-from exporter.http import App, analysis_handlers
-from exporter.httpserver import Server
-from exporter.state import State
+from exporter.alerting import analysis
+from exporter.serve.app import App, analysis_handlers
+from exporter.serve.server import Server
+from exporter.serve.state import State
 from test_analysis import ws
 
 EXAMPLES = Path(__file__).parent.parent / "deploy" / "kubernetes" / "examples"
@@ -230,10 +230,10 @@ def test_the_central_variants_engine_answers_a_version_no_pod_runs_with_an_error
     hands them over (pod name, namespace, version label), an engine fed simulated scrapes,
     and the live server wired as `run` wires it: the gate never passes a version that no
     pod runs."""
-    from exporter.config import load
-    from exporter.engine import Engine
+    from exporter.config.sections import load
+    from exporter.monitor.engine import Engine
     from exporter.sim.simulator import Replica, Scenario
-    from exporter.vllm_metrics import parse
+    from exporter.parse.vllm_metrics import parse
     data = yaml.safe_load((EXAMPLES.parent / "central" / "config.yml").read_text())
     (tmp_path / "token").write_text("s3cret\n")
     data["deploys"]["api_token_file"] = str(tmp_path / "token")

@@ -5,11 +5,11 @@ from itertools import groupby
 
 import pytest
 
-from exporter import router
-from exporter import router_metrics
-from exporter.config import Config
+from exporter.alerting import router
+from exporter.parse import router_metrics
+from exporter.config.sections import Config
 from exporter.sim.simulator import Scenario
-from exporter.vllm_metrics import parse
+from exporter.parse.vllm_metrics import parse
 
 from helpers import backtest_with_engine
 
@@ -162,10 +162,10 @@ def test_predicted_and_delivered_are_exported_beside_each_other_and_go_with_the_
     from prometheus_client.exposition import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from exporter.collector import PrefixCacheCollector
-    from exporter.config import Target
-    from exporter.state import State
-    from exporter.targetview import TargetView
+    from exporter.serve.collector import PrefixCacheCollector
+    from exporter.config.sections import Target
+    from exporter.serve.state import State
+    from exporter.monitor.targetview import TargetView
 
     rec = with_router(lines(Scenario(**DELIVERS_ABOUT_30), duration=600), lambda t: 0.8)
     _, engine, _ = backtest_with_engine(rec)

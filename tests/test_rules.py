@@ -1,8 +1,8 @@
 """The alert state machine, transition by transition, with an injected clock."""
 import pytest
 
-from exporter.rules import RuleSettings
-from exporter.rules_state import FIRING, INACTIVE, INCONCLUSIVE, PENDING, RESOLVED, Alert, Condition, step
+from exporter.alerting.rules import RuleSettings
+from exporter.alerting.rules_state import FIRING, INACTIVE, INCONCLUSIVE, PENDING, RESOLVED, Alert, Condition, step
 
 TRUE, FALSE, INCON = Condition("true", 0.1, "s", "d"), Condition("false"), Condition(INCONCLUSIVE, None, "s", "d")
 
@@ -85,11 +85,12 @@ import dataclasses  # noqa: E402
 
 import yaml  # noqa: E402
 
-from exporter import config, rules  # noqa: E402
-from exporter.config import ConfigError, load  # noqa: E402
-from exporter.engine import Engine  # noqa: E402
-from exporter.hitratio import judged_ratio  # noqa: E402
-from exporter.vllm_metrics import parse  # noqa: E402
+from exporter.config import sections as config
+from exporter.alerting import rules  # noqa: E402
+from exporter.config.sections import ConfigError, load  # noqa: E402
+from exporter.monitor.engine import Engine  # noqa: E402
+from exporter.series.hitratio import judged_ratio  # noqa: E402
+from exporter.parse.vllm_metrics import parse  # noqa: E402
 
 
 def test_every_registered_rule_has_exactly_its_settings_in_the_packaged_defaults_and_nothing_else_there():
@@ -176,8 +177,8 @@ def test_a_rule_registered_once_is_loaded_validated_evaluated_and_linked_to_its_
 @pytest.mark.parametrize("key, settings, error", [
     pytest.param("no_defaults", ("window",), "default_rules.yml:no_defaults: must give exactly the settings the rule takes "
                  "(enabled, for, keep_firing_for, severity, window)", id="without-its-defaults-in-the-yaml"),
-    pytest.param("bad_setting", ("windoww",), "rules.py REGISTRY: bad_setting takes windoww, which no rule setting reads (a new "
-                 "setting is a field of RuleSettings in exporter/rules.py and a parser in config.py's _RULE_FIELDS)",
+    pytest.param("bad_setting", ("windoww",), "exporter/alerting/rules.py REGISTRY: bad_setting takes windoww, which no rule setting reads (a new "
+                 "setting is a field of RuleSettings in exporter/alerting/rules.py and a parser in _RULE_FIELDS of exporter/config/sections.py)",
                  id="taking-a-setting-nothing-reads"),
 ])
 def test_a_registered_rule_the_config_cannot_read_is_refused(monkeypatch, key, settings, error):
@@ -192,5 +193,5 @@ def test_every_setting_config_reads_is_a_field_of_rule_settings():
     """A setting with a parser but no RuleSettings field would be a TypeError at load, not a listed error."""
     import dataclasses
 
-    from exporter.config import _RULE_FIELDS
+    from exporter.config.sections import _RULE_FIELDS
     assert {field for field, _ in _RULE_FIELDS.values()} == {f.name for f in dataclasses.fields(rules.RuleSettings)}

@@ -2,9 +2,9 @@ import time
 
 import pytest
 
-from exporter import scrape
-from exporter.urls import redact_url
-from exporter.scrape import Scraper
+from exporter.poll import scrape
+from exporter.peers.urls import redact_url
+from exporter.poll.scrape import Scraper
 
 from conftest import FIXTURES, free_port
 from fakeserver import FakeServer, drip, endless_chunks, gzipped, reply, slow, text

@@ -6,7 +6,7 @@ import requests
 from exporter.sim import simulator
 from exporter.sim.server import Fleet
 from exporter.sim.simulator import Event, Replica, Scenario
-from exporter.vllm_metrics import parse
+from exporter.parse.vllm_metrics import parse
 
 
 def ratio_between(replica, t0, t1):

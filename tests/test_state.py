@@ -1,9 +1,9 @@
 """The published state: typed fields, one consistent reading, views that only move forward."""
 import pytest
 
-from exporter.config import Target
-from exporter.state import Counters, Deploys, Published, State
-from exporter.targetview import TargetView
+from exporter.config.sections import Target
+from exporter.serve.state import Counters, Deploys, Published, State
+from exporter.monitor.targetview import TargetView
 
 
 def test_a_misspelled_field_fails_loudly_instead_of_reading_as_empty():

@@ -15,18 +15,19 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from exporter import analysis, statuspage
+from exporter.alerting import analysis
+from exporter.serve import statuspage
 from exporter.sim import simulator
 from exporter.sim.server import Fleet
-from exporter.config import Target, load
-from exporter.http import App
-from exporter.rules_state import FIRING, PENDING, Alert
-from exporter.state import State
-from exporter.targetview import TargetView
-from exporter.statuspage import PageInput, StatusPage, gather, render
-from exporter.vllm_metrics import parse
-from exporter.history import History
-from exporter.window import summarize
+from exporter.config.sections import Target, load
+from exporter.serve.app import App
+from exporter.alerting.rules_state import FIRING, PENDING, Alert
+from exporter.serve.state import State
+from exporter.monitor.targetview import TargetView
+from exporter.serve.statuspage import PageInput, StatusPage, gather, render
+from exporter.parse.vllm_metrics import parse
+from exporter.series.history import History
+from exporter.series.window import summarize
 
 from conftest import free_port
 
@@ -162,7 +163,7 @@ def test_alerts_show_severity_cause_and_summary_and_the_deploys_their_source_and
 def test_the_fleet_view_shows_versions_side_by_side_and_the_gates_verdict():
     """The verdict the engine reached at its last evaluation, while a v2 replica whose
     prompt carries a timestamp serves beside a v1 one: both versions and the failing gate."""
-    from exporter.engine import Engine
+    from exporter.monitor.engine import Engine
 
     cfg = load({"targets": [{"name": n, "url": f"http://127.0.0.1:1/{n}", "labels": {"version": v}} for n, v in (("old", "v1"), ("new", "v2"))],
                 "analysis": {"warmup": "0s"}})
@@ -232,7 +233,7 @@ def test_the_page_is_rendered_once_per_state_change_and_interval(monkeypatch):
 
 
 def test_the_app_serves_it_as_html_with_the_endpoints_and_the_open_deploy_api_warning():
-    from test_http import call
+    from test_app import call
 
     view, _ = played_view()
     state = State()
@@ -253,8 +254,8 @@ def test_the_web_configs_tls_and_basic_auth_guard_the_page(tmp_path):
     import bcrypt
     import requests
 
-    from exporter.httpserver import Server
-    from exporter.webconfig import load_web_config
+    from exporter.serve.server import Server
+    from exporter.serve.webconfig import load_web_config
 
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
                     "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter import tiers
-from exporter.vllm_metrics import parse
+from exporter.parse import tiers
+from exporter.parse.vllm_metrics import parse
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engine-metrics"
 # vLLM 0.33's residency buckets (kv_cache_residency)
@@ -71,10 +71,10 @@ def test_tiers_and_residency_are_exported():
     from prometheus_client.exposition import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from exporter.collector import PrefixCacheCollector
-    from exporter.config import Target
-    from exporter.state import State
-    from exporter.targetview import TargetView
+    from exporter.serve.collector import PrefixCacheCollector
+    from exporter.config.sections import Target
+    from exporter.serve.state import State
+    from exporter.monitor.targetview import TargetView
 
     text = ('vllm:prompt_tokens_cached_by_source_total{engine="0",model_name="m",source="host"} 30\n'
             + residency("kv_block_idle_before_evict_seconds", {2: 80}) + residency("kv_block_reuse_gap_seconds", {30: 60}))

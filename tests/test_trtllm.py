@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from exporter.sim import simulator
-from exporter.replay import backtest
+from exporter.monitor.replay import backtest
 from exporter.sim.simulator import Event, Scenario
-from exporter.vllm_metrics import parse
-from exporter.window import summarize
+from exporter.parse.vllm_metrics import parse
+from exporter.series.window import summarize
 
 from helpers import backtest_with_engine
 
@@ -154,7 +154,7 @@ def test_the_cumulative_hit_rate_gauge_is_never_alerted_on():
 
 def test_the_windowed_ratio_of_a_trtllm_target_is_its_token_ratio():
     rec = trtllm_lines(lines(Scenario(request_rate=5.0), duration=300, replicas=1))
-    from exporter.history import History
+    from exporter.series.history import History
     history = History(3600.0)
     for line in rec:
         obj = json.loads(line)

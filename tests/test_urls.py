@@ -1,6 +1,6 @@
 import pytest
 
-from exporter.urls import redact_url
+from exporter.peers.urls import redact_url
 
 
 @pytest.mark.parametrize("url, shown", [

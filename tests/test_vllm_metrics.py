@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from exporter.sim import simulator
-from exporter.vllm_metrics import parse
+from exporter.parse.vllm_metrics import parse
 
 FIXTURES = Path(__file__).parent / "fixtures"
 UPSTREAM = FIXTURES / "vllm-metrics"

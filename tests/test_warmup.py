@@ -7,9 +7,9 @@ import requests
 from exporter.sim import simulator
 from exporter.sim.server import Fleet
 from exporter.sidecar import build_sidecar
-from exporter.config import load
-from exporter.config import WarmupConfig
-from exporter.warmup import Warmer, request_body
+from exporter.config.sections import load
+from exporter.config.sections import WarmupConfig
+from exporter.poll.warmup import Warmer, request_body
 
 from conftest import free_port, wait_for
 from fakeserver import FakeServer, reply
@@ -88,7 +88,7 @@ def test_disabled_warmup_never_gates():
     pytest.param({"target": "nope"}, "not a configured target", id="unknown-target"),
 ])
 def test_bad_warmup_config(section, fragment):
-    from exporter.config import ConfigError
+    from exporter.config.sections import ConfigError
     with pytest.raises(ConfigError) as exc:
         load({"targets": [{"name": "vllm", "url": "http://127.0.0.1:1/metrics"}], "warmup": section})
     assert any(fragment in e for e in exc.value.errors), exc.value.errors

@@ -8,11 +8,11 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry
 
-from exporter.collector import PrefixCacheCollector
-from exporter.config_reader import ConfigError
-from exporter.http import App
-from exporter.httpserver import Server
-from exporter.webconfig import BasicAuth, load_web_config, parse_web_config
+from exporter.serve.collector import PrefixCacheCollector
+from exporter.config.reader import ConfigError
+from exporter.serve.app import App
+from exporter.serve.server import Server
+from exporter.serve.webconfig import BasicAuth, load_web_config, parse_web_config
 
 from helpers import simulated_state
 

@@ -10,7 +10,7 @@ import pytest
 from exporter.sim import simulator
 from exporter.sim.server import Fleet
 from exporter.tools import whatif
-from exporter.vllm_metrics import parse
+from exporter.parse.vllm_metrics import parse
 
 from conftest import FIXTURES
 

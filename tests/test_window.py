@@ -3,10 +3,10 @@ import statistics
 
 import pytest
 
-from exporter.snapshot import CounterPair, Histogram, SeriesSnapshot, Snapshot
-from exporter.history import History
-from exporter.promql import histogram_quantile, pearson
-from exporter.window import summarize, window_stats
+from exporter.parse.snapshot import CounterPair, Histogram, SeriesSnapshot, Snapshot
+from exporter.series.history import History
+from exporter.series.promql import histogram_quantile, pearson
+from exporter.series.window import summarize, window_stats
 
 INF = math.inf
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence, TextIO
 
-from ..targetview import TargetView
+from ..monitor.targetview import TargetView
 
 _CLEAR = "\x1b[H\x1b[2J"
 

@@ -9,8 +9,8 @@ import urllib.request
 from collections import deque
 from typing import Sequence
 
-from .. import config as config_mod
-from ..config import Config, ConfigError
+from ..config import sections as config_mod
+from ..config.sections import Config, ConfigError
 from ..exitcodes import EXIT_ERROR, EXIT_OK
 from ..sidecar import Sidecar, build_sidecar
 from ..stopping import stop_event

@@ -568,7 +568,7 @@ def play_into(replica: Replica, history, until: float, step: float, start: float
     """Scrape `replica` every `step` seconds of simulated time from `start` to `until`
     into `history` (anything with `append(t, snapshot)`), as the poller would: returns the
     last snapshot and the time of the last scrape."""
-    from ..vllm_metrics import parse
+    from ..parse.vllm_metrics import parse
     t, snap = start, None
     while t <= until:
         replica.advance(t)

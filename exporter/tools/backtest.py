@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import sys
 
-from .. import config as config_mod
-from ..config import Config
+from ..config import sections as config_mod
+from ..config.sections import Config
 from ..exitcodes import EXIT_ERROR, EXIT_OK
-from ..recording import write_line
-from ..replay import backtest
+from ..monitor.recording import write_line
+from ..monitor.replay import backtest
 
 
 def command(args) -> int:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import sys
 
-from .. import jsonlines
-from ..hitratio import tokens_per_block
 from ..exitcodes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from ..peers import jsonlines
+from ..series.hitratio import tokens_per_block
 from . import divergence
 from .vllm_client import VLLMClient, VLLMError
 

@@ -7,7 +7,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Sequence
 
-from .. import jsonlines
+from ..peers import jsonlines
 from .divergence import PATTERNS, REQUEST_ID, TIMESTAMP, TOOLS_ORDER, USER, UUID, render, tool_names
 
 # About one 16-token block of static text: less than that after the volatile part

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from .. import config as config_mod, jsonlines
+from ..config import sections as config_mod
 from ..exitcodes import EXIT_OK, EXIT_USAGE
+from ..peers import jsonlines
 from .lint import allowed, lint
 
 

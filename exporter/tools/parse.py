@@ -6,9 +6,9 @@ import json
 import math
 import sys
 
-from .. import config as config_mod
+from ..config import sections as config_mod
 from ..exitcodes import EXIT_ERROR, EXIT_OK
-from ..vllm_metrics import parse
+from ..parse.vllm_metrics import parse
 
 
 def command(args) -> int:

@@ -8,16 +8,16 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from .. import config as config_mod
-from ..config import Target
-from ..config_discovery import ShardConfig
-from ..sdsources import Discovery
-from ..sdtargets import polled
+from ..config import sections as config_mod
+from ..config.discovery import ShardConfig
+from ..config.sections import Target
+from ..discovery.sources import Discovery
+from ..discovery.targets import polled
 from ..exitcodes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
-from ..recording import write_line
-from ..scrape import Scraper
-from ..targetview import SUCCESS
-from ..urls import redact_url
+from ..monitor.recording import write_line
+from ..monitor.targetview import SUCCESS
+from ..peers.urls import redact_url
+from ..poll.scrape import Scraper
 from ..stopping import stop_event
 
 

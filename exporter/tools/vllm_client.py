@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from urllib.parse import urlsplit
 
-from ..peerhttp import Endpoint, PeerError, exchange
-from ..urls import redact_url
-from ..vllm_metrics import parse
+from ..parse.vllm_metrics import parse
+from ..peers.http import Endpoint, PeerError, exchange
+from ..peers.urls import redact_url
 
 MAX_ANSWER = 64 * 1024 * 1024
 

@@ -25,7 +25,7 @@ import zlib
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Sequence
 
-from .. import jsonlines
+from ..peers import jsonlines
 from . import cachemodel, capacitycurve, hashtrace
 from .divergence import render
 from .lint import MIN_STATIC_AFTER, _LITERALS as VOLATILE_PATTERNS

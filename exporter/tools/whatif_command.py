@@ -7,7 +7,7 @@ import os
 import sys
 
 from ..exitcodes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
-from ..urls import redact_url
+from ..peers.urls import redact_url
 from . import divergence, whatif
 from .cachemodel import OBSERVED, POLICIES, SESSION
 from .capacitycurve import svg

@@ -1,0 +1,126 @@
+"""The `discovery:` section: where the sidecar's targets come from besides the static list (a Prometheus's
+service discovery, file_sd files), and which shard of them this process polls."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .reader import (LABEL_NAME, Reader, duration_or_zero, http_url, label_name, limit_or_zero, nonempty_string,
+                            parse_duration, positive_int, read_secret)
+
+
+@dataclass(frozen=True)
+class PrometheusSDConfig:
+    """Targets from a Prometheus's own service discovery: its active targets whose labels
+    (after relabelling) equal `match_labels`; `job` is shorthand for match_labels job.
+    The pool is not a selector unless `scrape_pool` names one: prometheus-operator names
+    its pools `podMonitor/<ns>/<name>/<i>`, whatever their `job` label says."""
+
+    url: str
+    job: str = ""
+    timeout: float = 10.0  # one deadline for a whole refresh
+    bearer_token: str = ""
+    username: str = ""
+    password: str = ""
+    match_labels: tuple[tuple[str, str], ...] = ()
+    scrape_pool: str = ""
+
+    @property
+    def wanted_labels(self) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted({**({"job": self.job} if self.job else {}), **dict(self.match_labels)}.items()))
+
+
+@dataclass(frozen=True)
+class ShardConfig:
+    index: int = 0
+    count: int = 1
+    key_label: str = "deployment"  # all replicas of one model share it, so they land in one shard
+
+
+@dataclass(frozen=True)
+class DiscoveryConfig:
+    prometheus: PrometheusSDConfig | None = None
+    file_sd: tuple[str, ...] = ()  # paths or globs, as Prometheus's file_sd_configs.files
+    refresh_interval: float = 30.0
+    accept_empty_after: float = 600.0  # a source that had targets and answers none is believed after this
+    shard: ShardConfig = field(default_factory=ShardConfig)
+    # per source, as Prometheus's scrape config limits; 0: none. Over them is dropped and counted
+    target_limit: int = 2000
+    label_limit: int = 64
+    label_value_length_limit: int = 1024
+
+    @property
+    def enabled(self) -> bool:
+        return self.prometheus is not None or bool(self.file_sd)
+
+
+def read_discovery(r: Reader, raw: Any) -> DiscoveryConfig:
+    d = DiscoveryConfig()
+    data = r.mapping(raw, "discovery", {"prometheus", "file_sd", "refresh_interval", "accept_empty_after", "shard",
+                                        "target_limit", "label_limit", "label_value_length_limit"})
+    prometheus = None
+    if "prometheus" in data:
+        path = "discovery.prometheus"
+        p = r.mapping(data["prometheus"], path, {"url", "job", "match_labels", "scrape_pool", "timeout", "bearer_token",
+                                                 "bearer_token_file", "basic_auth"})
+        if "url" not in p:
+            r.errors.append(f"{path}.url: required")
+        auth = r.mapping(p.get("basic_auth"), f"{path}.basic_auth", {"username", "password", "password_file"})
+        prometheus = PrometheusSDConfig(
+            url=r.value(p, path, "url", http_url, ""), job=r.value(p, path, "job", nonempty_string, ""),
+            match_labels=match_labels(r, p.get("match_labels"), f"{path}.match_labels"),
+            scrape_pool=r.value(p, path, "scrape_pool", nonempty_string, ""),
+            timeout=r.value(p, path, "timeout", parse_duration, 10.0),
+            bearer_token=read_secret(r, p, path, "bearer_token"),
+            username=r.value(auth, f"{path}.basic_auth", "username", nonempty_string, ""),
+            password=read_secret(r, auth, f"{path}.basic_auth", "password"))
+        if not prometheus.wanted_labels and not prometheus.scrape_pool:
+            r.errors.append(f"{path}: say which targets are ours: match_labels (e.g. {{job: llm/vllm}}), job, or scrape_pool")
+        if prometheus.job and dict(prometheus.match_labels).get("job", prometheus.job) != prometheus.job:
+            r.errors.append(f"{path}.job: {prometheus.job!r} contradicts match_labels.job; give one of them")
+    files: tuple[str, ...] = ()
+    if "file_sd" in data:
+        fs = r.mapping(data["file_sd"], "discovery.file_sd", {"files"})
+        if not isinstance(fs.get("files"), list) or not fs["files"] or not all(isinstance(f, str) and f for f in fs["files"]):
+            r.errors.append("discovery.file_sd.files: must be a non-empty list of paths (globs allowed, as in Prometheus)")
+        else:
+            files = tuple(fs["files"])
+    sd = r.mapping(data.get("shard"), "discovery.shard", {"index", "count", "key_label"})
+    shard = ShardConfig(index=r.value(sd, "discovery.shard", "index", limit_or_zero, 0),
+                        count=r.value(sd, "discovery.shard", "count", positive_int, 1),
+                        key_label=r.value(sd, "discovery.shard", "key_label", label_name, ShardConfig.key_label))
+    if shard.index >= shard.count:
+        r.errors.append(f"discovery.shard.index: {shard.index} must be below count {shard.count}")
+    return DiscoveryConfig(
+        prometheus=prometheus, file_sd=files,
+        refresh_interval=r.value(data, "discovery", "refresh_interval", parse_duration, d.refresh_interval),
+        accept_empty_after=r.value(data, "discovery", "accept_empty_after", duration_or_zero, d.accept_empty_after),
+        shard=shard,
+        target_limit=r.value(data, "discovery", "target_limit", limit_or_zero, d.target_limit),
+        label_limit=r.value(data, "discovery", "label_limit", limit_or_zero, d.label_limit),
+        label_value_length_limit=r.value(data, "discovery", "label_value_length_limit", limit_or_zero, d.label_value_length_limit))
+
+
+def match_labels(r: Reader, raw: Any, path: str) -> tuple[tuple[str, str], ...]:
+    """Label name -> the value a target must carry (after Prometheus's relabelling)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or not raw:
+        r.errors.append(f"{path}: must be a non-empty mapping of label name to value")
+        return ()
+    for k, v in raw.items():
+        if not isinstance(k, str) or not LABEL_NAME.match(k):
+            r.errors.append(f"{path}.{k}: not a valid label name")
+        elif k.startswith("__"):
+            r.errors.append(f"{path}.{k}: no target carries a __ label after relabelling (Prometheus drops them)")
+        elif not isinstance(v, str):
+            r.errors.append(f"{path}.{k}: the value must be a string (quote it)")
+    return tuple(sorted((str(k), str(v)) for k, v in raw.items()))
+
+
+def parse_shard(text: str) -> ShardConfig:
+    """`I/N` from --shard: this process is shard I (from 0) of N."""
+    index, sep, count = text.partition("/")
+    if not sep or not index.isdigit() or not count.isdigit() or int(count) < 1 or int(index) >= int(count):
+        raise ValueError(f"--shard={text!r}: want I/N with 0 <= I < N, e.g. 0/3")
+    return ShardConfig(index=int(index), count=int(count))

@@ -1,0 +1,259 @@
+"""The I/O half of discovery: ask a Prometheus for its targets, read file_sd files.
+
+Each refresh of each source ends in `sdtargets.settle`, so a source that fails keeps
+its last good targets (said in a log line and in prefixcache_discovery_* metrics) and
+one that suddenly answers nothing is not believed at once.
+
+No source can hold the sidecar: each one is asked on a thread of its own and waited for
+at most its deadline (a Prometheus that drips its answer, a file_sd path on a hung
+mount), one ask at a time per source, and `close` ends the wait at once, so start-up
+and SIGTERM never wait on a peer.
+"""
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import stat
+import threading
+from dataclasses import replace
+from typing import Callable
+
+from ..config.discovery import DiscoveryConfig, PrometheusSDConfig
+from ..config.sections import Target
+from ..peers.promapi import PrometheusAPI, PrometheusAPIError
+from ..peers.urls import redact_url
+from .targets import DiscoveryError, Found, Limits, Selector, SourceState, from_file_sd, from_targets_api, limit_targets, settle
+
+log = logging.getLogger(__name__)
+
+PROMETHEUS, FILE_SD = "prometheus", "file_sd"
+MAX_SD_FILE = 16 * 1024 * 1024
+FILE_SD_DEADLINE = 5.0  # reading local files: only a hung mount takes longer
+_READ_CHUNK = 1024 * 1024
+MAX_FILE_ERRORS = 5
+
+
+class PrometheusSource:
+    def __init__(self, cfg: PrometheusSDConfig, limits: Limits):
+        self.cfg = cfg
+        self.limits = limits
+        self.deadline = cfg.timeout
+        self.selector = Selector(cfg.wanted_labels, cfg.scrape_pool)
+        self.api = PrometheusAPI(cfg.url, cfg.timeout, cfg.bearer_token, cfg.username, cfg.password)
+        self.where = redact_url(self.api.base_url + "/api/v1/targets")
+        self.narrows = bool(cfg.scrape_pool)  # the server then answers only that pool
+
+    def fetch(self) -> tuple[Found, list[str]]:
+        params = {"state": "active"}
+        if self.cfg.scrape_pool:  # narrows the answer where Prometheus knows it (2.42+); older ones ignore it
+            params["scrapePool"] = self.cfg.scrape_pool
+        try:
+            payload = self.api.get("/api/v1/targets", params)
+        except PrometheusAPIError as exc:
+            raise DiscoveryError(str(exc)) from None
+        return from_targets_api(payload, self.selector, self.where, self.limits), []
+
+    def describe(self) -> str:
+        return f"{self.selector} at {self.where}"
+
+    def close(self) -> None:
+        self.api.close()
+
+
+class FileSource:
+    """file_sd files, each re-read only when it changed; a file that turns malformed
+    keeps its last good targets, as Prometheus does. Only regular files are read (a FIFO
+    or a device behind a matching name would block or never end), each up to its cap."""
+
+    narrows = False
+
+    def __init__(self, patterns: tuple[str, ...], limits: Limits):
+        self.patterns = patterns
+        self.limits = limits
+        self.deadline = FILE_SD_DEADLINE
+        self._seen: dict[str, tuple] = {}  # path -> (mtime_ns, size, inode)
+        self._found: dict[str, Found] = {}
+
+    def fetch(self) -> tuple[Found, list[str]]:
+        errors: list[str] = []
+        paths = sorted({p for pattern in self.patterns for p in glob.glob(pattern)})
+        for gone in set(self._found) - set(paths):
+            self._found.pop(gone)
+            self._seen.pop(gone, None)
+        for path in paths:
+            try:
+                st = os.stat(path)  # follows a symlink: what it names must be a regular file too
+                stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+                if self._seen.get(path) == stamp and path in self._found:
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    raise DiscoveryError(f"{path}: not a regular file")
+                self._found[path] = from_file_sd(read_regular_file(path, MAX_SD_FILE), path, self.limits)
+                self._seen[path] = stamp
+            except (OSError, UnicodeDecodeError) as exc:
+                errors.append(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}")
+            except DiscoveryError as exc:
+                errors.append(str(exc))
+                self._seen.pop(path, None)  # read it again next time, even unchanged
+        if not paths:
+            errors.append(f"no file matches {', '.join(self.patterns)}")
+        if len(errors) > MAX_FILE_ERRORS:  # a glob over thousands of bad files: one log line, not a page
+            errors[MAX_FILE_ERRORS:] = [f"and {len(errors) - MAX_FILE_ERRORS} more file(s) not read"]
+        found = Found()
+        for path in sorted(self._found):
+            found.add(self._found[path])
+        return found, errors
+
+    def describe(self) -> str:
+        return ", ".join(self.patterns)
+
+    def close(self) -> None:
+        pass
+
+
+def read_regular_file(path: str, cap: int) -> str:
+    """The text of a regular file of at most `cap` bytes. Opened without blocking (a FIFO
+    swapped in after the stat must not hang us) and checked again once open; never more
+    than cap + 1 bytes are read, whatever the file claims its size is."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DiscoveryError(f"{path}: not a regular file")
+        chunks, size = [], 0
+        while size <= cap:
+            chunk = os.read(fd, min(_READ_CHUNK, cap + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > cap:
+            raise DiscoveryError(f"{path}: over {cap} bytes")
+        return b"".join(chunks).decode("utf-8")
+    finally:
+        os.close(fd)
+
+
+class Discovery:
+    """The discovery sources of one config and their last good lists."""
+
+    def __init__(self, cfg: DiscoveryConfig, clock: Callable[[], float]):
+        self.cfg = cfg
+        self.clock = clock
+        self.lock = threading.Lock()  # the states: held only briefly
+        self._refreshing = threading.Lock()  # one refresh at a time
+        self._closed = threading.Event()
+        self._waits: set[threading.Event] = set()
+        self._asking: dict[str, threading.Thread] = {}
+        self._hinted: set[str] = set()
+        limits = Limits(cfg.target_limit, cfg.label_limit, cfg.label_value_length_limit)
+        self.sources: dict[str, PrometheusSource | FileSource] = {}
+        if cfg.prometheus:
+            self.sources[PROMETHEUS] = PrometheusSource(cfg.prometheus, limits)
+        if cfg.file_sd:
+            self.sources[FILE_SD] = FileSource(cfg.file_sd, limits)
+        self.states: dict[str, SourceState] = {name: SourceState(name) for name in self.sources}
+
+    @property
+    def prometheus(self) -> PrometheusSource | None:
+        return self.sources.get(PROMETHEUS)  # type: ignore[return-value]
+
+    @property
+    def files(self) -> FileSource | None:
+        return self.sources.get(FILE_SD)  # type: ignore[return-value]
+
+    def refresh(self) -> list[Target]:
+        """Ask every source once, each within its deadline; -> the targets of all sources
+        (last good where one failed). After `close`, returns at once."""
+        with self._refreshing:
+            for name, source in self.sources.items():
+                outcome = self._ask(name, source)
+                if outcome is None:  # closed while asking
+                    break
+                self._settle(name, *outcome)
+            return self.targets()
+
+    def targets(self) -> list[Target]:
+        with self.lock:
+            return [t for s in self.states.values() for t in s.targets]
+
+    def _ask(self, name: str, source) -> tuple[Found | None, str] | None:
+        previous = self._asking.get(name)
+        if previous is not None and previous.is_alive():
+            return None, f"{source.describe()}: the ask before this one is still unanswered after its {source.deadline:g}s deadline"
+        box: dict = {}
+        done = threading.Event()
+
+        def ask() -> None:
+            try:
+                box["found"], box["errors"] = source.fetch()
+            except DiscoveryError as exc:
+                box["error"] = str(exc)
+            except Exception as exc:  # noqa: BLE001 - an error no layer below foresaw is still a failed refresh
+                box["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            finally:
+                done.set()
+
+        with self.lock:  # with close's lock: a close either came before (we stop) or will wake us
+            if self._closed.is_set():
+                return None
+            self._waits.add(done)
+        thread = threading.Thread(target=ask, name=f"discovery-{name}", daemon=True)
+        self._asking[name] = thread
+        try:
+            thread.start()
+            done.wait(source.deadline)
+        finally:
+            with self.lock:
+                self._waits.discard(done)
+        if self._closed.is_set():
+            return None
+        if not done.is_set():
+            return None, f"{source.describe()}: no complete answer within the {source.deadline:g}s deadline"
+        if "error" in box:
+            return None, box["error"]
+        return box["found"], "; ".join(box["errors"])
+
+    def _settle(self, name: str, found: Found | None, error: str) -> None:
+        with self.lock:
+            old = self.states[name]
+        targets = limit_targets(found.targets, self.cfg.target_limit, found.dropped) if found is not None else None
+        new = settle(old, self.clock(), targets, error, self.cfg.accept_empty_after)
+        if found is not None:
+            new = replace(new, dropped=tuple(sorted(found.dropped.items())))
+            if error:  # file_sd: some files were read, some were not
+                new = replace(new, ok=False, failures=old.failures + 1, error=error)
+        if new.error and new.error != old.error:
+            log.warning("discovery %s: %s%s", name, new.error,
+                        f"; keeping the last {len(new.targets)} target(s)" if not new.ok else "")
+        elif not new.error and old.error:
+            log.info("discovery %s: working again", name)
+        if new.dropped != old.dropped and new.dropped:
+            log.warning("discovery %s: over the limits, dropped %s (target_limit=%d, label_limit=%d, label_value_length_limit=%d)",
+                        name, ", ".join(f"{n} for {reason}" for reason, n in new.dropped),
+                        self.cfg.target_limit, self.cfg.label_limit, self.cfg.label_value_length_limit)
+        source = self.sources[name]
+        # said when the answer held targets, none ours (an empty Prometheus is more often one that just started),
+        # or when the server narrowed the answer to a pool that held nothing
+        if found is not None and not new.matched_ever and name not in self._hinted and (found.unmatched or source.narrows):
+            self._hinted.add(name)
+            log.warning("discovery %s: answered, but nothing matches %s; the answer held %s. A source that never matched "
+                        "is far more often a wrong selector than an empty fleet (prefixcache_discovery_matched_nothing)",
+                        name, source.describe(), ", ".join(found.unmatched) or "no target (the server kept only that scrape_pool)")
+        if {t.name for t in new.targets} != {t.name for t in old.targets}:
+            log.info("discovery %s: %d target(s) (was %d)", name, len(new.targets), len(old.targets))
+        with self.lock:
+            self.states[name] = new
+
+    def snapshot(self) -> list[SourceState]:
+        with self.lock:
+            return list(self.states.values())
+
+    def close(self) -> None:
+        """Ends a refresh in flight now (its source's thread is left to its own deadline)."""
+        with self.lock:
+            self._closed.set()
+            for done in self._waits:
+                done.set()
+        for source in self.sources.values():
+            source.close()

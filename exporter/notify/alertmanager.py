@@ -1,0 +1,257 @@
+"""Delivery of alert states to Alertmanager (API v2), one queue and one sender thread
+per Alertmanager, so one that hangs delays only its own alerts.
+
+Each queue holds the latest payload per alert, so an outage of any length loses no
+transition: what is pending when the Alertmanager comes back is the current truth, a
+resolution included. Firing alerts are re-sent every resend interval with an endsAt a
+few intervals ahead, so Alertmanager resolves them by itself if we die. Each POST has
+one deadline for its whole answer and a cap on its size; a redirect is a failure (a
+sign-in page that answers 200 has not received any alert).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable, Sequence
+
+from ..alerting.rules_state import FIRING, RESOLVED, Alert, Transition
+from ..config.sections import AlertmanagerConfig
+from ..peers.http import Endpoint, PeerError, basic_auth, exchange
+from ..peers.urls import redact_url
+from ..serve.state import QueueStats
+
+log = logging.getLogger(__name__)
+
+_BATCH = 500
+_MAX_BACKOFF = 30.0
+_MAX_ANSWER = 64 * 1024  # Alertmanager answers a POST with nothing or a short error
+RESOLVED_RESEND_FOR = 900.0  # as Prometheus: resolved alerts are re-sent for 15 minutes
+
+
+def alert_key(alert: Alert) -> tuple:
+    """Alertmanager identifies an alert by its label set, and so does the queue."""
+    return tuple(sorted(alert.labels)) or alert.key
+
+def rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def payload(alert: Alert, now: float, resend_interval: float, generator_url: str, resolved: bool = False) -> dict:
+    ends = alert.resolved_at if resolved and alert.resolved_at is not None else now + 4 * resend_interval
+    return {
+        "labels": dict(alert.labels),
+        "annotations": {k: v for k, v in alert.annotations if v},
+        "startsAt": rfc3339(alert.fired_at or alert.active_at or now),
+        "endsAt": rfc3339(ends),
+        "generatorURL": generator_url,
+    }
+
+
+@dataclass
+class _Queue:
+    url: str
+    pending: "OrderedDict[tuple, dict]" = field(default_factory=OrderedDict)
+    queued_at: dict = field(default_factory=dict)  # key -> when a firing alert was last queued
+    resolved: dict = field(default_factory=dict)  # key -> (payload, resolved at, last queued) for 15 minutes
+    failures: int = 0
+    retry_at: float = 0.0
+    sent: int = 0
+    ok: int = 0
+    failed: int = 0
+    rejected: int = 0
+    dropped: int = 0
+    last_success: float | None = None
+    last_error: str | None = None
+    endpoint: Endpoint | None = None
+    send_lock: threading.Lock = field(default_factory=threading.Lock)  # one POST at a time: never one batch twice
+    wake: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+
+
+
+class Notifier:
+    def __init__(self, cfg: AlertmanagerConfig, generator_url: str, clock: Callable[[], float] = time.time):
+        self.cfg = cfg
+        self.generator_url = generator_url
+        self.clock = clock
+        self.queues = [_Queue(u.rstrip("/") + "/api/v2/alerts") for u in cfg.urls]
+        for q in self.queues:
+            q.endpoint = Endpoint(q.url, cfg.ca_file)
+        self.lock = threading.Lock()
+        self.headers = {"Content-Type": "application/json"}
+        if cfg.username:
+            self.headers["Authorization"] = basic_auth(cfg.username, cfg.password)
+        if cfg.bearer_token:
+            self.headers["Authorization"] = f"Bearer {cfg.bearer_token}"
+        self._stop = threading.Event()
+
+    # --- input, from the evaluation job --------------------------------------------------
+    def transitions(self, transitions: Sequence[Transition]) -> None:
+        now = self.clock()
+        with self.lock:
+            for tr in transitions:
+                key = alert_key(tr.alert)
+                if tr.state == FIRING:
+                    for q in self.queues:
+                        q.resolved.pop(key, None)
+                    self._put(key, payload(tr.alert, now, self.cfg.resend_interval, self.generator_url), now, firing=True)
+                elif tr.state == RESOLVED:
+                    body = payload(tr.alert, now, self.cfg.resend_interval, self.generator_url, resolved=True)
+                    for q in self.queues:
+                        q.resolved[key] = (body, now, now)
+                    self._put(key, body, now, firing=False)
+        self._wake_all()
+
+    def resend(self, firing: Sequence[Alert]) -> None:
+        """Queue a fresh copy of every firing alert not queued for a resend interval."""
+        now = self.clock()
+        with self.lock:
+            for q in self.queues:
+                for a in firing:
+                    key = alert_key(a)
+                    if a.state == FIRING and now - q.queued_at.get(key, -1e18) >= self.cfg.resend_interval:
+                        self._put_one(q, key, payload(a, now, self.cfg.resend_interval, self.generator_url), now, True)
+                for key, (body, resolved_at, queued) in list(q.resolved.items()):
+                    if now - resolved_at > RESOLVED_RESEND_FOR:
+                        del q.resolved[key]
+                    elif now - queued >= self.cfg.resend_interval and key not in q.pending:
+                        q.resolved[key] = (body, resolved_at, now)
+                        self._put_one(q, key, body, now, False)
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        for q in self.queues:
+            q.wake.set()
+
+    def _put(self, key, body: dict, now: float, firing: bool) -> None:
+        for q in self.queues:
+            self._put_one(q, key, body, now, firing)
+
+    def _put_one(self, q: _Queue, key, body: dict, now: float, firing: bool) -> None:
+        q.pending.pop(key, None)
+        q.pending[key] = body
+        if firing:
+            q.queued_at[key] = now
+        else:
+            q.queued_at.pop(key, None)
+        while len(q.pending) > self.cfg.queue_capacity:
+            q.pending.popitem(last=False)
+            q.dropped += 1
+
+    # --- delivery ------------------------------------------------------------------------
+    def start(self) -> "Notifier":
+        for q in self.queues:
+            q.thread = threading.Thread(target=self._run, args=(q,), name=f"alertmanager {redact_url(q.url)}", daemon=True)
+            q.thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Deliver what is pending, to every Alertmanager at once, for at most `timeout`
+        seconds in all, then stop: one that hangs costs its own alerts, never the others'
+        or the shutdown's."""
+        deadline = time.monotonic() + timeout
+        self._stop.set()
+        self._wake_all()
+        flushers = [threading.Thread(target=self._flush, args=(q, deadline), name="alertmanager flush", daemon=True)
+                    for q in self.queues]
+        for f in flushers:
+            f.start()
+        for thread in flushers + [q.thread for q in self.queues if q.thread is not None]:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _flush(self, q: _Queue, deadline: float) -> None:
+        while time.monotonic() < deadline and q.pending and q.failures == 0:
+            if not self._deliver_queue(q, deadline):
+                return
+
+    def _run(self, q: _Queue) -> None:
+        while not self._stop.is_set():
+            try:
+                self._deliver_queue(q, None)
+            except Exception:  # noqa: BLE001 - the sender must outlive any bug
+                log.exception("alertmanager delivery failed")
+            q.wake.wait(0.5)
+            q.wake.clear()
+
+    def deliver_once(self, deadline: float | None = None) -> None:
+        """One batch to each Alertmanager, one after the other (the threads of start() send
+        to each on its own)."""
+        for q in self.queues:
+            self._deliver_queue(q, deadline)
+
+    def _deliver_queue(self, q: _Queue, deadline: float | None) -> bool:
+        """False when the send lock was not free before `deadline` (a POST in flight)."""
+        wait = -1 if deadline is None else max(0.0, deadline - time.monotonic())
+        if not q.send_lock.acquire(timeout=wait):
+            return False
+        try:
+            self._deliver(q, deadline)
+        finally:
+            q.send_lock.release()
+        return True
+
+    def _deliver(self, q: _Queue, deadline: float | None) -> None:
+        now = self.clock()
+        with self.lock:
+            if not q.pending or now < q.retry_at:
+                return
+            batch = list(q.pending.items())[:_BATCH]
+        timeout = self.cfg.timeout if deadline is None else max(0.1, min(self.cfg.timeout, deadline - time.monotonic()))
+        error, permanent = self._post(q, [body for _, body in batch], timeout)
+        with self.lock:
+            if permanent:
+                # Alertmanager refused the payload itself (4xx): sending it again cannot
+                # succeed and would block every later alert behind it
+                for key, body in batch:
+                    if q.pending.get(key) is body:
+                        del q.pending[key]
+                q.rejected += 1
+                q.failures = 0
+                q.retry_at = 0.0
+                q.last_error = error
+                log.error("alertmanager %s rejected %d alert(s), dropped them: %s", redact_url(q.url), len(batch), error)
+            elif error is None:
+                for key, body in batch:
+                    if q.pending.get(key) is body:
+                        del q.pending[key]
+                q.ok += 1
+                q.sent += len(batch)
+                q.failures = 0
+                q.retry_at = 0.0
+                q.last_success, q.last_error = self.clock(), None
+            else:
+                q.failed += 1
+                q.failures += 1
+                q.retry_at = self.clock() + min(_MAX_BACKOFF, 0.5 * 2 ** (q.failures - 1))
+                if q.last_error != error:
+                    log.warning("alertmanager %s: %s; %d alert(s) kept for retry", redact_url(q.url), error, len(q.pending))
+                q.last_error = error
+
+    def _post(self, q: _Queue, alerts: list[dict], timeout: float) -> tuple[str | None, bool]:
+        """(error or None, whether retrying cannot help), within `timeout` seconds in all."""
+        try:
+            answer = exchange(q.endpoint, "POST", body=json.dumps(alerts).encode(), headers=self.headers,
+                              timeout=timeout, size_limit=_MAX_ANSWER, error_body_limit=200)
+        except PeerError as exc:
+            return f"{type(exc).__name__}: {exc}", False
+        status = answer.status
+        if 200 <= status < 300:
+            return None, False
+        if 300 <= status < 400:
+            # a proxy's sign-in page or a moved Alertmanager: nothing was delivered, and a
+            # POST must not turn into a GET that answers 200
+            return f"HTTP {status}: redirect to {redact_url(answer.headers.get('location', '?'))[:200]}, not followed", False
+        error = f"HTTP {status}: {answer.body.decode('utf-8', 'replace').strip()}"
+        # 408 and 429 are the server asking us to come back later
+        return error, 400 <= status < 500 and status not in (408, 429)
+
+    def stats(self) -> list[QueueStats]:
+        with self.lock:
+            return [QueueStats(q.url, len(q.pending), q.ok, q.failed, q.sent, q.dropped, q.last_success, q.last_error, q.rejected)
+                    for q in self.queues]

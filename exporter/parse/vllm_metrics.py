@@ -1,0 +1,594 @@
+"""vLLM's /metrics text -> Snapshot.
+
+This module holds the one table of upstream vLLM metric names (every generation, each
+entry noting the versions that export it) and a parser that reads only the lines named in it. Reading
+only what we need is what makes it fast: a current vLLM payload is mostly histogram
+buckets we never look at.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+# what the parser builds; the types live in snapshot.py, which their users import
+from . import cacheconfig, tiers, trtllm
+from .router_metrics import RouterBuilder
+from .snapshot import MAX_WARNINGS, CounterPair, Histogram, SeriesSnapshot, Snapshot
+
+# --- the one table of upstream names ------------------------------------------------
+# Each entry: exposition name -> (role, field). Roles tell the parser how to file the
+# sample; the field is where it lands on SeriesSnapshot or Snapshot.
+V0_GPU_HIT_RATE = "vllm:gpu_prefix_cache_hit_rate"
+V0_CPU_HIT_RATE = "vllm:cpu_prefix_cache_hit_rate"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+GPU_PREFIX_QUERIES = "vllm:gpu_prefix_cache_queries_total"  # deprecated 0.9.2, gone 0.12
+GPU_PREFIX_HITS = "vllm:gpu_prefix_cache_hits_total"
+EXTERNAL_QUERIES = "vllm:external_prefix_cache_queries_total"
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
+TTFT = "vllm:time_to_first_token_seconds"
+KV_USAGE = "vllm:kv_cache_usage_perc"  # 0.9.2 on
+GPU_CACHE_USAGE = "vllm:gpu_cache_usage_perc"  # V0 and V1 up to 0.10.x
+PREEMPTIONS = "vllm:num_preemptions_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+PROMPT_TOKENS_CACHED = "vllm:prompt_tokens_cached_total"  # 0.16 on
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+REQUESTS_RUNNING = "vllm:num_requests_running"
+REQUESTS_WAITING = "vllm:num_requests_waiting"
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+LORA_REQUESTS_INFO = "vllm:lora_requests_info"
+PROCESS_START_TIME = "process_start_time_seconds"
+# admitted prefill (0.16 on): each request counted once, when its first token is out
+PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"  # source=local_compute|local_cache_hit|external_kv_transfer
+PROMPT_TOKENS_RECOMPUTED = "vllm:prompt_tokens_recomputed_total"  # 0.16-0.19 only
+# 0.33 on: cached prompt tokens by tier; `p2p` is KV sent by another replica (P/D), not a hit
+PROMPT_TOKENS_CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"  # source=device|host|p2p|disk|external_unspecified
+PREFILL_KV_COMPUTED = "vllm:request_prefill_kv_computed_tokens"  # histogram, 0.13 on
+# KV residency (0.12 on, with --kv-cache-metrics; sampled blocks, observed at eviction)
+KV_IDLE_BEFORE_EVICT = "vllm:kv_block_idle_before_evict_seconds"  # last access -> eviction
+KV_REUSE_GAP = "vllm:kv_block_reuse_gap_seconds"  # between accesses of one block
+# SGLang (--enable-metrics): tokenizer counters count at request finish; label model_name
+# (old builds: name); sums over cache_source / is_streaming / engine_type
+SGLANG_PROMPT_TOKENS = "sglang:prompt_tokens_total"
+SGLANG_CACHED_TOKENS = "sglang:cached_tokens_total"  # 0.4.4 on
+SGLANG_TTFT = "sglang:time_to_first_token_seconds"
+SGLANG_TOKEN_USAGE = "sglang:token_usage"
+SGLANG_QUEUE = "sglang:num_queue_reqs"
+SGLANG_RUNNING = "sglang:num_running_reqs"
+SGLANG_CACHE_HIT_RATE = "sglang:cache_hit_rate"  # the last prefill batch: exported, never a windowed rate
+# LMCache inside vLLM's /metrics (multiprocess mode): one series per TP worker, each
+# counting the same tokens, so workers are combined with max, never summed
+LMCACHE_REQUESTED = "lmcache:num_requested_tokens_total"
+LMCACHE_HIT = "lmcache:num_hit_tokens_total"
+LMCACHE_LOOKUP_REQUESTS = "lmcache:num_lookup_requests_total"
+LMCACHE_LOOKUP_TOKENS = "lmcache:num_lookup_tokens_total"
+LMCACHE_LOOKUP_HITS = "lmcache:num_lookup_hits_total"
+# TensorRT-LLM `trtllm-serve` (/prometheus/metrics, with return_perf_metrics and
+# enable_iter_perf_stats): labels model_name, engine_type. The block counters are
+# labelled children created at their first increment, so a declared family with no
+# sample yet counts 0 (see _TRTLLM_ZERO_WHEN_DECLARED).
+TRTLLM_REUSED_BLOCKS = "trtllm_kv_cache_reused_blocks_total"
+TRTLLM_MISSED_BLOCKS = "trtllm_kv_cache_missed_blocks_total"
+TRTLLM_TOKENS_PER_BLOCK = "trtllm_kv_cache_tokens_per_block"  # blocks -> tokens; KvCacheConfig default 32
+TRTLLM_HIT_RATE = "trtllm_kv_cache_hit_rate"  # reused/(reused+missed) since start: exported, never a windowed rate
+TRTLLM_TTFT = "trtllm_time_to_first_token_seconds"
+TRTLLM_KV_UTILIZATION = "trtllm_kv_cache_utilization"  # used/max blocks, 0-1
+TRTLLM_PROMPT_TOKENS = "trtllm_prompt_tokens_total"
+TRTLLM_GENERATION_TOKENS = "trtllm_generation_tokens_total"
+TRTLLM_RUNNING = "trtllm_num_requests_running"
+TRTLLM_WAITING = "trtllm_num_requests_waiting"
+TRTLLM_CACHE_HIT_TOKENS = "trtllm_prompt_cache_hit_tokens_total"  # by cache_level and cache_tier (gpu, host, disk...)
+# Routers (exporter/alerting/router.py): what a prefix-aware router predicted it would hit.
+# The EPP (GIE v0.4.0+; llm-d-router v0.9.0+ adds llm_d_epp_* twins of the same values)
+# observes its predicted match once per request, with no labels.
+EPP_HIT_RATIO = "inference_extension_prefix_indexer_hit_ratio"  # histogram of ratios
+EPP_HIT_BYTES = "inference_extension_prefix_indexer_hit_bytes"  # histogram: matched blocks x block tokens x 4
+LLMD_HIT_RATIO = "llm_d_epp_prefix_indexer_hit_ratio"
+LLMD_HIT_BYTES = "llm_d_epp_prefix_indexer_hit_bytes"
+EPP_INPUT_TOKENS = "inference_objective_input_tokens"  # histogram, model_name/target_model_name: usage.prompt_tokens
+LLMD_INPUT_TOKENS = "llm_d_epp_request_input_tokens"
+EPP_MODEL_INPUT_TOKENS = "inference_model_input_tokens"  # the same, before InferenceModel became InferenceObjective
+# Dynamo's frontend: predicted overlap per routed request; newer builds count tokens per `model` and `phase`
+DYNAMO_KV_HIT_RATE = "dynamo_component_router_kv_hit_rate"  # histogram, buckets linear(0, 0.05, 21)
+DYNAMO_SELECTED_TOKENS = "dynamo_component_router_kv_selected_cached_prefix_tokens_total"
+DYNAMO_INPUT_TOKENS = "dynamo_component_router_input_sequence_tokens"  # histogram
+
+# Counters whose `<name>_created` sample marks when the series began: a changed value
+# is a restart. The queries counters move on every request, so they are the ones read.
+CREATED_OF = {
+    "vllm:prefix_cache_queries_created": "new",
+    "vllm:gpu_prefix_cache_queries_created": "deprecated",
+}
+
+_ROLE_BY_NAME: dict[str, tuple[str, str]] = {
+    V0_GPU_HIT_RATE: ("gauge", "v0_gpu_hit_rate"),
+    V0_CPU_HIT_RATE: ("gauge", "v0_cpu_hit_rate"),
+    PREFIX_QUERIES: ("counter", "queries"),
+    PREFIX_HITS: ("counter", "hits"),
+    GPU_PREFIX_QUERIES: ("counter", "gpu_queries"),
+    GPU_PREFIX_HITS: ("counter", "gpu_hits"),
+    EXTERNAL_QUERIES: ("counter", "external_queries"),
+    EXTERNAL_HITS: ("counter", "external_hits"),
+    TTFT + "_bucket": ("bucket", "ttft"),
+    TTFT + "_sum": ("counter", "ttft_sum"),
+    TTFT + "_count": ("counter", "ttft_count"),
+    KV_USAGE: ("gauge", "kv_usage"),
+    GPU_CACHE_USAGE: ("gauge", "gpu_cache_usage"),
+    PREEMPTIONS: ("counter", "preemptions"),
+    PROMPT_TOKENS: ("counter", "prompt_tokens"),
+    PROMPT_TOKENS_CACHED: ("counter", "prompt_tokens_cached"),
+    GENERATION_TOKENS: ("counter", "generation_tokens"),
+    REQUESTS_RUNNING: ("gauge", "requests_running"),
+    REQUESTS_WAITING: ("gauge", "requests_waiting"),
+    CACHE_CONFIG_INFO: ("info", "cache_config"),
+    LORA_REQUESTS_INFO: ("info", "lora"),
+    PROCESS_START_TIME: ("process", "process_start_time"),
+    **{name: ("created", kind) for name, kind in CREATED_OF.items()},
+    PROMPT_TOKENS_BY_SOURCE: ("by_source", "source_"),
+    PROMPT_TOKENS_CACHED_BY_SOURCE: ("by_cached_source", "cached_source_"),
+    PROMPT_TOKENS_RECOMPUTED: ("counter", "prompt_tokens_recomputed"),
+    KV_IDLE_BEFORE_EVICT + "_bucket": ("hist_bucket", "idle_before_evict"),
+    KV_IDLE_BEFORE_EVICT + "_sum": ("counter", "idle_before_evict_sum"),
+    KV_IDLE_BEFORE_EVICT + "_count": ("counter", "idle_before_evict_count"),
+    KV_REUSE_GAP + "_bucket": ("hist_bucket", "reuse_gap"),
+    KV_REUSE_GAP + "_sum": ("counter", "reuse_gap_sum"),
+    KV_REUSE_GAP + "_count": ("counter", "reuse_gap_count"),
+    PREFILL_KV_COMPUTED + "_sum": ("counter", "prefill_kv_computed_sum"),
+    PREFILL_KV_COMPUTED + "_count": ("counter", "prefill_kv_computed_count"),
+    SGLANG_PROMPT_TOKENS: ("sum", "sglang_prompt_tokens"),
+    SGLANG_CACHED_TOKENS: ("sum", "sglang_cached_tokens"),
+    SGLANG_TTFT + "_bucket": ("bucket_sum", "ttft"),
+    SGLANG_TTFT + "_sum": ("sum", "ttft_sum"),
+    SGLANG_TTFT + "_count": ("sum", "ttft_count"),
+    SGLANG_TOKEN_USAGE: ("gauge_max", "kv_usage"),
+    SGLANG_QUEUE: ("sum", "requests_waiting"),
+    SGLANG_RUNNING: ("sum", "requests_running"),
+    SGLANG_CACHE_HIT_RATE: ("gauge_max", "engine_hit_rate"),
+    LMCACHE_REQUESTED: ("max", "lmcache_requested"),
+    LMCACHE_HIT: ("max", "lmcache_hit"),
+    LMCACHE_LOOKUP_REQUESTS: ("max", "lmcache_lookup_requests"),
+    LMCACHE_LOOKUP_TOKENS: ("max", "lmcache_lookup_tokens"),
+    LMCACHE_LOOKUP_HITS: ("max", "lmcache_lookup_hits"),
+    TRTLLM_REUSED_BLOCKS: ("sum", "trtllm_reused"),
+    TRTLLM_MISSED_BLOCKS: ("sum", "trtllm_missed"),
+    TRTLLM_TOKENS_PER_BLOCK: ("gauge_max", "trtllm_tokens_per_block"),
+    TRTLLM_HIT_RATE: ("gauge_max", "engine_hit_rate"),
+    TRTLLM_TTFT + "_bucket": ("bucket_sum", "ttft"),
+    TRTLLM_TTFT + "_sum": ("sum", "ttft_sum"),
+    TRTLLM_TTFT + "_count": ("sum", "ttft_count"),
+    TRTLLM_KV_UTILIZATION: ("gauge_max", "kv_usage"),
+    TRTLLM_PROMPT_TOKENS: ("sum", "prompt_tokens"),
+    TRTLLM_GENERATION_TOKENS: ("sum", "generation_tokens"),
+    TRTLLM_RUNNING: ("sum", "requests_running"),
+    TRTLLM_WAITING: ("sum", "requests_waiting"),
+    TRTLLM_CACHE_HIT_TOKENS: ("tier", "cache_tier"),
+    EPP_HIT_RATIO + "_sum": ("router", "epp.ratio_sum.old"),
+    EPP_HIT_RATIO + "_count": ("router", "epp.ratio_count.old"),
+    EPP_HIT_BYTES + "_sum": ("router", "epp.predicted_bytes.old"),
+    LLMD_HIT_RATIO + "_sum": ("router", "epp.ratio_sum.new"),
+    LLMD_HIT_RATIO + "_count": ("router", "epp.ratio_count.new"),
+    LLMD_HIT_BYTES + "_sum": ("router", "epp.predicted_bytes.new"),
+    EPP_INPUT_TOKENS + "_sum": ("router", "epp.input_tokens.old"),
+    LLMD_INPUT_TOKENS + "_sum": ("router", "epp.input_tokens.new"),
+    EPP_MODEL_INPUT_TOKENS + "_sum": ("router", "epp.input_tokens.older"),
+    DYNAMO_KV_HIT_RATE + "_sum": ("router", "dynamo.ratio_sum.new"),
+    DYNAMO_KV_HIT_RATE + "_count": ("router", "dynamo.ratio_count.new"),
+    DYNAMO_SELECTED_TOKENS: ("router", "dynamo.predicted_tokens.new"),
+    DYNAMO_INPUT_TOKENS + "_sum": ("router", "dynamo.input_tokens.new"),
+}
+ENGINE_PREFIXES = {"vllm:": "vllm", "sglang:": "sglang", "trtllm_": "trtllm"}
+# A family declared by `# TYPE` but without a sample yet has counted nothing: TRT-LLM
+# creates these children at their first increment (no hit yet: no reused sample).
+_TRTLLM_ZERO_WHEN_DECLARED = {"trtllm_kv_cache_reused_blocks": "trtllm_reused", "trtllm_kv_cache_missed_blocks": "trtllm_missed"}
+_DECLARED_FAMILY = {n: n for n in _TRTLLM_ZERO_WHEN_DECLARED} | {n + "_total": n for n in _TRTLLM_ZERO_WHEN_DECLARED}  # TYPE names either
+BY_SOURCE = ("local_compute", "local_cache_hit", "external_kv_transfer")
+CACHED_BY_SOURCE = ("device", "host", "p2p", "disk", "external_unspecified")
+# HELP lines are read for these only: the 0.7.3-0.8.x `gpu_` pair counts blocks, the
+# 0.9.x pair counts tokens, and HELP is the only place the text says which.
+_UNIT_FROM_HELP = {GPU_PREFIX_QUERIES, GPU_PREFIX_HITS}
+
+
+# Why a sample is refused (counted per target): the parser refuses counters of +Inf, NaN
+# or below zero, and start times (process_start_time_seconds, `_created`) that are not a
+# finite time; the window refuses a counter that steps back a little without a restart,
+# and the restart detector start times that flap between processes behind one URL.
+REJECT_REASONS = ("non_finite_counter", "negative_counter", "non_finite_start_time", "counter_step_back", "flapping_start_time")
+
+
+# --- the parser ----------------------------------------------------------------------
+_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(,|$)')
+_UNESCAPE = re.compile(r"\\(.)")
+_UNESCAPED = {"n": "\n", "\\": "\\", '"': '"'}
+
+
+def _labels(text: str) -> dict[str, str] | None:
+    """Label text between the braces -> dict, or None when it is not well formed."""
+    out: dict[str, str] = {}
+    pos = 0
+    end = len(text)
+    while pos < end:
+        m = _LABEL.match(text, pos)
+        if m is None:
+            return None
+        value = m.group(2)
+        if "\\" in value:
+            value = _UNESCAPE.sub(lambda e: _UNESCAPED.get(e.group(1), "\\" + e.group(1)), value)
+        out[m.group(1)] = value
+        pos = m.end()
+        if m.group(3) == "" and pos < end:
+            return None
+    return out
+
+
+def _sample(line: str, brace: int) -> tuple[dict[str, str] | None, str] | None:
+    """One sample line -> (labels or None if malformed, value text), or None."""
+    if brace == -1:
+        rest = line.split()
+        if len(rest) not in (2, 3):
+            return None
+        return {}, rest[1]
+    close = line.rfind("}")
+    if close < brace:
+        return None
+    rest = line[close + 1:].split()
+    if len(rest) not in (1, 2):
+        return None
+    text = line[brace + 1:close]
+    if "\\" in text:
+        return _labels(text), rest[0]
+    # without a backslash no value can hold a quote, so '",' only separates labels
+    parts = text.split('",')
+    last = parts[-1]
+    if last.endswith('"'):
+        parts[-1] = last[:-1]
+    elif not last.strip():
+        parts.pop()  # a trailing comma
+    else:
+        return None, rest[0]
+    labels = {}
+    for part in parts:
+        key, sep, value = part.partition('="')
+        key = key.strip()
+        if not sep or not key or '"' in value or not (key[0].isalpha() or key[0] == "_"):
+            return None, rest[0]
+        labels[key] = value
+    return labels, rest[0]
+
+
+def _le(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+# A `# TYPE` line names a family; families we never read are skipped whole.
+_WANTED_FAMILIES = {n for name in _ROLE_BY_NAME for n in (name, name.removesuffix("_total"), name.removesuffix("_bucket"),
+                                                           name.removesuffix("_sum"), name.removesuffix("_count"))}
+
+
+def _lines(text: str):
+    """(line number, line) of the body, jumping over the samples of families we never
+    read. The jump happens only when every line up to the next comment really starts
+    with that family's name, so stray or misplaced samples are still seen."""
+    pos, lineno, end_of_text = 0, 0, len(text)
+    while pos < end_of_text:
+        end = text.find("\n", pos)
+        if end == -1:
+            end = end_of_text
+        line = text[pos:end]
+        lineno += 1
+        yield lineno, line.rstrip("\r")
+        pos = end + 1
+        if line.startswith("# TYPE "):
+            family = line[7:].partition(" ")[0]
+            if family in _WANTED_FAMILIES:
+                continue
+            stop = text.find("\n#", end)
+            stop = end_of_text if stop == -1 else stop
+            lines = text.count("\n", end, stop)
+            if text.count("\n" + family, end, stop) == lines:
+                lineno += lines
+                pos = stop + 1
+
+
+class _SeriesBuilder:
+    __slots__ = ("values", "buckets", "created", "tiers", "hists")
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+        self.buckets: dict[float, float] = {}
+        self.created: dict[str, float] = {}
+        self.tiers: dict[str, float] = {}  # cache tier -> cached prompt tokens
+        self.hists: dict[str, dict[float, float]] = {}  # KV residency histograms: name -> le -> count
+
+
+class _Warnings:
+    """A list's `append` that keeps the first MAX_WARNINGS and counts every one."""
+
+    __slots__ = ("kept", "total")
+
+    def __init__(self) -> None:
+        self.kept: list[str] = []
+        self.total = 0
+
+    def append(self, warning: str) -> None:
+        self.total += 1
+        if len(self.kept) < MAX_WARNINGS:
+            self.kept.append(warning)
+
+
+def parse(text: str) -> Snapshot:
+    """Parse one /metrics body. Never raises: what cannot be read becomes a warning."""
+    warnings = _Warnings()
+    series: dict[tuple[str, str | None], _SeriesBuilder] = {}
+    infos: dict[str, list[dict[str, str]]] = {}
+    helps: dict[str, str] = {}
+    process_start: float | None = None
+    rejected: dict[str, int] = {}
+    kinds: set[str] = set()
+    declared: set[str] = set()  # TRT-LLM block-counter families with a `# TYPE` line
+    trtllm_keys: set[tuple[str, str | None]] = set()
+    router = RouterBuilder()
+    roles = _ROLE_BY_NAME
+
+    for lineno, line in _lines(text):
+        if not line:
+            continue
+        if line[0] == "#":
+            if line.startswith("# HELP "):
+                name, _, help_text = line[7:].partition(" ")
+                if name in _UNIT_FROM_HELP:
+                    helps[name] = help_text
+            elif line.startswith("# TYPE "):
+                family = line[7:].partition(" ")[0]
+                if family in _DECLARED_FAMILY:
+                    declared.add(_DECLARED_FAMILY[family])
+            continue
+        brace = line.find("{")
+        space = line.find(" ")
+        cut = brace if brace != -1 and (space == -1 or brace < space) else space
+        name = line[:cut] if cut != -1 else line
+        role = roles.get(name)
+        if role is None:
+            continue
+        parsed = _sample(line, cut if cut == brace else -1)
+        if parsed is None:
+            warnings.append(f"line {lineno}: malformed sample for {name}")
+            continue
+        labels, value_text = parsed
+        if labels is None:
+            warnings.append(f"line {lineno}: malformed labels for {name}")
+            continue
+        try:
+            value = float(value_text)
+        except ValueError:
+            warnings.append(f"line {lineno}: bad value {value_text[:40]!r} for {name}")
+            continue
+        kind, field_name = role
+        if kind in ("counter", "bucket", "sum", "max", "by_source", "by_cached_source", "bucket_sum", "router", "tier", "hist_bucket") and not (0.0 <= value < math.inf):
+            # one +Inf or NaN would poison every window of the series for good
+            reason = "negative_counter" if value < 0 else "non_finite_counter"
+            rejected[reason] = rejected.get(reason, 0) + 1
+            warnings.append(f"line {lineno}: {name} has the value {value_text[:40]}; a counter must be finite and not negative; sample dropped")
+            continue
+        if kind == "info":
+            infos.setdefault(field_name, []).append(labels)
+            continue
+        if kind in ("process", "created") and not math.isfinite(value):
+            # NaN != NaN: kept, it would be a changed start time, a restart, on every poll
+            rejected["non_finite_start_time"] = rejected.get("non_finite_start_time", 0) + 1
+            warnings.append(f"line {lineno}: {name} has the value {value_text[:40]}; a start time must be a finite time; sample dropped")
+            continue
+        if kind == "process":
+            process_start = value
+            continue
+        if kind == "router":
+            router.add(field_name, labels, value)
+            continue
+        model = labels.get("model_name")
+        if model is None and name.startswith("sglang:"):
+            model = labels.get("name")  # pre-release SGLang builds
+        if model is None:
+            warnings.append(f"line {lineno}: {name} has no model_name label")
+            continue
+        for prefix, engine_kind in ENGINE_PREFIXES.items():
+            if name.startswith(prefix):
+                kinds.add(engine_kind)
+        key = (model, labels.get("engine") if name.startswith("vllm:") else None)
+        builder = series.get(key)
+        if builder is None:
+            builder = series[key] = _SeriesBuilder()
+        if name.startswith("trtllm_"):
+            trtllm_keys.add(key)
+        if kind in ("bucket", "bucket_sum"):
+            le = _le(labels.get("le", ""))
+            if le is None:
+                warnings.append(f"line {lineno}: {name} has a bad le label")
+                continue
+            builder.buckets[le] = value + (builder.buckets.get(le, 0.0) if kind == "bucket_sum" else 0.0)
+        elif kind == "sum":
+            builder.values[field_name] = builder.values.get(field_name, 0.0) + value
+            if name == SGLANG_CACHED_TOKENS:
+                tier = tiers.of_sglang(labels.get("cache_source"))
+                builder.tiers[tier] = builder.tiers.get(tier, 0.0) + value
+        elif kind == "tier":
+            tier = tiers.of_trtllm(labels.get(field_name))
+            builder.tiers[tier] = builder.tiers.get(tier, 0.0) + value
+        elif kind == "hist_bucket":
+            le = _le(labels.get("le", ""))
+            if le is None:
+                warnings.append(f"line {lineno}: {name} has a bad le label")
+                continue
+            builder.hists.setdefault(field_name, {})[le] = value
+        elif kind in ("max", "gauge_max"):
+            builder.values[field_name] = max(builder.values.get(field_name, value), value)
+        elif kind == "by_source":
+            source = labels.get("source")
+            if source not in BY_SOURCE:
+                warnings.append(f"line {lineno}: {name} has an unknown source {source!r}")
+                continue
+            builder.values[field_name + source] = value
+        elif kind == "by_cached_source":
+            source = labels.get("source")
+            if source not in CACHED_BY_SOURCE:
+                warnings.append(f"line {lineno}: {name} has an unknown source {source!r}")
+                continue
+            builder.values[field_name + source] = value
+        elif kind == "created":
+            builder.created[field_name] = value
+        elif field_name in builder.values:
+            if kind != "gauge" or "pid" not in labels:
+                warnings.append(f"line {lineno}: duplicate sample for {name} {key}; keeping the last")
+                builder.values[field_name] = value
+            else:
+                # multiprocess mode gives some gauges a pid label, one row a process
+                builder.values[field_name] = max(builder.values[field_name], value)
+        else:
+            builder.values[field_name] = value
+
+    gpu_unit = _gpu_pair_unit(helps)
+    for key in trtllm_keys:
+        values = series[key].values
+        if any(f in values for f in _TRTLLM_ZERO_WHEN_DECLARED.values()):
+            for family, field_name in _TRTLLM_ZERO_WHEN_DECLARED.items():
+                if family in declared:
+                    values.setdefault(field_name, 0.0)
+    # LMCache's tokens stand in for vLLM's external counters only where those are missing
+    vllm_external = {m for (m, _), b in series.items() if "external_queries" in b.values}
+    built = []
+    for (model, engine), b in sorted(series.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        built.append(_series(model, engine, b, gpu_unit, warnings, use_lmcache=model not in vllm_external))
+
+    cache_config = cacheconfig.single_info(infos.get("cache_config"), "cache_config_info", warnings)
+    lora = cacheconfig.single_info(infos.get("lora"), "lora_requests_info", warnings)
+    v0_gauges = [b.values["v0_gpu_hit_rate"] for b in series.values() if "v0_gpu_hit_rate" in b.values]
+    enabled, block_size = cacheconfig.settings(cache_config, v0_gauges, warnings)
+    if block_size is None:
+        block_size = trtllm.block_size([b.values for b in series.values()], TRTLLM_TOKENS_PER_BLOCK, warnings)
+    if gpu_unit is None and any(b.values.get("gpu_queries") is not None and "queries" not in b.values for b in series.values()):
+        warnings.append("vllm:gpu_prefix_cache_* has no HELP line; assuming tokens (0.9.x) not blocks (0.8.x)")
+    return Snapshot(
+        prefix_caching_enabled=enabled,
+        block_size=block_size,
+        series=tuple(built),
+        warnings=tuple(warnings.kept),
+        warnings_dropped=warnings.total - len(warnings.kept),
+        process_start_time=process_start,
+        cache_config=tuple(sorted(cache_config.items())) if cache_config is not None else None,
+        lora_config=tuple(sorted((k, v) for k, v in lora.items() if k not in ("running_lora_adapters", "waiting_lora_adapters"))) if lora is not None else None,
+        rejected=tuple(sorted(rejected.items())),
+        engine_kind=_engine_kind(kinds),
+        router=router.build(),
+    )
+
+
+def _engine_kind(kinds: set[str]) -> str | None:
+    """Whose names the text uses; vLLM's where it holds several (LMCache and
+    connectors write into vLLM's own /metrics)."""
+    if "vllm" in kinds or len(kinds) > 1:
+        return "vllm" if "vllm" in kinds else sorted(kinds)[0]
+    return next(iter(kinds), None)
+
+
+def _gpu_pair_unit(helps: dict[str, str]) -> str | None:
+    for name in (GPU_PREFIX_QUERIES, GPU_PREFIX_HITS):
+        text = helps.get(name, "").lower()
+        if "block" in text:
+            return "blocks"
+        if "token" in text:
+            return "tokens"
+    return None
+
+
+def _pair(values: dict[str, float], queries: str, hits: str, unit: str, what: str, warnings: list[str]) -> CounterPair | None:
+    q, h = values.get(queries), values.get(hits)
+    if q is None and h is None:
+        return None
+    if q is None or h is None:
+        warnings.append(f"{what}: only {'hits' if q is None else 'queries'} of the hits/queries pair is present")
+    return CounterPair(queries=q, hits=h, unit=unit)
+
+
+def _prefix_pair(values: dict[str, float], gpu_unit: str | None, what: str, warnings: list[str]) -> CounterPair | None:
+    """The new pair wins; the deprecated `gpu_` pair is never added to it. A half
+    missing from the new pair (an excerpt, a cut body) is taken from the deprecated
+    one, which counts the same tokens in 0.9.2-0.11.x."""
+    new = _pair(values, "queries", "hits", "tokens", what, [])
+    old_unit = gpu_unit or "tokens"
+    old = _pair(values, "gpu_queries", "gpu_hits", old_unit, what, [])
+    if new is None:
+        if old is not None and (old.queries is None or old.hits is None):
+            warnings.append(f"{what}: only one half of vllm:gpu_prefix_cache_* is present")
+        return old
+    if (new.queries is None or new.hits is None) and old is not None and old_unit == "tokens":
+        queries = new.queries if new.queries is not None else old.queries
+        hits = new.hits if new.hits is not None else old.hits
+        warnings.append(f"{what}: vllm:prefix_cache_* is incomplete; the missing half is read from the deprecated gpu_ pair")
+        new = CounterPair(queries=queries, hits=hits, unit="tokens")
+    if new.queries is None or new.hits is None:
+        warnings.append(f"{what}: only one half of vllm:prefix_cache_* is present")
+    return new
+
+
+def _series(model: str, engine: str | None, b: _SeriesBuilder, gpu_unit: str | None, warnings: list[str],
+            use_lmcache: bool = True) -> SeriesSnapshot:
+    v = b.values
+    what = f"model_name={model!r} engine={engine!r}"
+    # 0.9.2-0.11.x expose both pairs: the new one wins, they are never added.
+    prefix = _prefix_pair(v, gpu_unit, what, warnings)
+    if prefix is None and "sglang_prompt_tokens" in v:
+        # SGLang: cached tokens of all tiers over prompt tokens, both counted at request finish
+        prefix = CounterPair(queries=v["sglang_prompt_tokens"], hits=v.get("sglang_cached_tokens"), unit="tokens")
+    if prefix is None:
+        prefix = trtllm.block_pair(v, what, warnings, (TRTLLM_REUSED_BLOCKS, TRTLLM_MISSED_BLOCKS, TRTLLM_TOKENS_PER_BLOCK))
+    external = _pair(v, "external_queries", "external_hits", "tokens", what + " external", warnings)
+    if external is None and use_lmcache and ("lmcache_requested" in v or "lmcache_hit" in v):
+        external = _pair(v, "lmcache_requested", "lmcache_hit", "tokens", what + " lmcache", warnings)
+    by_source = tuple((s, v["source_" + s]) for s in BY_SOURCE if "source_" + s in v) or None
+    cached_by_source = tuple((s, v["cached_source_" + s]) for s in CACHED_BY_SOURCE if "cached_source_" + s in v) or None
+    # either `_created` dates the same process start; a change of it is a restart
+    created = b.created.get("new", b.created.get("deprecated"))
+    ttft = None
+    if b.buckets or "ttft_count" in v or "ttft_sum" in v:
+        buckets = tuple(sorted(b.buckets.items()))
+        count = v.get("ttft_count")
+        if not buckets or not math.isinf(buckets[-1][0]):
+            warnings.append(f"{what}: TTFT histogram has no +Inf bucket (truncated?)")
+        ttft = Histogram(buckets=buckets, count=count, sum=v.get("ttft_sum"))
+    v0 = v.get("v0_gpu_hit_rate")
+    return SeriesSnapshot(
+        model_name=model,
+        engine=engine,
+        prefix_cache=prefix,
+        external_prefix_cache=external,
+        ttft=ttft,
+        kv_cache_usage=v.get("kv_usage", v.get("gpu_cache_usage")),
+        preemptions=v.get("preemptions"),
+        prompt_tokens=v.get("prompt_tokens", v.get("sglang_prompt_tokens")),
+        prompt_tokens_cached=v.get("prompt_tokens_cached"),
+        generation_tokens=v.get("generation_tokens"),
+        requests_running=v.get("requests_running"),
+        requests_waiting=v.get("requests_waiting"),
+        hit_rate_since_start=v0 if v0 is not None and 0 <= v0 <= 1 else None,  # -1: caching off; a ratio is 0-1
+        created=created,
+        prompt_tokens_by_source=by_source,
+        prompt_tokens_cached_by_source=cached_by_source,
+        cached_tokens_by_tier=tiers.by_tier(b.tiers, cached_by_source),
+        kv_idle_before_evict=tiers.histogram(b.hists.get("idle_before_evict"), v.get("idle_before_evict_sum"), v.get("idle_before_evict_count")),
+        kv_reuse_gap=tiers.histogram(b.hists.get("reuse_gap"), v.get("reuse_gap_sum"), v.get("reuse_gap_count")),
+        prompt_tokens_recomputed=v.get("prompt_tokens_recomputed"),
+        prefill_kv_computed=(v["prefill_kv_computed_sum"], v.get("prefill_kv_computed_count", 0.0)) if "prefill_kv_computed_sum" in v else None,
+        engine_hit_rate=_ratio_or_none(v.get("engine_hit_rate"), what, warnings),
+        lmcache_lookups=tuple(v.get(k) for k in ("lmcache_lookup_requests", "lmcache_lookup_tokens", "lmcache_lookup_hits"))
+        if any(k in v for k in ("lmcache_lookup_requests", "lmcache_lookup_tokens", "lmcache_lookup_hits")) else None,
+    )
+
+
+def _ratio_or_none(value: float | None, what: str, warnings: list[str]) -> float | None:
+    """Released SGLang and TRT-LLM report their hit-rate gauge as 0-1; a percent came only
+    from an unreleased SGLang branch."""
+    if value is None or 0.0 <= value <= 1.0:
+        return value
+    warnings.append(f"{what}: the engine's cache hit rate gauge {value!r} is not a 0-1 ratio (an unreleased build?); ignored")
+    return None

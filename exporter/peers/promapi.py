@@ -1,0 +1,61 @@
+"""A small client of Prometheus's HTTP API, for the two places that ask a Prometheus:
+discovery (`/api/v1/targets`) and a new pod's fleet baseline (`/api/v1/query`). One place
+for the auth, the deadline (one clock over connect, headers and the whole body), the size
+cap and the one error everything ends in, so callers count every failure."""
+from __future__ import annotations
+
+import json
+from urllib.parse import urlencode, urlsplit
+
+from .http import Endpoint, PeerError, basic_auth, exchange
+from .urls import redact_url
+
+MAX_ANSWER = 64 * 1024 * 1024
+
+
+class PrometheusAPIError(Exception):
+    """Says what went wrong, with the (credential-free) URL asked."""
+
+
+class PrometheusAPI:
+    def __init__(self, base_url: str, timeout: float, bearer_token: str = "", username: str = "", password: str = "",
+                 max_answer: int = MAX_ANSWER):
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.max_answer = max_answer
+        self.endpoint = Endpoint(self.base_url)
+        self.base_path = urlsplit(self.base_url).path
+        self.headers = {"Accept": "application/json"}
+        if bearer_token:
+            self.headers["Authorization"] = f"Bearer {bearer_token}"
+        elif username:
+            self.headers["Authorization"] = basic_auth(username, password)
+
+    def get(self, path: str, params: dict) -> object:
+        """The decoded JSON of a 200 answer within `timeout` seconds in all; PrometheusAPIError
+        for anything else (a redirect included: a sign-in page is not Prometheus)."""
+        where = redact_url(self.base_url + path)
+        try:
+            answer = exchange(self.endpoint, path=self.base_path + path + "?" + urlencode(params), headers=self.headers,
+                              timeout=self.timeout, size_limit=self.max_answer)
+        except PeerError as exc:
+            raise PrometheusAPIError(f"{where}: unreachable: {type(exc).__name__}: {exc}") from None
+        status = answer.status
+        try:
+            payload = json.loads(answer.body)
+        except (ValueError, RecursionError) as exc:
+            if status != 200:
+                raise PrometheusAPIError(f"{where}: HTTP {status}, answer is not JSON") from None
+            raise PrometheusAPIError(f"{where}: answer is not JSON: {_short(exc)}") from None
+        if status != 200:
+            error = payload.get("error") if isinstance(payload, dict) else None
+            raise PrometheusAPIError(f"{where}: HTTP {status}" + (f": {_short(error)}" if error else ""))
+        return payload
+
+    def close(self) -> None:
+        pass  # one connection per request, closed by it
+
+
+def _short(exc: object) -> str:
+    text = str(exc)
+    return text if len(text) < 200 else text[:200] + "..."

@@ -1,0 +1,478 @@
+"""A target's scrape history: samples stored reset-adjusted, kept and thinned as far back
+as the longest window needs, and per model a log of each poll with running sums. Pure:
+samples and `now` in; no clock, no I/O.
+
+Counters follow PromQL (after a reset the new value is the increase since it), with one
+departure on purpose, explained at RESET_FRACTION: PromQL takes every decrease for a
+reset, so a hits counter that steps back by one token adds its whole value to a window
+(a ratio of 41 where it is 50%). Here a decrease is a reset only when the process
+restarted (its start time or a `_created` changed) or the counter fell to at most
+RESET_FRACTION of its last value, as a fresh process's counters do; a smaller step back
+is held at the last value until the counter passes it again (an increase of 0, never
+negative), and listed in `History.steps_back` for the poll's warnings.
+"""
+from __future__ import annotations
+
+import math
+from array import array
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import compress
+from operator import add as operator_add
+from operator import itemgetter, lt, ne, sub
+from typing import Callable
+
+from ..parse.snapshot import Snapshot
+from .modellog import ModelLog, RunningSums, advance
+
+# A counter that falls to at most this fraction of its last value was reset; one that
+# falls less stepped back (a non-atomic read, float rounding in a sum of processes): the
+# restart of a process that had counted for a while leaves far less than half behind.
+RESET_FRACTION = 0.5
+
+
+def is_reset(before: float, after: float) -> bool:
+    """Whether a counter going from `before` to `after` (lower) was reset, with no other
+    sign of a restart: see RESET_FRACTION."""
+    return after <= before * RESET_FRACTION
+
+
+# Counters kept per series, in this order in every sample's value array.
+COUNTERS = ("queries", "hits", "external_queries", "external_hits", "ttft_sum", "ttft_count", "prompt_tokens", "preemptions",
+            # admitted prefill (vLLM 0.16 on): prompt_tokens_by_source, cached, recomputed
+            "local_cache_hit", "recomputed", "prompt_cached", "external_transfer")
+_GAUGES = ("kv_cache_usage",)
+_FIXED = COUNTERS + _GAUGES
+NAN = math.nan
+
+SeriesKey = tuple  # (model_name, engine)
+
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """Where each series' values sit in a sample's array. Consecutive samples with the
+    same series share one Layout object, so a sample costs one float array, and every
+    lookup below is a dict hit, whatever the number of series."""
+
+    keys: tuple[SeriesKey, ...]
+    units: tuple[str | None, ...]
+    bounds: tuple[tuple[float, ...] | None, ...]
+    offsets: tuple[int, ...]
+    size: int
+    position: dict  # key -> index into keys
+    by_model: dict  # model_name -> keys of that model, engines sorted
+    gauges: tuple  # positions of gauge values, which are never reset-adjusted
+    gauge_set: frozenset
+    unit_of_model: dict  # model_name -> the unit all its series count in, or None if they differ
+    single_base: dict  # model_name -> offset of its values, for models with one series (the usual case)
+    counters_of: Callable  # values -> the counter slots of every series, series after series (len(COUNTERS) each)
+
+    @staticmethod
+    def build(keys, units, bounds) -> "Layout":
+        offsets, pos = [], 0
+        for b in bounds:
+            offsets.append(pos)
+            pos += len(_FIXED) + (len(b) if b else 0)
+        keys = tuple(keys)
+        by_model: dict[str, list] = {}
+        for k in keys:
+            by_model.setdefault(k[0], []).append(k)
+        gauges = tuple(o + len(COUNTERS) for o in offsets)
+        units = tuple(units)
+        unit_sets: dict[str, set] = {}
+        for k, u in zip(keys, units):
+            if u is not None:
+                unit_sets.setdefault(k[0], set()).add(u)
+        unit_of_model = {m: (next(iter(unit_sets[m])) if len(unit_sets.get(m, ())) == 1 else None) for m in by_model}
+        position = {k: i for i, k in enumerate(keys)}
+        single_base = {m: offsets[position[ks[0]]] for m, ks in by_model.items() if len(ks) == 1}
+        n = len(COUNTERS)
+        slots = [o + j for o in offsets for j in range(n)]
+        # windows only need the counters' differences, not every histogram bucket's
+        getter = itemgetter(*slots) if len(slots) > 1 else (lambda values: tuple(values[s] for s in slots))
+        return Layout(keys, units, tuple(bounds), tuple(offsets), pos, position,
+                      {m: tuple(sorted(ks, key=lambda k: k[1] or "")) for m, ks in by_model.items()},
+                      gauges, frozenset(gauges), unit_of_model, single_base, getter)
+
+
+_SLOT = {name: i for i, name in enumerate(_FIXED)}
+
+
+class TargetSample:
+    """One scrape of one target. Counter values are reset-adjusted: each reset adds the
+    value seen before it, so `last - first` over any two samples is PromQL's increase()
+    without extrapolation, however many samples were thinned out between them."""
+
+    __slots__ = ("t", "layout", "values")
+
+    def __init__(self, t: float, layout: Layout, values: array):
+        self.t = t
+        self.layout = layout
+        self.values = values
+
+    def get(self, key: SeriesKey, name: str) -> float | None:
+        i = self.layout.position.get(key)
+        if i is None:
+            return None
+        v = self.values[self.layout.offsets[i] + _SLOT[name]]
+        return None if v != v else v
+
+    def buckets(self, key: SeriesKey) -> tuple[tuple[float, ...], list[float]] | None:
+        i = self.layout.position.get(key)
+        if i is None or not self.layout.bounds[i]:
+            return None
+        start = self.layout.offsets[i] + len(_FIXED)
+        bounds = self.layout.bounds[i]
+        return bounds, list(self.values[start:start + len(bounds)])
+
+    def unit(self, key: SeriesKey) -> str | None:
+        i = self.layout.position.get(key)
+        return None if i is None else self.layout.units[i]
+
+
+def _raw_values(s) -> tuple[list[float], tuple[float, ...] | None, str | None]:
+    pc, ext, h = s.prefix_cache, s.external_prefix_cache, s.ttft
+    complete = h is not None and bool(h.buckets) and math.isinf(h.buckets[-1][0])
+    fixed = [
+        pc.queries if pc else None, pc.hits if pc else None,
+        ext.queries if ext else None, ext.hits if ext else None,
+        h.sum if h else None, h.count if h else None,
+        s.prompt_tokens, s.preemptions,
+        None, s.prompt_tokens_recomputed, s.prompt_tokens_cached, None,
+        s.kv_cache_usage,
+    ]
+    for source, value in s.prompt_tokens_by_source or ():
+        if source == "local_cache_hit":
+            fixed[8] = value
+        elif source == "external_kv_transfer":
+            fixed[11] = value
+    values = [NAN if v is None else float(v) for v in fixed]
+    bounds = None
+    if complete:
+        bounds, counts = zip(*h.buckets)
+        values.extend(counts)
+    return values, bounds, (pc.unit if pc else None)
+
+
+class Samples(Sequence):
+    """An immutable view of a History at one moment: the samples, their times, and the
+    model logs as they were. Safe to read from another thread while the History grows."""
+
+    def __init__(self, samples: tuple, logs: dict | None = None, running: dict | None = None):
+        self._samples = samples
+        self.times = [s.t for s in samples]
+        self._runs: list[tuple[Layout, int, int]] | None = None
+        # model -> (log arrays, end): entries past `end` were appended after this view
+        self.logs = logs if logs is not None else {}
+        self.running = running or {}
+
+    def __getitem__(self, i):
+        return self._samples[i]
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def __iter__(self):
+        return iter(self._samples)
+
+    def runs(self) -> list[tuple[Layout, int, int]]:
+        """(layout, first index, last index) of each stretch of samples sharing a layout."""
+        if self._runs is None:
+            runs: list[tuple[Layout, int, int]] = []
+            for i, s in enumerate(self._samples):
+                if runs and runs[-1][0] is s.layout:
+                    runs[-1] = (s.layout, runs[-1][1], i)
+                else:
+                    runs.append((s.layout, i, i))
+            self._runs = runs
+        return self._runs
+
+    def span(self, since: float, until: float) -> tuple[int, int]:
+        """Indexes [lo, hi) of samples in (since, until]."""
+        return bisect_right(self.times, since), bisect_right(self.times, until)
+
+    def clipped_runs(self, lo: int, hi: int) -> list[tuple[Layout, int, int]]:
+        out = []
+        for layout, a, b in self.runs():
+            if b < lo or a >= hi:
+                continue
+            out.append((layout, max(a, lo), min(b, hi - 1)))
+        return out
+
+    def models(self, lo: int, hi: int) -> set[str]:
+        out: set[str] = set()
+        for layout, _, _ in self.clipped_runs(lo, hi):
+            out.update(layout.by_model)
+        return out
+
+
+def _as_samples(samples) -> Samples:
+    return samples if isinstance(samples, Samples) else Samples(tuple(samples))
+
+
+class History:
+    """A target's samples, reset-adjusted, kept as far back as the longest window needs.
+
+    Samples newer than `fine_seconds` are all kept; older ones are thinned to one per
+    `mid_step` up to `mid_seconds` of age and to one per `coarse_step` beyond, which the
+    adjusted counters allow without changing any increase: only the left edges of the
+    long windows become that coarse (30 s of 15 minutes, 60 s of an hour).
+    Per model, a ModelLog keeps what happened at each poll, with running sums for the
+    `windows` given, so that a poll costs O(series x windows) whatever the history holds.
+    Not thread-safe for writers: one poll job per target appends; `samples()` gives
+    readers a view that later appends do not change."""
+
+    def __init__(self, keep_seconds: float, fine_seconds: float | None = None, coarse_step: float = 60.0,
+                 windows: Sequence[float] = (), mid_seconds: float = 0.0, mid_step: float = 0.0):
+        self.keep_seconds = keep_seconds
+        self.fine_seconds = keep_seconds if fine_seconds is None else min(fine_seconds, keep_seconds)
+        self.coarse_step = coarse_step
+        self.mid_seconds, self.mid_step = mid_seconds, mid_step
+        self.windows = tuple(sorted(set(windows)))
+        self._samples: deque[TargetSample] = deque()
+        self._layout: Layout | None = None
+        self._last_raw: dict[tuple, float] = {}
+        self._offset: dict[tuple, float] = {}
+        self._prev = array("d")
+        self._add = array("d")
+        self._offsets = False  # whether any slot of _add is not 0: the usual poll skips adding
+        self._start: float | None = None  # the process start time last seen
+        self._created: dict = {}  # series key -> its `_created` last seen
+        self.steps_back: list[str] = []  # the counters the last append held (see RESET_FRACTION)
+        self.logs: dict[str, ModelLog] = {}
+        self.running: dict[str, dict[float, RunningSums]] = {}
+        self._view: Samples | None = None
+
+    def append(self, t: float, snapshot: Snapshot) -> TargetSample | None:
+        if self._samples and t <= self._samples[-1].t:
+            return None  # out-of-order or duplicate time: the earlier sample stands
+        keys, units, bounds, rows = [], [], [], []
+        created = {}
+        for s in snapshot.series:
+            values, b, unit = _raw_values(s)
+            keys.append(s.key)
+            units.append(unit)
+            bounds.append(b)
+            rows.append(values)
+            if s.created is not None:
+                created[s.key] = s.created
+        restarted = self._restarted(snapshot.process_start_time, created)
+        layout = self._layout
+        if layout is None or layout.keys != tuple(keys) or layout.units != tuple(units) or layout.bounds != tuple(bounds):
+            self._save_adjustments()
+            layout = self._layout = Layout.build(keys, units, bounds)
+            self._load_adjustments(layout)
+        raw = array("d")
+        for values in rows:
+            raw.extend(values)
+        flat = self._adjusted(raw, layout, restarted)
+        sample = TargetSample(t, layout, flat)
+        previous = self._samples[-1] if self._samples else None
+        self._samples.append(sample)
+        self._log(previous, sample)
+        self._prune(t)
+        self._view = None
+        return sample
+
+    def _log(self, prev: TargetSample | None, cur: TargetSample) -> None:
+        q_i, h_i, s_i, c_i, kv_i = _SLOT["queries"], _SLOT["hits"], _SLOT["ttft_sum"], _SLOT["ttft_count"], _SLOT["kv_cache_usage"]
+        cur_layout, cv = cur.layout, cur.values
+        # the usual poll: the same series as the one before, so one vector of differences
+        same = prev is not None and prev.layout is cur_layout
+        getter = cur_layout.counters_of
+        delta = array("d", map(sub, getter(cv), getter(prev.values))) if same else None
+        single_base, position, n = cur_layout.single_base, cur_layout.position, len(COUNTERS)
+        for model, keys in cur_layout.by_model.items():
+            dq = dh = ds = dc = 0.0
+            kv = NAN
+            base = single_base.get(model) if same else None
+            if base is not None:
+                at = position[keys[0]] * n  # where the series' counters sit in the compact delta
+                a, b = delta[at + q_i], delta[at + h_i]
+                if a == a and b == b:
+                    dq, dh = a, b
+                a, b = delta[at + s_i], delta[at + c_i]
+                if a == a and b == b:
+                    ds, dc = a, b
+                kv = cv[base + kv_i]
+                keys = ()
+            for key in keys:
+                base = cur_layout.offsets[cur_layout.position[key]]
+                usage = cv[base + kv_i]
+                if usage == usage and not usage <= kv:
+                    kv = usage
+                if prev is None:
+                    continue
+                j = prev.layout.position.get(key)
+                if j is None:
+                    continue
+                pbase, pv = prev.layout.offsets[j], prev.values
+                q0, q1, h0, h1 = pv[pbase + q_i], cv[base + q_i], pv[pbase + h_i], cv[base + h_i]
+                if q0 == q0 and q1 == q1 and h0 == h0 and h1 == h1:
+                    dq += q1 - q0
+                    dh += h1 - h0
+                s0, s1, c0, c1 = pv[pbase + s_i], cv[base + s_i], pv[pbase + c_i], cv[base + c_i]
+                if s0 == s0 and s1 == s1 and c0 == c0 and c1 == c1:
+                    ds += s1 - s0
+                    dc += c1 - c0
+            x = y = NAN
+            if dq > 0 and dc > 0:
+                x, y = dh / dq, ds / dc
+                x = 1.0 if x > 1.0 else x  # hits above queries; no builtin call: this runs per model and poll
+            log = self.logs.get(model)
+            if log is None:
+                log = self.logs[model] = ModelLog()
+            log.append(cur.t, prev.t if prev is not None else cur.t, dq, dh, x, y, kv)
+            running = self.running.get(model)
+            if running is None:
+                running = self.running[model] = {w: RunningSums(w, len(log) - 1) for w in self.windows}
+            advance(running.values(), log, len(log) - 1, cur.t)
+
+    # Reset adjustment, vectorised over the layout: `_prev` holds the last raw value of
+    # every slot (-inf for gauges, which are never adjusted), `_add` what resets added.
+    # Between layout changes they are arrays aligned with the sample; at a change they
+    # go through `_last_raw` / `_offset`, keyed by slot, so no series loses its offset.
+    def _restarted(self, process_start: float | None, created: dict) -> bool:
+        """Whether the target's process start time or a series' `_created` changed since
+        the last append: then every decrease is a reset, however small."""
+        before, known = self._start, self._created
+        changed = process_start is not None and before is not None and process_start != before
+        if process_start is not None:
+            self._start = process_start
+        if created and created != known:  # a C-speed compare: the usual poll changes nothing
+            changed = changed or any(key in known and known[key] != value for key, value in created.items())
+            known.update(created)
+        return changed
+
+    def _adjusted(self, raw: array, layout: Layout, restarted: bool = False) -> array:
+        prev, add = self._prev, self._add
+        self.steps_back = []
+        if True in map(lt, raw, prev):  # a counter went down: a reset or a step back (rare)
+            for i in [i for i, down in enumerate(map(lt, raw, prev)) if down]:
+                if restarted or is_reset(prev[i], raw[i]):
+                    add[i] += prev[i]
+                    self._offsets = True
+                else:
+                    self.steps_back.append(self._describe_slot(layout, i, prev[i], raw[i]))
+                    raw[i] = prev[i]  # held: the increase is 0 until the counter passes it again
+        # sized exactly, kept for an hour; a copy alone while no counter of the layout was reset
+        flat = array("d", list(map(operator_add, raw, add))) if self._offsets else raw[:]
+        new_prev = raw
+        # a value absent this time (NaN) keeps the last one seen; compress walks only the NaNs
+        for i in compress(range(len(raw)), map(ne, raw, raw)):
+            p = prev[i]
+            if p == p:
+                new_prev[i] = p
+        for i in layout.gauges:
+            new_prev[i] = -math.inf
+        self._prev = new_prev
+        return flat
+
+    @staticmethod
+    def _describe_slot(layout: Layout, pos: int, before: float, after: float) -> str:
+        i = bisect_right(layout.offsets, pos) - 1
+        j = pos - layout.offsets[i]
+        name = COUNTERS[j] if j < len(COUNTERS) else "ttft bucket"
+        model, engine = layout.keys[i]
+        return (f"model_name={model!r} engine={engine!r}: the {name} counter stepped back from {before:.17g} to "
+                f"{after:.17g} with no restart; held at {before:.17g}, not taken for a reset")
+
+    def _slots(self, layout: Layout):
+        for i, key in enumerate(layout.keys):
+            base, b = layout.offsets[i], layout.bounds[i]
+            for j in range(len(_FIXED) + (len(b) if b else 0)):
+                yield base + j, ((key, j) if j < len(_FIXED) else (key, j, b))
+
+    def _save_adjustments(self) -> None:
+        layout = self._layout
+        if layout is None:
+            return
+        for pos, slot in self._slots(layout):
+            if pos in layout.gauge_set:
+                continue
+            if self._prev[pos] == self._prev[pos]:
+                self._last_raw[slot] = self._prev[pos]
+            if self._add[pos]:
+                self._offset[slot] = self._add[pos]
+
+    def _load_adjustments(self, layout: Layout) -> None:
+        prev = array("d", [NAN]) * layout.size
+        add = array("d", [0.0]) * layout.size
+        for pos, slot in self._slots(layout):
+            prev[pos] = self._last_raw.get(slot, NAN)
+            add[pos] = self._offset.get(slot, 0.0)
+        for pos in layout.gauges:
+            prev[pos] = -math.inf
+            add[pos] = 0.0
+        self._prev, self._add = prev, add
+        self._offsets = any(add)
+
+    def _prune(self, now: float) -> None:
+        samples = self._samples
+        horizon = now - self.keep_seconds
+        first_layout = samples[0].layout
+        # keep one sample at or before the horizon so a full window has a left edge
+        while len(samples) > 2 and samples[1].t <= horizon:
+            samples.popleft()
+        # thin the part older than the fine horizon to one sample per coarse step
+        fine = now - self.fine_seconds
+        if len(samples) >= 3 and samples[1].t <= fine:
+            kept: list[TargetSample] = []
+            while len(samples) > 1 and samples[0].t <= fine:
+                s = samples.popleft()
+                step = self.mid_step if now - s.t <= self.mid_seconds else self.coarse_step
+                if not kept or s.t - kept[-1].t >= step or samples[0].t > fine:
+                    kept.append(s)
+            samples.extendleft(reversed(kept))
+        for model in list(self.logs):
+            log = self.logs[model]
+            shift = log.prune(horizon)
+            if shift:
+                for r in self.running[model].values():
+                    r.shift(shift)
+            if log.start >= len(log):  # the model has not been seen for the whole history
+                del self.logs[model]
+                del self.running[model]
+        if samples[0].layout is not first_layout:
+            self._forget_gone_series()
+
+    def _forget_gone_series(self) -> None:
+        """Reset offsets of series no sample holds any more: a target whose models come
+        and go must not grow these maps forever."""
+        alive = set()
+        seen_layouts = set()
+        for s in self._samples:
+            if id(s.layout) not in seen_layouts:
+                seen_layouts.add(id(s.layout))
+                alive.update(s.layout.keys)
+        for slot in [k for k in self._last_raw if k[0] not in alive]:
+            self._last_raw.pop(slot, None)
+            self._offset.pop(slot, None)
+        self._created = {k: v for k, v in self._created.items() if k in alive}
+
+    def retarget(self, keep_seconds: float, windows: Sequence[float]) -> None:
+        """A reload changed the windows: keep every sample, track the new windows."""
+        self.keep_seconds = keep_seconds
+        self.fine_seconds = min(self.fine_seconds, keep_seconds) if self.fine_seconds else keep_seconds
+        windows = tuple(sorted(set(windows)))
+        if windows == self.windows:
+            return
+        self.windows = windows
+        for model, log in self.logs.items():
+            running = self.running[model] = {}
+            for w in windows:
+                r = running[w] = RunningSums(w, log.start)
+                for i in range(log.start, len(log)):
+                    r.update(log, i, log.t[i])
+        self._view = None
+
+    def samples(self) -> Samples:
+        if self._view is None:
+            logs = {m: (log.t, log.t_start, log.q, log.h, log.x, log.y, log.kv, log.start, len(log)) for m, log in self.logs.items()}
+            self._view = Samples(tuple(self._samples), logs, self.running)
+        return self._view
+
+    def __len__(self) -> int:
+        return len(self._samples)

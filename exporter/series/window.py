@@ -1,0 +1,434 @@
+"""Window math over one target's scrape history: pure functions of samples and `now`.
+
+Semantics follow PromQL so that our numbers can be checked against a real Prometheus:
+increases are `increase()` without extrapolation over the reset-adjusted samples of
+exporter/series/history.py (which says where a decrease is no reset, unlike PromQL), and
+quantiles are `histogram_quantile()`'s (exporter/series/promql.py). Every ratio is in [0, 1].
+"""
+from __future__ import annotations
+
+import math
+from array import array
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+from operator import sub
+from typing import NamedTuple
+
+from .history import COUNTERS, Layout, Samples, SeriesKey, _as_samples
+from .hitratio import ratio, tokens
+from .modellog import least_squares_fit
+from .promql import histogram_quantile, histogram_quantiles
+
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+# --- the summary of one window ---------------------------------------------------------
+class _WindowValues(NamedTuple):
+    window: str
+    seconds: float
+    query_increase: float | None
+    hit_increase: float | None
+    unit: str | None
+    hit_ratio: float | None
+    query_rate: float | None
+    hit_rate: float | None
+    external_hit_ratio: float | None
+    ttft_mean: float | None
+    ttft_count_increase: float | None
+    correlation: float | None
+    ttft_per_10_points: float | None
+    prompt_token_increase: float | None
+    preemption_increase: float | None
+    kv_cache_usage_max: float | None
+    samples: int
+    admitted_hit_increase: float | None  # tokens served from cache, counted once per request as it is scheduled
+    admitted_prompt_increase: float | None  # prompt tokens over the same time
+    admitted_hit_ratio: float | None
+    lazy_ttft: "_LazyTTFT"
+
+
+class _TTFTSource:
+    """What the windows of one summary share: the samples, the window's layout runs."""
+
+    __slots__ = ("view", "runs", "lo", "hi")
+
+    def __init__(self, view, runs, lo: int, hi: int):
+        self.view, self.runs, self.lo, self.hi = view, runs, lo, hi
+
+
+class _LazyTTFT:
+    """Where a window's TTFT bucket increase comes from (a shared source and the model's
+    series, or explicit edges), and its quantiles once asked for."""
+
+    __slots__ = ("source", "keys", "quantiles")
+
+    def __init__(self, source: _TTFTSource | None = None, keys=None):
+        self.source, self.keys, self.quantiles = source, keys, None
+
+    def compute(self) -> dict[float, float]:
+        if self.quantiles is None:
+            quantiles = {}
+            src = self.source
+            if src is not None:
+                edges = self.keys if isinstance(self.keys, dict) else {k: (src.lo, src.hi - 1) for k in self.keys}
+                buckets = _ttft_bucket_increase(src.view, src.runs, edges)
+                if buckets is not None:
+                    for q, value in zip(QUANTILES, histogram_quantiles(QUANTILES, buckets)):
+                        if not math.isnan(value):
+                            quantiles[q] = value
+            self.quantiles = quantiles
+            self.source = self.keys = None  # let the samples go
+        return self.quantiles
+
+
+class WindowStats(_WindowValues):
+    """Derived values of one (model_name, window); None where there is too little data.
+
+    Read-only (a tuple). TTFT quantiles are computed when first asked for (by the
+    collector, or the TTFT rule once its cheap tests pass), not at every poll: most
+    polls never need them, and at thousands of models they were most of a poll's cost."""
+
+    __slots__ = ()
+
+    def __new__(cls, ttft: _LazyTTFT | None = None, **values):
+        return super().__new__(cls, lazy_ttft=ttft or _LazyTTFT(), **values)
+
+    @property
+    def ttft_quantiles(self) -> dict[float, float]:
+        """p50/p90/p99 of the window's TTFT bucket increase (histogram_quantile)."""
+        return self.lazy_ttft.compute()
+
+
+def _key_edges(view: Samples, runs: list[tuple[Layout, int, int]], key: SeriesKey) -> tuple[int, int] | None:
+    """First and last sample index holding `key` among the clipped runs."""
+    first = last = None
+    for layout, a, b in runs:
+        if key in layout.position:
+            if first is None:
+                first = a
+            last = b
+    return None if first is None else (first, last)
+
+
+def _increases(view: Samples, edges: dict) -> list[float | None]:
+    """Increase of every counter slot, summed over engines, in one pass; None for a
+    counter no engine has twice. The values are reset-adjusted already."""
+    n = len(COUNTERS)
+    totals = [0.0] * n
+    seen = [False] * n
+    for key, (a, b) in edges.items():
+        if a == b:
+            continue
+        sa, sb = view[a], view[b]
+        va, vb = sa.values, sb.values
+        oa = sa.layout.offsets[sa.layout.position[key]]
+        ob = sb.layout.offsets[sb.layout.position[key]]
+        for j in range(n):
+            x, y = va[oa + j], vb[ob + j]
+            if x == x and y == y:
+                totals[j] += y - x
+                seen[j] = True
+    return [t if s else None for t, s in zip(totals, seen)]
+
+
+def _ttft_bucket_increase(view: Samples, runs, edges: dict) -> list[tuple[float, float]] | None:
+    """Per-bucket increase summed over engines. A series whose bucket layout changed in
+    the window (a restart with other buckets) contributes only its latest layout."""
+    summed: dict[float, float] = {}
+    seen = False
+    for key in edges:
+        holding = [(layout, a, b) for layout, a, b in runs if key in layout.position and layout.bounds[layout.position[key]]]
+        if not holding:
+            continue
+        layout, _, last = holding[-1]
+        bounds = layout.bounds[layout.position[key]]
+        first = holding[-1][1]
+        for other, a, _ in reversed(holding[:-1]):
+            if other.bounds[other.position[key]] != bounds:
+                break
+            first = a
+        if first == last:
+            continue
+        _, row_a = view[first].buckets(key)
+        _, row_b = view[last].buckets(key)
+        for le, a, b in zip(bounds, row_a, row_b):
+            summed[le] = summed.get(le, 0.0) + (b - a)
+        seen = True
+    return sorted(summed.items()) if seen else None
+
+
+@dataclass(frozen=True)
+class Interval:
+    """What happened between two consecutive polls of one model, summed over engines."""
+
+    start: float
+    end: float
+    query_tokens: float
+    hit_tokens: float
+    ttft_sum: float
+    ttft_count: float
+    kv_cache_usage: float | None
+
+    @property
+    def hit_ratio(self) -> float | None:
+        return ratio(self.hit_tokens, self.query_tokens) if self.query_tokens > 0 else None
+
+
+def recent_intervals(view: Samples, model_name: str, since: float) -> list[Interval]:
+    """The model's per-poll intervals that ended after `since`, from its log: O(intervals)."""
+    log = view.logs.get(model_name)
+    if log is None:
+        return []
+    t, t_start, q, h, _, _, kv, start, end = log
+    lo = bisect_right(t, since, start, end)
+    out = []
+    for i in range(lo, end):
+        if t_start[i] == t[i]:
+            continue  # the model's first poll: no interval yet
+        usage = kv[i]
+        out.append(Interval(t_start[i], t[i], q[i], h[i], 0.0, 0.0, usage if usage == usage else None))
+    return out
+
+
+def last_hit_time(view: Samples, model_name: str) -> float | None:
+    """When the model's lookup hits last grew, from its log (the rare path of a rule)."""
+    log = view.logs.get(model_name)
+    if log is None:
+        return None
+    t, _, _, h, _, _, _, start, end = log
+    for i in range(end - 1, start - 1, -1):
+        if h[i] > 0:
+            return t[i]
+    return None
+
+
+def interval_sums(view: Samples, model_name: str, *edges: float) -> list[tuple[float, float, int]]:
+    """For consecutive spans (e0, e1], (e1, e2], ...: (query tokens, hit tokens, intervals)
+    of the model's poll intervals that ended in each, from its log without building
+    objects: a cheap first test."""
+    log = view.logs.get(model_name)
+    if log is None:
+        return [(0.0, 0.0, 0)] * (len(edges) - 1)
+    t, t_start, q, h, _, _, _, start, end = log
+    cuts = [bisect_right(t, e, start, end) for e in edges]
+    out = []
+    for lo, hi in zip(cuts, cuts[1:]):
+        # only a model's very first entry has no interval (its start is its own time)
+        n = hi - lo - (1 if lo < hi and t_start[lo] == t[lo] else 0)
+        queries = sum(q[lo:hi])
+        out.append((queries, min(sum(h[lo:hi]), queries), n))  # hits above queries are all hits
+    return out
+
+
+def _log_fit_and_kv(view: Samples, model: str, now: float, seconds: float, with_kv: bool) -> tuple[tuple[float, float] | None, float | None]:
+    """Correlation fit and KV max over (now - seconds, now]: running sums when this is the
+    history's latest moment and a tracked window, else a scan of the log."""
+    log = view.logs.get(model)
+    if log is None:
+        return None, None
+    t, t_start, _, _, x, y, kv, start, end = log
+    running = view.running.get(model, {}).get(seconds)
+    if running is not None and end and t[end - 1] == now and view.times and view.times[-1] == now:
+        return running.fit(), running.kv_max()
+    edge = now - seconds
+    hi = bisect_right(t, now, start, end)
+    lo = bisect_right(t_start, edge, start, hi)  # starts are the previous poll times: sorted
+    n = sx = sy = sxy = sxx = syy = 0.0
+    for i in range(lo, hi):
+        if t_start[i] <= edge:
+            continue
+        xi, yi = x[i], y[i]
+        if xi == xi and yi == yi:
+            n += 1
+            sx += xi
+            sy += yi
+            sxy += xi * yi
+            sxx += xi * xi
+            syy += yi * yi
+    kv_max = None
+    if with_kv:
+        for i in range(bisect_right(t, edge, start, hi), hi):
+            v = kv[i]
+            if v == v and (kv_max is None or v > kv_max):
+                kv_max = v
+    return least_squares_fit(n, sx, sy, sxy, sxx, syy), kv_max
+
+
+def window_stats(
+    samples,
+    model_name: str,
+    now: float,
+    window: str,
+    seconds: float,
+    min_query_tokens: float,
+    block_size: int | None = None,
+    detailed: bool = True,
+) -> WindowStats:
+    """One (model, window) over (now - seconds, now]. Costs O(engines x layouts in the
+    window), not O(samples): increases come from the first and last sample holding each
+    series, since values are reset-adjusted. `detailed` adds the correlation and KV max."""
+    view = _as_samples(samples)
+    lo, hi = view.span(now - seconds, now)
+    runs = view.clipped_runs(lo, hi)
+    edges = {}
+    units = set()
+    for layout, _, _ in runs:
+        for key in layout.by_model.get(model_name, ()):
+            if key not in edges:
+                edges[key] = _key_edges(view, runs, key)
+            u = layout.units[layout.position[key]]
+            if u is not None:
+                units.add(u)
+    unit = units.pop() if len(units) == 1 else None
+    return _stats(view, model_name, now, window, seconds, lo, hi, _increases(view, edges), unit,
+                  _LazyTTFT(_TTFTSource(view, runs, lo, hi), edges), min_query_tokens, block_size, detailed)
+
+
+def _stats(view: Samples, model_name: str, now: float, window: str, seconds: float, lo: int, hi: int,
+           increase: list[float | None], unit: str | None, ttft: "_LazyTTFT", min_query_tokens: float,
+           block_size: int | None, detailed: bool) -> WindowStats:
+    queries, hits = increase[0], increase[1]
+    admitted_hits, admitted_prompt, admitted_ratio = _admitted(increase, min_query_tokens)
+    span = view.times[hi - 1] - view.times[lo] if hi - lo >= 2 else 0.0
+    # the floor is in tokens; a 0.8.x target counts blocks
+    query_tokens = None if queries is None else tokens(queries, unit, block_size)
+    hit_ratio = None
+    if queries is not None and hits is not None and query_tokens is not None and query_tokens >= max(min_query_tokens, 1e-12) and unit is not None:
+        hit_ratio = ratio(hits, queries)
+    ext_q, ext_h, ttft_sum, ttft_count = increase[2], increase[3], increase[4], increase[5]
+    fit, kv_max = _log_fit_and_kv(view, model_name, now, seconds, detailed) if detailed else (None, None)
+    return WindowStats(
+        ttft=ttft,
+        window=window,
+        seconds=seconds,
+        query_increase=queries,
+        hit_increase=hits,
+        unit=unit,
+        hit_ratio=hit_ratio,
+        query_rate=queries / span if queries is not None and span > 0 else None,
+        hit_rate=hits / span if hits is not None and span > 0 else None,
+        external_hit_ratio=ratio(ext_h, ext_q) if ext_q and ext_h is not None else None,
+        ttft_mean=ttft_sum / ttft_count if ttft_sum is not None and ttft_count else None,
+        ttft_count_increase=ttft_count,
+        correlation=fit[0] if fit else None,
+        ttft_per_10_points=fit[1] * 0.1 if fit else None,
+        prompt_token_increase=increase[6],
+        preemption_increase=increase[7],
+        kv_cache_usage_max=kv_max,
+        samples=hi - lo,
+        admitted_hit_increase=admitted_hits,
+        admitted_prompt_increase=admitted_prompt,
+        admitted_hit_ratio=admitted_ratio,
+    )
+
+
+def _admitted(increase: list[float | None], min_tokens: float) -> tuple[float | None, float | None, float | None]:
+    """(hit tokens, prompt tokens, ratio) from the admitted-prefill counters: local cache
+    hits by source (less the recomputed last token of 0.16-0.19), else all cached tokens
+    less those an external connector brought; None where the target has neither."""
+    prompt, local, recomputed, cached, external = increase[6], increase[8], increase[9], increase[10], increase[11]
+    if local is not None:
+        hits = local - (recomputed or 0.0)
+    elif cached is not None:
+        hits = cached - (external or 0.0)
+    else:
+        return None, None, None
+    if prompt is None:
+        return hits, None, None
+    return hits, prompt, (ratio(hits, prompt) if prompt >= max(min_tokens, 1e-12) else None)
+
+
+def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float, lo: int, hi: int, layout: Layout,
+                          models, min_query_tokens: float, block_size: int | None) -> dict[str, WindowStats]:
+    """Every model of a window whose samples share one layout (the usual case): the
+    increases of all series come from one vector of last - first, and the correlation
+    and KV maximum from the running sums when `now` is the latest sample."""
+    first, last = view[lo], view[hi - 1]
+    getter = layout.counters_of
+    delta = array("d", map(sub, getter(last.values), getter(first.values)))
+    n = len(COUNTERS)
+    position = layout.position
+    span = view.times[hi - 1] - view.times[lo]
+    floor = max(min_query_tokens, 1e-12)
+    latest = bool(view.times) and view.times[-1] == now
+    source = _TTFTSource(view, [(layout, lo, hi - 1)], lo, hi)
+    running_of = view.running if latest else {}
+    by_model, unit_of_model = layout.by_model, layout.unit_of_model
+    increases = [d if d == d else None for d in delta]  # one pass for every series; a model slices its own
+    out = {}
+    for model in models:
+        keys = by_model.get(model)
+        if not keys:
+            continue
+        if len(keys) == 1:
+            base = position[keys[0]] * n
+            increase = increases[base:base + n]
+        else:
+            totals = [0.0] * n
+            seen = [False] * n
+            for key in keys:
+                base = position[key] * n
+                for j in range(n):
+                    d = delta[base + j]
+                    if d == d:
+                        totals[j] += d
+                        seen[j] = True
+            increase = [t if s else None for t, s in zip(totals, seen)]
+        queries, hits, ext_q, ext_h, ttft_sum, ttft_count, prompt, preempt = increase[:8]
+        a_hits, a_prompt, a_ratio = _admitted(increase, min_query_tokens)
+        unit = unit_of_model[model]
+        hit_ratio = None
+        if queries is not None and hits is not None and unit is not None and \
+                tokens(queries, unit, block_size) >= floor:
+            hit_ratio = hits / queries
+            hit_ratio = 1.0 if hit_ratio > 1.0 else hit_ratio  # counters are never negative here
+        running = running_of.get(model)
+        running = running.get(seconds) if running is not None else None
+        if running is not None:
+            fit = least_squares_fit(running.n, running.sx, running.sy, running.sxy, running.sxx, running.syy) if running.n >= 3 else None
+            kv_max = running.kv[0][1] if running.kv else None
+        else:
+            fit, kv_max = _log_fit_and_kv(view, model, now, seconds, True)
+        # positional, in _WindowValues' field order: the hot path of a poll
+        out[model] = tuple.__new__(WindowStats, (
+            window, seconds, queries, hits, unit, hit_ratio,
+            queries / span if queries is not None and span > 0 else None,
+            hits / span if hits is not None and span > 0 else None,
+            ratio(ext_h, ext_q) if ext_q and ext_h is not None else None,
+            ttft_sum / ttft_count if ttft_sum is not None and ttft_count else None,
+            ttft_count, fit[0] if fit else None, fit[1] * 0.1 if fit else None, prompt, preempt, kv_max, hi - lo,
+            a_hits, a_prompt, a_ratio, _LazyTTFT(source, keys)))
+    return out
+
+
+def stats_between(samples, model_name: str, start: float, end: float,
+                  min_query_tokens: float, block_size: int | None = None, detailed: bool = False) -> WindowStats:
+    """The window (start, end]: for baselines before an event and the time after it."""
+    return window_stats(samples, model_name, end, "", max(end - start, 1e-9), min_query_tokens, block_size, detailed)
+
+
+def summarize(
+    samples,
+    now: float,
+    windows: Sequence[tuple[str, float]],
+    min_query_tokens: float,
+    block_size: int | None = None,
+) -> dict[str, dict[str, WindowStats]]:
+    """model_name -> window name -> WindowStats, for every model seen in the longest
+    window: a model that vanished drops out once no window holds it."""
+    view = _as_samples(samples)
+    if not windows:
+        return {}
+    longest = max(s for _, s in windows)
+    models = sorted(view.models(*view.span(now - longest, now)))
+    out: dict[str, dict[str, WindowStats]] = {m: {} for m in models}
+    for name, secs in windows:
+        lo, hi = view.span(now - secs, now)
+        runs = view.clipped_runs(lo, hi)
+        fast = {}
+        if len(runs) == 1 and hi - lo >= 2:
+            fast = _window_of_one_layout(view, now, name, secs, lo, hi, runs[0][0], models, min_query_tokens, block_size)
+        for m in models:
+            out[m][name] = fast.get(m) or window_stats(view, m, now, name, secs, min_query_tokens, block_size)
+    return out

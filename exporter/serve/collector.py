@@ -1,0 +1,394 @@
+"""Our /metrics: a custom Collector over the latest published state.
+
+METRICS is the one table of our metric names. `collect()` builds fresh families from
+the state every scrape; it does no I/O and must never raise.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from .. import __version__
+from ..alerting.deploys import SOURCES as DEPLOY_SOURCES
+from ..config.sections import Target
+from ..monitor.targetview import POLL_RESULTS
+from ..monitor.targetview import TargetView
+from ..parse import roles, tiers
+from ..parse.vllm_metrics import REJECT_REASONS
+from ..peers.urls import redact_url
+from .state import Reading, State
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    name: str
+    kind: str  # gauge | counter | histogram | summary
+    help: str
+    labels: tuple[str, ...]
+    target_labels: bool = True  # a `target` label gets the target's configured extra labels
+
+    @property
+    def exposed_name(self) -> str:
+        return self.name + ("_total" if self.kind == "counter" else "")
+
+
+def _m(name: str, kind: str, help_text: str, *labels: str, target_labels: bool = True) -> MetricDef:
+    return MetricDef("prefixcache_" + name, kind, help_text, labels, target_labels)
+
+
+_W = "over the sliding window in label `window` (configured: {windows})"
+# name -> definition. Labels after `target` get the target's configured extra labels.
+METRICS: dict[str, MetricDef] = {d.name: d for d in (
+    _m("build_info", "gauge", "Build information of vllm-prefix-cache-exporter; value 1.", "version"),
+    _m("config_last_reload_successful", "gauge", "1 if the last configuration load succeeded; a failed reload keeps the old config."),
+    _m("config_last_reload_success_timestamp_seconds", "gauge", "Unix time of the last successful configuration load."),
+    _m("target_up", "gauge", "1 if the last poll of the vLLM target returned vLLM metrics, else 0.", "target"),
+    _m("scrape_duration_seconds", "gauge", "Duration of the last poll of the vLLM target's /metrics.", "target"),
+    _m("last_scrape_success_timestamp_seconds", "gauge", "Unix time of the last successful poll of the target.", "target"),
+    _m("scrapes", "counter", f"Polls of the vLLM target by result ({', '.join(POLL_RESULTS)}).", "target", "result"),
+    _m("parse_warnings", "gauge", "Warnings about the last /metrics body: lines the parser could not use, counters stepping back (the log and status page show the first 100).", "target"),
+    _m("rejected_samples", "counter", "Samples of the target refused, by `reason`: non_finite_counter, negative_counter (a counter of +Inf, NaN or below zero would poison every window), non_finite_start_time (a NaN start time would be a restart every poll), counter_step_back (a counter a little below its last value with no restart: held, never a reset), flapping_start_time (start times that go back or change every few polls: one URL in front of several processes; not restarts, no cold-start grace).", "target", "reason"),
+    _m("collect_errors", "counter", "Renders of this /metrics that failed (the request got HTTP 500; see the log)."),
+    _m("rule_evaluation_errors", "counter", "Rule evaluations that failed with an internal error (see the log)."),
+    _m("clock_steps_back", "counter", "Polls that saw the wall clock step back (NTP, VM migration); logged."),
+    _m("history_samples", "gauge", "Samples kept in the target's window history (bounded by the longest window).", "target"),
+    _m("prefix_caching_enabled", "gauge", "1 if vLLM reports prefix caching on (cache_config_info or V0 gauge), 0 if off; absent if unknown.", "target"),
+    _m("block_size_tokens", "gauge", "KV-cache block size from vllm:cache_config_info; only full blocks can be hit.", "target"),
+    # raw counters, re-exported so PromQL can recompute every derived value
+    _m("vllm_prefix_cache_queries", "counter", "vLLM prefix-cache queries as read from the target (vllm:prefix_cache_queries_total or the gpu_ pair), in `unit`.", "target", "model_name", "engine", "unit"),
+    _m("vllm_prefix_cache_hits", "counter", "vLLM prefix-cache hits as read from the target, in `unit`.", "target", "model_name", "engine", "unit"),
+    _m("vllm_external_prefix_cache_queries", "counter", "vLLM external (KV connector) prefix-cache queries, tokens.", "target", "model_name", "engine"),
+    _m("vllm_external_prefix_cache_hits", "counter", "vLLM external (KV connector) prefix-cache hits, tokens.", "target", "model_name", "engine"),
+    _m("vllm_prompt_tokens", "counter", "vLLM prompt tokens processed, as read from the target.", "target", "model_name", "engine"),
+    _m("vllm_preemptions", "counter", "vLLM preemptions, as read from the target.", "target", "model_name", "engine"),
+    _m("vllm_time_to_first_token_seconds", "histogram", "vLLM time-to-first-token histogram as read from the target (buckets as vLLM sets them).", "target", "model_name", "engine"),
+    _m("vllm_kv_cache_usage_ratio", "gauge", "vLLM KV-cache usage, 0-1 (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc).", "target", "model_name", "engine"),
+    _m("vllm_prompt_tokens_by_source", "counter", "vLLM 0.16+ admitted prefill: prompt tokens by `source` (local_compute, local_cache_hit, external_kv_transfer), counted once per request when its first token is out.", "target", "model_name", "engine", "source"),
+    _m("vllm_prompt_tokens_cached", "counter", "vLLM 0.16+ admitted prefill: cached prompt tokens (local + external).", "target", "model_name", "engine"),
+    _m("cached_tokens_by_tier", "counter", "Cached prompt tokens by cache `tier` as the engine counts them: device, host, storage/disk, unattributed (SGLang's cache_source=total fallback), p2p (vLLM 0.33: KV another replica sent, a transfer); SGLang cached_tokens_total, vLLM prompt_tokens_cached_by_source, TensorRT-LLM prompt_cache_hit_tokens_total.", "target", "model_name", "engine", "tier"),
+    _m("vllm_kv_block_idle_before_evict_seconds", "histogram", "vLLM 0.12+ with --kv-cache-metrics: how long sampled KV blocks sat unused before eviction, as read from the target.", "target", "model_name", "engine"),
+    _m("vllm_kv_block_reuse_gap_seconds", "histogram", "vLLM 0.12+ with --kv-cache-metrics: gaps between uses of one sampled KV block, as read from the target.", "target", "model_name", "engine"),
+    _m("kv_evicted_before_reuse", "gauge", "1 if sampled KV blocks are evicted sooner (median idle time before eviction) than they are typically reused (median reuse gap), since the engine started: direct evidence of eviction pressure; 0 if not; absent without vLLM's residency histograms.", "target", "model_name", "engine"),
+    _m("engine_cache_hit_rate", "gauge", "The engine's own hit-rate gauge: SGLang's sglang:cache_hit_rate (the LAST prefill batch, or since start in old versions), TensorRT-LLM's trtllm_kv_cache_hit_rate (blocks since start); never a windowed rate; exported as read, never alerted on.", "target", "model_name"),
+    _m("decode_target", "gauge", "1 if the target is a prefill/decode decode pod, from its `role: decode` label or its shape (90%+ of prompt tokens since start arrived as KV transfer), else 0: its transfers are not hits, and the hit-rate rules and the fleet leave it out.", "target"),
+    _m("target_engine_info", "gauge", "Which engine's metric names the target serves (`engine`: vllm, sglang or trtllm); value 1.", "target", "engine"),
+    _m("vllm_hit_ratio_since_start", "gauge", "V0 engines only: vLLM's block hit rate averaged since start (vllm:gpu_prefix_cache_hit_rate); no window can be derived from it.", "target", "model_name"),
+    # derived per window
+    _m("hit_ratio", "gauge", "Token-weighted prefix-cache hit ratio increase(hits)/increase(queries), summed over engines, " + _W + "; absent below global.min_query_tokens.", "target", "model_name", "window"),
+    _m("query_tokens_per_second", "gauge", "Prefix-cache query tokens per second " + _W + " (blocks for 0.8.x targets).", "target", "model_name", "window"),
+    _m("hit_tokens_per_second", "gauge", "Prefix-cache hit tokens per second " + _W + " (blocks for 0.8.x targets).", "target", "model_name", "window"),
+    _m("recomputed_tokens_per_second", "gauge", "Prompt tokens per second that missed the prefix cache and were prefilled again " + _W + ".", "target", "model_name", "window"),
+    _m("admitted_hit_ratio", "gauge", "Token-weighted hit ratio from the admitted-prefill counters (vLLM 0.16+: local cache hits / prompt tokens, each request counted once when scheduled) " + _W + "; the rules judge this one where it exists.", "target", "model_name", "window"),
+    _m("hit_ratio_disagreement", "gauge", "prefixcache_hit_ratio (lookups) minus prefixcache_admitted_hit_ratio " + _W + ": far from 0, the engine's counters disagree (retry over-count, hits not recorded).", "target", "model_name", "window"),
+    _m("external_hit_ratio", "gauge", "External (KV connector) prefix-cache hit ratio " + _W + ".", "target", "model_name", "window"),
+    _m("ttft_seconds", "summary", "Time to first token: `quantile` is histogram_quantile over vLLM's bucket increase " + _W + "; _sum and _count are vLLM's cumulative totals, summed over engines.", "target", "model_name", "window"),
+    _m("ttft_mean_seconds", "gauge", "Mean time to first token " + _W + ".", "target", "model_name", "window"),
+    _m("ttft_hit_ratio_correlation", "gauge", "Pearson correlation between per-poll hit ratio and per-poll mean TTFT " + _W + "; negative means misses cost latency.", "target", "model_name", "window"),
+    _m("ttft_change_per_10pt_hit_ratio_seconds", "gauge", "Fitted change of mean TTFT when the hit ratio rises by 10 percentage points " + _W + ".", "target", "model_name", "window"),
+    _m("kv_cache_usage_max_ratio", "gauge", "Highest KV-cache usage seen " + _W + ".", "target", "model_name", "window"),
+    # a prefix-aware router's prediction (target: the router; model_name "" where it names no model: the pool)
+    _m("predicted_hit_ratio", "gauge", "Prefix-cache hit ratio the router (llm-d EPP, Dynamo) predicted at routing time " + _W + "; `weighting` is tokens (predicted tokens / input tokens) or per_request_mean (the mean of its per-request ratio histogram).", "target", "model_name", "window", "weighting"),
+    _m("router_delivered_hit_ratio", "gauge", "What the engine targets delivered for the router's model (all models for model_name \"\") " + _W + ": token-weighted hits / queries over every engine target, beside prefixcache_predicted_hit_ratio.", "target", "model_name", "window"),
+    # rules and deploys
+    _m("alert_state", "gauge", "1 for each alert of ours that is not inactive, by `state` (pending, firing, inconclusive: too few tokens to judge); `version` names the version a fleet alert judges (target is then empty).", "alertname", "target", "model_name", "cause", "severity", "state", "version", target_labels=False),
+    _m("deploy_events", "counter", "Deploy events by `source` (api, annotations_file, config_change, restart, change_point), with the target's labels; target is empty for fleet-wide events.", "target", "source"),
+    _m("last_deploy_timestamp_seconds", "gauge", "Unix time of the newest deploy event (restarts excluded), for Grafana annotations, with the target's labels; target is empty for fleet-wide events.", "target"),
+    # delivery to Alertmanager
+    _m("alertmanager_notifications", "counter", "POSTs to Alertmanager's /api/v2/alerts by `result`: success; failure (kept and retried); rejected (a 4xx answer: the batch is dropped, see the log).", "alertmanager", "result"),
+    _m("alertmanager_alerts_sent", "counter", "Alerts delivered to Alertmanager (firing, re-sent and resolved).", "alertmanager"),
+    _m("alertmanager_queue_length", "gauge", "Alerts waiting for delivery to the Alertmanager (latest state per alert).", "alertmanager"),
+    _m("alertmanager_dropped_alerts", "counter", "Alerts dropped because the delivery queue was full.", "alertmanager"),
+    _m("alertmanager_last_success_timestamp_seconds", "gauge", "Unix time of the last successful delivery to the Alertmanager.", "alertmanager"),
+    # service discovery (central mode)
+    _m("polled_targets", "gauge", "Targets this process polls: static and discovered, in its shard."),
+    _m("discovery_targets", "gauge", "Targets the discovery `source` (prometheus, file_sd) gave; its last good list while it fails.", "source"),
+    _m("discovery_last_refresh_successful", "gauge", "1 if the last refresh of the discovery `source` succeeded; while 0 its last good targets are kept (see the log).", "source"),
+    _m("discovery_last_success_timestamp_seconds", "gauge", "Unix time of the last successful refresh of the discovery `source`.", "source"),
+    _m("discovery_refresh_failures", "counter", "Refreshes of the discovery `source` that failed (unreachable Prometheus, malformed file_sd file, ...).", "source"),
+    _m("discovery_matched_nothing", "gauge", "1 while every answer of the discovery `source` since start held no target of ours: far more often a wrong selector (match_labels, job, scrape_pool) than an empty fleet; the log names what the answer held.", "source"),
+    _m("discovery_dropped", "gauge", "What the last answer of the discovery `source` had over a limit and was dropped, by `reason`: target_limit, url_length_limit (targets), label_limit, label_value_length_limit, invalid_label_name (labels).", "source", "reason"),
+    # warm-up after a (re)start
+    _m("warmup_requests", "counter", "Warm-up requests sent to the local vLLM by `result` (success, http_error, timeout, connection_error, cancelled).", "result"),
+    _m("warmup_running", "gauge", "1 while a warm-up runs."),
+    _m("warmup_done", "gauge", "1 once a warm-up finished since the last start or restart of vLLM; /-/ready waits for it when gated."),
+    _m("warmup_runs", "counter", "Warm-ups finished."),
+    _m("warmup_last_duration_seconds", "gauge", "Duration of the last warm-up."),
+    _m("warmup_last_failed_requests", "gauge", "Requests of the last warm-up that failed."),
+)}
+
+
+def _fmt_window_help(help_text: str, windows: str) -> str:
+    return help_text.replace("{windows}", windows)
+
+
+class PrefixCacheCollector(Collector):
+    def __init__(self, state: State, windows: Iterable[str]):
+        self.state = state
+        self.windows = ", ".join(windows)
+
+    def describe(self) -> list[Metric]:
+        """Every family we may expose, without samples: the registry checks them against
+        every other collector's names (process_*, python_gc_*) without calling collect()."""
+        return [Metric(d.name, d.help, d.kind) for d in METRICS.values()]
+
+    def collect(self) -> Iterator[Metric]:
+        """Raises on a bug: the HTTP layer turns that into a 500, a log line and a count,
+        which a silent empty answer would hide."""
+        reading = self.state.read()  # once: every family of a render from the same moment
+        fams = Families(self.windows, _label_names(reading))
+        self._fill(fams, reading)
+        yield from fams.done()
+
+    def _fill(self, f: "Families", reading: Reading) -> None:
+        p = reading.published
+        f.add("prefixcache_build_info", (__version__,), 1.0, target=None)
+        f.add("prefixcache_config_last_reload_successful", (), 1.0 if p.config_reload_success else 0.0, target=None)
+        if p.config_reload_time is not None:
+            f.add("prefixcache_config_last_reload_success_timestamp_seconds", (), p.config_reload_time, target=None)
+        f.add("prefixcache_collect_errors", (), p.counters.collect_errors, target=None)
+        f.add("prefixcache_rule_evaluation_errors", (), p.counters.evaluation_errors, target=None)
+        f.add("prefixcache_clock_steps_back", (), p.counters.clock_steps_back, target=None)
+        for view in sorted(reading.targets, key=lambda v: v.target.name):
+            self._target(f, view)
+        for a in p.alerts or ():
+            labels = dict(a.labels)
+            f.add("prefixcache_alert_state", (a.alertname, a.target, a.model, labels.get("cause", ""), labels.get("severity", ""), a.state, a.version),
+                  1.0, target=None)
+        counts = p.deploys.counts if p.deploys is not None else {}
+        # from zero for every target and source, so that increase() sees the first event;
+        # with the target's labels (namespace, pod), so that a dashboard filters them
+        known = {v.target.name: v.target for v in reading.targets}
+        fleet_wide = Target("", "")
+        for name in [""] + sorted(known):
+            mine = counts.get(name, {})
+            for source in sorted(set(DEPLOY_SOURCES) | set(mine)):
+                f.add("prefixcache_deploy_events", (source,), mine.get(source, 0), target=known.get(name, fleet_wide))
+        for name, t in sorted(p.deploys.last.items() if p.deploys is not None else ()):
+            if name and name not in known:
+                continue  # a target that went (a pod replaced): its series goes with it
+            f.add("prefixcache_last_deploy_timestamp_seconds", (), t, target=known.get(name, fleet_wide))
+        f.add("prefixcache_polled_targets", (), len(reading.targets), target=None)
+        for src in p.discovery:
+            f.add("prefixcache_discovery_targets", (src.name,), len(src.targets), target=None)
+            f.add("prefixcache_discovery_last_refresh_successful", (src.name,), 1.0 if src.ok else 0.0, target=None)
+            f.add("prefixcache_discovery_refresh_failures", (src.name,), src.failures, target=None)
+            if src.refreshed:
+                f.add("prefixcache_discovery_matched_nothing", (src.name,), 0.0 if src.matched_ever else 1.0, target=None)
+            for reason, n in src.dropped:
+                f.add("prefixcache_discovery_dropped", (src.name, reason), n, target=None)
+            if src.last_success is not None:
+                f.add("prefixcache_discovery_last_success_timestamp_seconds", (src.name,), src.last_success, target=None)
+        warm = p.warmup
+        if warm is not None:
+            for result, count in sorted(warm.results.items()):
+                f.add("prefixcache_warmup_requests", (result,), count, target=None)
+            f.add("prefixcache_warmup_running", (), 1.0 if warm.running else 0.0, target=None)
+            f.add("prefixcache_warmup_done", (), 1.0 if warm.done else 0.0, target=None)
+            f.add("prefixcache_warmup_runs", (), warm.runs, target=None)
+            if warm.last_duration is not None:
+                f.add("prefixcache_warmup_last_duration_seconds", (), warm.last_duration, target=None)
+                f.add("prefixcache_warmup_last_failed_requests", (), warm.last_failed, target=None)
+        for name, models in sorted(p.routing.items()):
+            router_target = known.get(name)
+            if router_target is None:
+                continue  # gone with its target
+            for model, by_window in sorted(models.items()):
+                for window, (predicted, delivered) in by_window.items():
+                    f.add("prefixcache_predicted_hit_ratio", (model, window, predicted.weighting), predicted.ratio, target=router_target)
+                    f.add_present("prefixcache_router_delivered_hit_ratio", (model, window), delivered.ratio, target=router_target)
+        for q in p.alertmanager:
+            url = redact_url(q.url)
+            f.add("prefixcache_alertmanager_notifications", (url, "success"), q.notifications_ok, target=None)
+            f.add("prefixcache_alertmanager_notifications", (url, "failure"), q.notifications_failed, target=None)
+            f.add("prefixcache_alertmanager_notifications", (url, "rejected"), q.rejected, target=None)
+            f.add("prefixcache_alertmanager_alerts_sent", (url,), q.alerts_sent, target=None)
+            f.add("prefixcache_alertmanager_queue_length", (url,), q.pending, target=None)
+            f.add("prefixcache_alertmanager_dropped_alerts", (url,), q.dropped, target=None)
+            if q.last_success is not None:
+                f.add("prefixcache_alertmanager_last_success_timestamp_seconds", (url,), q.last_success, target=None)
+
+    def _target(self, f: "Families", v: TargetView) -> None:
+        t = v.target
+        f.add("prefixcache_target_up", (), 1.0 if v.up else 0.0, target=t)
+        if v.scrape_duration is not None:
+            f.add("prefixcache_scrape_duration_seconds", (), v.scrape_duration, target=t)
+        if v.last_success_time is not None:
+            f.add("prefixcache_last_scrape_success_timestamp_seconds", (), v.last_success_time, target=t)
+        scrapes = dict(v.scrapes)
+        for result in sorted(set(POLL_RESULTS) | set(scrapes)):  # from zero: increase() sees the first failure
+            f.add("prefixcache_scrapes", (result,), scrapes.get(result, 0), target=t)
+        rejected = dict(v.rejected)
+        for reason in sorted(set(REJECT_REASONS) | set(rejected)):
+            f.add("prefixcache_rejected_samples", (reason,), rejected.get(reason, 0), target=t)
+        f.add("prefixcache_history_samples", (), v.samples_kept, target=t)
+        snap = v.snapshot
+        if snap is not None:
+            f.add("prefixcache_parse_warnings", (), snap.warning_count, target=t)
+            if snap.engine_kind is not None:
+                f.add("prefixcache_target_engine_info", (snap.engine_kind,), 1.0, target=t)
+        if snap is not None or t.labels:
+            f.add("prefixcache_decode_target", (), 1.0 if roles.role(t.labels, snap)[0] == roles.DECODE else 0.0, target=t)
+        if snap is not None:
+            if snap.prefix_caching_enabled is not None:
+                f.add("prefixcache_prefix_caching_enabled", (), 1.0 if snap.prefix_caching_enabled else 0.0, target=t)
+            if snap.block_size is not None:
+                f.add("prefixcache_block_size_tokens", (), snap.block_size, target=t)
+        if snap is not None and v.up:
+            for s in snap.series:
+                engine = s.engine or ""
+                pc, ext = s.prefix_cache, s.external_prefix_cache
+                if pc is not None:
+                    if pc.queries is not None:
+                        f.add("prefixcache_vllm_prefix_cache_queries", (s.model_name, engine, pc.unit), pc.queries, target=t)
+                    if pc.hits is not None:
+                        f.add("prefixcache_vllm_prefix_cache_hits", (s.model_name, engine, pc.unit), pc.hits, target=t)
+                if ext is not None:
+                    if ext.queries is not None:
+                        f.add("prefixcache_vllm_external_prefix_cache_queries", (s.model_name, engine), ext.queries, target=t)
+                    if ext.hits is not None:
+                        f.add("prefixcache_vllm_external_prefix_cache_hits", (s.model_name, engine), ext.hits, target=t)
+                for name, value in (("prefixcache_vllm_prompt_tokens", s.prompt_tokens), ("prefixcache_vllm_preemptions", s.preemptions),
+                                    ("prefixcache_vllm_kv_cache_usage_ratio", s.kv_cache_usage)):
+                    if value is not None:
+                        f.add(name, (s.model_name, engine), value, target=t)
+                if s.hit_rate_since_start is not None:
+                    f.add("prefixcache_vllm_hit_ratio_since_start", (s.model_name,), s.hit_rate_since_start, target=t)
+                for source, value in s.prompt_tokens_by_source or ():
+                    f.add("prefixcache_vllm_prompt_tokens_by_source", (s.model_name, engine, source), value, target=t)
+                if s.prompt_tokens_cached is not None:
+                    f.add("prefixcache_vllm_prompt_tokens_cached", (s.model_name, engine), s.prompt_tokens_cached, target=t)
+                if s.engine_hit_rate is not None:
+                    f.add("prefixcache_engine_cache_hit_rate", (s.model_name,), s.engine_hit_rate, target=t)
+                for tier, value in s.cached_tokens_by_tier or ():
+                    f.add("prefixcache_cached_tokens_by_tier", (s.model_name, engine, tier), value, target=t)
+                for name, hist in (("prefixcache_vllm_kv_block_idle_before_evict_seconds", s.kv_idle_before_evict),
+                                   ("prefixcache_vllm_kv_block_reuse_gap_seconds", s.kv_reuse_gap)):
+                    if hist is not None and hist.sum is not None:
+                        f.histogram(name, (s.model_name, engine), hist.buckets, hist.sum, target=t)
+                pressure = tiers.evicted_before_reuse(s.kv_idle_before_evict, s.kv_reuse_gap)
+                if pressure is not None:
+                    f.add("prefixcache_kv_evicted_before_reuse", (s.model_name, engine), 1.0 if pressure else 0.0, target=t)
+                h = s.ttft
+                if h is not None and h.buckets and math.isinf(h.buckets[-1][0]) and h.sum is not None:
+                    f.histogram("prefixcache_vllm_time_to_first_token_seconds", (s.model_name, engine), h.buckets, h.sum, target=t)
+        ttft_totals = _ttft_totals(snap) if snap is not None and v.up else {}
+        for model, windows in sorted(v.stats.items()):
+            for window, ws in windows.items():
+                labels = (model, window)
+                for name, value_of in _WINDOW_GAUGES_BEFORE_TTFT:
+                    f.add_present(name, labels, value_of(ws), target=t)
+                totals = ttft_totals.get(model)
+                if ws.ttft_quantiles and totals is not None:
+                    f.summary("prefixcache_ttft_seconds", labels, sorted(ws.ttft_quantiles.items()), totals, target=t)
+                for name, value_of in _WINDOW_GAUGES_AFTER_TTFT:
+                    f.add_present(name, labels, value_of(ws), target=t)
+
+
+def _label_names(reading: Reading) -> tuple[str, ...]:
+    names: set[str] = set()
+    for v in reading.targets:
+        names.update(k for k, _ in v.target.labels)
+    return tuple(sorted(names))
+
+
+# derived per-window gauges: (metric, value or None); absent values are not exported
+_WINDOW_GAUGES_BEFORE_TTFT = (
+    ("prefixcache_hit_ratio", lambda ws: ws.hit_ratio),
+    ("prefixcache_query_tokens_per_second", lambda ws: ws.query_rate),
+    ("prefixcache_hit_tokens_per_second", lambda ws: ws.hit_rate),
+    ("prefixcache_recomputed_tokens_per_second",
+     lambda ws: ws.query_rate - ws.hit_rate if ws.query_rate is not None and ws.hit_rate is not None else None),
+    ("prefixcache_admitted_hit_ratio", lambda ws: ws.admitted_hit_ratio),
+    ("prefixcache_hit_ratio_disagreement",
+     lambda ws: ws.hit_ratio - ws.admitted_hit_ratio if ws.hit_ratio is not None and ws.admitted_hit_ratio is not None else None),
+    ("prefixcache_external_hit_ratio", lambda ws: ws.external_hit_ratio),
+)
+_WINDOW_GAUGES_AFTER_TTFT = (
+    ("prefixcache_ttft_mean_seconds", lambda ws: ws.ttft_mean),
+    ("prefixcache_ttft_hit_ratio_correlation", lambda ws: ws.correlation),
+    ("prefixcache_ttft_change_per_10pt_hit_ratio_seconds", lambda ws: ws.ttft_per_10_points),
+    ("prefixcache_kv_cache_usage_max_ratio", lambda ws: ws.kv_cache_usage_max),
+)
+
+
+def _ttft_totals(snap) -> dict[str, tuple[float, float]]:
+    """model -> (count, sum) of vLLM's TTFT histogram, summed over engines."""
+    out: dict[str, tuple[float, float]] = {}
+    for s in snap.series:
+        h = s.ttft
+        if h is None or h.count is None or h.sum is None:
+            continue
+        count, total = out.get(s.model_name, (0.0, 0.0))
+        out[s.model_name] = (count + h.count, total + h.sum)
+    return out
+
+
+class Families:
+    """Builds families from METRICS; target labels (and configured extras) are added."""
+
+    def __init__(self, windows: str, extra_label_names: tuple[str, ...]):
+        self.windows = windows
+        self.extra = extra_label_names
+        self._fams: dict[str, Metric] = {}
+        self._summary_labels: dict[str, list[str]] = {}
+
+    def _family(self, name: str) -> Metric:
+        fam = self._fams.get(name)
+        if fam is None:
+            d = METRICS[name]
+            labels = list(d.labels)
+            if "target" in labels and d.target_labels:
+                labels[1:1] = self.extra
+            help_text = _fmt_window_help(d.help, self.windows)
+            base = name
+            if d.kind == "summary":
+                fam = self._fams[name] = Metric(base, help_text, "summary")
+                self._summary_labels[name] = labels
+            else:
+                cls = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily, "histogram": HistogramMetricFamily}[d.kind]
+                fam = self._fams[name] = cls(base, help_text, labels=labels)
+        return fam
+
+    def _labels(self, name: str, values: tuple, target) -> list[str]:
+        if target is None:
+            return [str(v) for v in values]
+        extra = dict(target.labels)
+        return [target.name] + [extra.get(k, "") for k in self.extra] + [str(v) for v in values]
+
+    def add(self, name: str, values: tuple, value: float, target) -> None:
+        self._family(name).add_metric(self._labels(name, values, target), value)
+
+    def add_present(self, name: str, values: tuple, value: float | None, target) -> None:
+        if value is not None:
+            self.add(name, values, value, target)
+
+    def histogram(self, name: str, values: tuple, buckets, total: float, target) -> None:
+        fam = self._family(name)
+        fam.add_metric(self._labels(name, values, target), [("+Inf" if math.isinf(le) else _le(le), c) for le, c in buckets], total)
+
+    def summary(self, name: str, values: tuple, quantiles, totals: tuple[float, float], target) -> None:
+        fam = self._family(name)
+        labels = dict(zip(self._summary_labels[name], self._labels(name, values, target)))
+        for q, value in quantiles:
+            fam.add_sample(name, {**labels, "quantile": repr(float(q))}, value)
+        fam.add_sample(name + "_count", labels, totals[0])
+        fam.add_sample(name + "_sum", labels, totals[1])
+
+    def done(self) -> Iterator[Metric]:
+        return iter(self._fams.values())
+
+
+def _le(le: float) -> str:
+    return repr(float(le))

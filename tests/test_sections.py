@@ -1,0 +1,162 @@
+import pytest
+
+from exporter.config import sections as config, reader as config_reader
+from exporter.config.sections import ConfigError, load, load_file, load_text
+
+from conftest import FIXTURES
+
+
+def test_good_config_loads_with_every_value():
+    cfg = load_file(str(FIXTURES / "config" / "good.yml"))
+    assert [t.name for t in cfg.targets] == ["vllm-0", "vllm-1"]
+    assert cfg.targets[0].labels == (("namespace", "llm"), ("pod", "vllm-0"))
+    assert cfg.global_.poll_interval == 5.0
+    assert cfg.global_.body_size_limit == 16 * 1024 * 1024
+    assert cfg.global_.windows == (("1m", 60.0), ("5m", 300.0), ("15m", 900.0), ("1h", 3600.0))
+    assert cfg.global_.min_query_tokens == 2000
+    assert cfg.longest_window == 3600.0
+
+
+def test_defaults_live_in_one_place():
+    cfg = load_file(str(FIXTURES / "config" / "minimal.yml"))
+    assert cfg.global_ == config.GlobalConfig()
+    assert cfg.web.listen_address == ":9464"
+
+
+def test_every_error_is_reported_at_once_with_its_key_path():
+    with pytest.raises(ConfigError) as exc:
+        load_file(str(FIXTURES / "config" / "bad.yml"))
+    errors = exc.value.errors
+    for path in ("global.poll_interval", "global.body_size_limit", "global.windows[1]", "global.retention: unknown key",
+                 "web.listen_address", "targets[0].url", "targets[0].labels.target", "targets[0].labels.bad-name",
+                 "targets[1].name: required", "targets[1].lables: unknown key", "targets[2].name: duplicate",
+                 # windows: [1m] keeps a minute of history: the 5m rules would silently judge less
+                 "rules.hit_rate_low: window looks back 300s", "rules.ttft_regression", "rules.hit_rate_drop_after_deploy",
+                 "rules.counters_disagree"):
+        assert any(e.startswith(path) for e in errors), (path, errors)
+    assert len(errors) == 15
+
+
+@pytest.mark.parametrize("label", ["severity", "cause", "alertname", "model_name", "reason"])
+def test_target_labels_may_not_override_alert_labels(label):
+    with pytest.raises(ConfigError) as exc:
+        load({"targets": [{"name": "a", "url": "http://127.0.0.1:1/metrics", "labels": {label: "x"}}]})
+    assert exc.value.errors == [f"targets[0].labels.{label}: reserved by the exporter"]
+
+
+def test_every_label_of_our_metrics_is_reserved():
+    """A target label named like one of ours (`reason` on rejected_samples) would be
+    overwritten silently on that metric: every label name of the table is reserved."""
+    from exporter.serve.collector import METRICS
+    from exporter.config.sections import is_reserved_label
+    ours = {label for d in METRICS.values() if d.target_labels and "target" in d.labels for label in d.labels}
+    assert {label for label in ours if not is_reserved_label(label)} == set()
+
+
+@pytest.mark.parametrize("content, error", [
+    pytest.param("", "is empty", id="empty"),
+    pytest.param("  \n\t\n", "is empty", id="whitespace-only"),
+    pytest.param("x" * (64 * 1024 + 1), "is over", id="too-large"),
+    pytest.param("a\x00b", "control characters", id="control-characters"),
+])
+def test_a_token_file_that_would_disable_auth_is_rejected(tmp_path, content, error):
+    token = tmp_path / "token"
+    token.write_text(content)
+    with pytest.raises(ConfigError) as exc:
+        load({"deploys": {"api_token_file": str(token)}})
+    assert len(exc.value.errors) == 1 and error in exc.value.errors[0]
+
+
+@pytest.mark.parametrize("text, fragment", [
+    pytest.param("targets: [", "not valid YAML", id="bad-yaml"),
+    pytest.param("- 1\n- 2\n", "<root>: must be a mapping", id="not-a-mapping"),
+    pytest.param("targets: {a: 1}", "targets: must be a list", id="targets-not-list"),
+    pytest.param("global: {windows: []}", "global.windows", id="empty-windows"),
+    pytest.param("global: {windows: [1m, 60s]}", "windows must differ", id="duplicate-windows"),
+    pytest.param("global: {poll_interval: 1s, read_timeout: 10s}", "4 poll intervals", id="timeout-longer-than-polls"),
+    pytest.param("global: {min_query_tokens: -1}", "global.min_query_tokens", id="negative-floor"),
+    pytest.param("global: {poll_interval: true}", "global.poll_interval", id="bool-duration"),
+])
+def test_bad_values(text, fragment):
+    with pytest.raises(ConfigError) as exc:
+        load_text(text)
+    assert any(fragment in e for e in exc.value.errors), exc.value.errors
+
+
+def test_missing_file_is_a_config_error():
+    with pytest.raises(ConfigError) as exc:
+        load_file("/nonexistent/config.yml")
+    assert "cannot read" in exc.value.errors[0]
+
+
+@pytest.mark.parametrize("text, seconds", [("5s", 5), ("1m30s", 90), ("500ms", 0.5), ("1h", 3600), (2, 2.0), ("1d", 86400)])
+def test_durations(text, seconds):
+    assert config_reader.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text, size", [("16MiB", 16 * 2**20), ("1KB", 1000), (512, 512), ("2 GiB", 2 * 2**30)])
+def test_sizes(text, size):
+    assert config_reader.parse_size(text) == size
+
+
+def test_empty_config_is_valid_and_has_no_targets():
+    assert load(None).targets == ()
+
+
+# --- discovery --------------------------------------------------------------------------------
+def test_discovery_selects_by_labels_and_the_old_job_key_still_works():
+    new = load({"discovery": {"prometheus": {"url": "http://prom:9090", "match_labels": {"job": "llm/vllm", "namespace": "llm"}}}})
+    p = new.discovery.prometheus
+    assert p.match_labels == (("job", "llm/vllm"), ("namespace", "llm")) and p.wanted_labels == p.match_labels and p.scrape_pool == ""
+    old = load({"discovery": {"prometheus": {"url": "http://prom:9090", "job": "vllm"}}})
+    assert old.discovery.prometheus.wanted_labels == (("job", "vllm"),)
+    both = load({"discovery": {"prometheus": {"url": "http://prom:9090", "job": "llm/vllm", "match_labels": {"version": "v2"},
+                                              "scrape_pool": "podMonitor/llm/vllm/0"}}})
+    assert both.discovery.prometheus.wanted_labels == (("job", "llm/vllm"), ("version", "v2"))
+    assert both.discovery.prometheus.scrape_pool == "podMonitor/llm/vllm/0"
+
+
+def test_discovery_limits_have_defaults_like_prometheus_scrape_limits():
+    d = load({}).discovery
+    assert (d.target_limit, d.label_limit, d.label_value_length_limit) == (2000, 64, 1024)
+    d = load({"discovery": {"target_limit": 0, "label_limit": 10, "label_value_length_limit": 256}}).discovery
+    assert (d.target_limit, d.label_limit, d.label_value_length_limit) == (0, 10, 256)
+
+
+@pytest.mark.parametrize("prometheus, message", [
+    pytest.param({"url": "http://prom:9090"}, "say which targets are ours", id="no-selector"),
+    pytest.param({"url": "http://prom:9090", "job": "a", "match_labels": {"job": "b"}}, "contradicts match_labels.job", id="two-jobs"),
+    pytest.param({"url": "http://prom:9090", "match_labels": {"app.kubernetes.io/name": "vllm"}}, "not a valid label name", id="bad-name"),
+    pytest.param({"url": "http://prom:9090", "match_labels": {"version": 2}}, "must be a string", id="number-value"),
+    pytest.param({"url": "http://prom:9090", "match_labels": {"__meta_kubernetes_pod_name": "x"}}, "no target carries a __ label", id="meta-label"),
+    pytest.param({"url": "http://prom:9090", "match_labels": {}}, "non-empty mapping", id="empty"),
+    pytest.param({"job": "vllm"}, "discovery.prometheus.url: required", id="no-url"),
+])
+def test_a_discovery_selector_that_cannot_select_is_a_config_error(prometheus, message):
+    with pytest.raises(ConfigError, match=message):
+        load({"discovery": {"prometheus": prometheus}})
+
+
+def test_a_discovery_limit_must_be_a_whole_number():
+    with pytest.raises(ConfigError, match="discovery.target_limit"):
+        load({"discovery": {"target_limit": -1}})
+
+
+def test_a_bad_rule_setting_is_listed_with_its_key_path_not_a_crash():
+    """A wrong `for` used to leave RuleSettings without it: a TypeError instead of the list."""
+    with pytest.raises(ConfigError) as exc:
+        load({"rules": {"hit_rate_low": {"for": "soon"}, "target_down": {"startup_grace": -1}, "cold_start_grace": "x",
+                        "change_point": {"recent": "q"}}})
+    assert [e.split(":")[0] for e in exc.value.errors] == [
+        "rules.hit_rate_low.for", "rules.target_down.startup_grace", "rules.cold_start_grace", "rules.change_point.recent"]
+
+
+def test_the_rules_defaults_are_the_packaged_yaml():
+    """One home: what an empty config gets is exactly exporter/config/default_rules.yml."""
+    packaged = config.default_rules_yaml()
+    rc = load({}).rules
+    assert rc.cold_start_grace == config_reader.parse_duration(packaged["cold_start_grace"])
+    assert rc.event_lookback == config_reader.parse_duration(packaged["event_lookback"])
+    assert rc.cause_settings().event_lookback == rc.event_lookback == 1800.0
+    assert rc.change_point.min_query_tokens == packaged["change_point"]["min_query_tokens"]
+    assert rc.rules["PrefixCacheTTFTRegression"].reference == config_reader.parse_duration(packaged["ttft_regression"]["reference"])
