@@ -139,6 +139,25 @@ def test_a_router_restart_is_a_reset_not_a_negative_window():
     assert p.ratio == pytest.approx(0.8) and p.input_tokens == pytest.approx(1100.0)
 
 
+def test_a_router_counter_stepping_back_a_little_is_held_not_taken_for_a_reset():
+    """The engines' one reset policy: 2000 -> 1990 input tokens is a step back (held), not a
+    restart whose 1990 would count again in the window."""
+    h = router.RouterHistory(3600)
+    for t, (pred, inp) in enumerate([(800.0, 1000.0), (1600.0, 2000.0), (1590.0, 1990.0), (2400.0, 3000.0)]):
+        h.append(float(t), router_metrics.RouterSnapshot("dynamo", (("m", router_metrics.RouterCounters(pred, inp)),)))
+    (p,) = h.predictions(3.0, [("5m", 300.0)])["m"].values()
+    assert p.input_tokens == pytest.approx(2000.0) and p.ratio == pytest.approx(0.8)
+
+
+def test_the_router_window_leaves_out_its_left_edge_as_the_engines_windows_do():
+    h = router.RouterHistory(3600)
+    for t, (pred, inp) in [(0.0, (0.0, 0.0)), (60.0, (500.0, 1000.0)), (120.0, (1300.0, 2000.0))]:
+        h.append(t, router_metrics.RouterSnapshot("dynamo", (("m", router_metrics.RouterCounters(pred, inp)),)))
+    got = h.predictions(120.0, [("1m", 60.0), ("2m", 120.0)])["m"]
+    assert "1m" not in got  # (60, 120] holds one sample: no increase to judge
+    assert got["2m"].ratio == pytest.approx(0.8) and got["2m"].input_tokens == pytest.approx(1000.0)  # (0, 120]: from t=60
+
+
 def test_dynamo_decode_routing_is_not_a_prediction_of_hits():
     text = ("# TYPE dynamo_component_router_kv_selected_cached_prefix_tokens_total counter\n"
             'dynamo_component_router_kv_selected_cached_prefix_tokens_total{dynamo_namespace="ns",dynamo_component="router",model="m",phase="prefill",router_id="1"} 600\n'

@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..parse.router_metrics import ALL_MODELS, RouterSnapshot
+from ..series.history import is_reset
 from .causes import ROUTING_INDEX_STALE
 from .rules_state import Condition
 
@@ -35,8 +36,9 @@ _FIELDS = ("predicted_tokens", "input_tokens", "ratio_sum", "ratio_count")
 
 
 class RouterHistory:
-    """The router's counters over the longest window, reset-adjusted like PromQL's
-    increase(): a counter below its last value started again from zero."""
+    """The router's counters over the longest window, reset-adjusted by the engines' one
+    policy (exporter/series/history.py is_reset): a counter that fell to at most half its
+    last value started again from zero; one that fell less stepped back and is held."""
 
     def __init__(self, keep_seconds: float):
         self.keep_seconds = keep_seconds
@@ -54,9 +56,14 @@ class RouterHistory:
             last = self._last.get(model)
             offset = self._offset.setdefault(model, [0.0] * len(_FIELDS))
             if last is not None:
+                held = list(raw)
                 for i, (a, b) in enumerate(zip(last, raw)):
                     if a is not None and b is not None and b < a:
-                        offset[i] += a
+                        if is_reset(a, b):
+                            offset[i] += a
+                        else:
+                            held[i] = a  # the increase is 0 until the counter passes it again
+                raw = tuple(held)
             self._last[model] = raw
             adjusted[model] = tuple(None if v is None else v + offset[i] for i, v in enumerate(raw))
         for model in [m for m in self._last if m not in adjusted]:
@@ -68,11 +75,12 @@ class RouterHistory:
         self.view = tuple(self.samples)
 
     def predictions(self, now: float, windows, min_requests: float = 1.0) -> dict[str, dict[str, Prediction]]:
-        """model -> window name -> Prediction over (now - seconds, now]; token-weighted
-        where the window has predicted and input tokens, else the per-request mean."""
+        """model -> window name -> Prediction over (now - seconds, now], the engines' windows'
+        span; token-weighted where the window has predicted and input tokens, else the
+        per-request mean."""
         out: dict[str, dict[str, Prediction]] = {}
         for name, seconds in windows:
-            inside = [s for s in self.view if now - seconds <= s[0] <= now]
+            inside = [s for s in self.view if now - seconds < s[0] <= now]
             if len(inside) < 2:
                 continue
             first, last = inside[0][1], inside[-1][1]
