@@ -8,10 +8,9 @@ buckets we never look at.
 from __future__ import annotations
 
 import math
-import re
 
 # what the parser builds; the types live in snapshot.py, which their users import
-from . import cacheconfig, tiers, trtllm
+from . import cacheconfig, exposition, tiers, trtllm
 from .router_metrics import RouterBuilder
 from .snapshot import MAX_WARNINGS, CounterPair, Histogram, SeriesSnapshot, Snapshot
 
@@ -35,6 +34,9 @@ PROMPT_TOKENS_CACHED = "vllm:prompt_tokens_cached_total"  # 0.16 on
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 REQUESTS_RUNNING = "vllm:num_requests_running"
 REQUESTS_WAITING = "vllm:num_requests_waiting"
+# sleep mode (--enable-sleep-mode): 1 on the engine's state, 0 on the others; both sleep
+# levels discard the KV cache while the process lives on
+ENGINE_SLEEP_STATE = "vllm:engine_sleep_state"  # sleep_state=awake|weights_offloaded (level 1)|discard_all (level 2)
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 LORA_REQUESTS_INFO = "vllm:lora_requests_info"
 PROCESS_START_TIME = "process_start_time_seconds"
@@ -120,6 +122,7 @@ _ROLE_BY_NAME: dict[str, tuple[str, str]] = {
     GENERATION_TOKENS: ("counter", "generation_tokens"),
     REQUESTS_RUNNING: ("gauge", "requests_running"),
     REQUESTS_WAITING: ("gauge", "requests_waiting"),
+    ENGINE_SLEEP_STATE: ("by_sleep_state", "sleep_"),
     CACHE_CONFIG_INFO: ("info", "cache_config"),
     LORA_REQUESTS_INFO: ("info", "lora"),
     PROCESS_START_TIME: ("process", "process_start_time"),
@@ -183,6 +186,7 @@ _TRTLLM_ZERO_WHEN_DECLARED = {"trtllm_kv_cache_reused_blocks": "trtllm_reused", 
 _DECLARED_FAMILY = {n: n for n in _TRTLLM_ZERO_WHEN_DECLARED} | {n + "_total": n for n in _TRTLLM_ZERO_WHEN_DECLARED}  # TYPE names either
 BY_SOURCE = ("local_compute", "local_cache_hit", "external_kv_transfer")
 CACHED_BY_SOURCE = ("device", "host", "p2p", "disk", "external_unspecified")
+SLEEP_STATES = {"awake": 0, "weights_offloaded": 1, "discard_all": 2}  # the sleep level each state means
 # HELP lines are read for these only: the 0.7.3-0.8.x `gpu_` pair counts blocks, the
 # 0.9.x pair counts tokens, and HELP is the only place the text says which.
 _UNIT_FROM_HELP = {GPU_PREFIX_QUERIES, GPU_PREFIX_HITS}
@@ -196,72 +200,6 @@ REJECT_REASONS = ("non_finite_counter", "negative_counter", "non_finite_start_ti
 
 
 # --- the parser ----------------------------------------------------------------------
-_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(,|$)')
-_UNESCAPE = re.compile(r"\\(.)")
-_UNESCAPED = {"n": "\n", "\\": "\\", '"': '"'}
-
-
-def _labels(text: str) -> dict[str, str] | None:
-    """Label text between the braces -> dict, or None when it is not well formed."""
-    out: dict[str, str] = {}
-    pos = 0
-    end = len(text)
-    while pos < end:
-        m = _LABEL.match(text, pos)
-        if m is None:
-            return None
-        value = m.group(2)
-        if "\\" in value:
-            value = _UNESCAPE.sub(lambda e: _UNESCAPED.get(e.group(1), "\\" + e.group(1)), value)
-        out[m.group(1)] = value
-        pos = m.end()
-        if m.group(3) == "" and pos < end:
-            return None
-    return out
-
-
-def _sample(line: str, brace: int) -> tuple[dict[str, str] | None, str] | None:
-    """One sample line -> (labels or None if malformed, value text), or None."""
-    if brace == -1:
-        rest = line.split()
-        if len(rest) not in (2, 3):
-            return None
-        return {}, rest[1]
-    close = line.rfind("}")
-    if close < brace:
-        return None
-    rest = line[close + 1:].split()
-    if len(rest) not in (1, 2):
-        return None
-    text = line[brace + 1:close]
-    if "\\" in text:
-        return _labels(text), rest[0]
-    # without a backslash no value can hold a quote, so '",' only separates labels
-    parts = text.split('",')
-    last = parts[-1]
-    if last.endswith('"'):
-        parts[-1] = last[:-1]
-    elif not last.strip():
-        parts.pop()  # a trailing comma
-    else:
-        return None, rest[0]
-    labels = {}
-    for part in parts:
-        key, sep, value = part.partition('="')
-        key = key.strip()
-        if not sep or not key or '"' in value or not (key[0].isalpha() or key[0] == "_"):
-            return None, rest[0]
-        labels[key] = value
-    return labels, rest[0]
-
-
-def _le(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
 # A `# TYPE` line names a family; families we never read are skipped whole.
 _WANTED_FAMILIES = {n for name in _ROLE_BY_NAME for n in (name, name.removesuffix("_total"), name.removesuffix("_bucket"),
                                                            name.removesuffix("_sum"), name.removesuffix("_count"))}
@@ -352,7 +290,7 @@ def parse(text: str) -> Snapshot:
         role = roles.get(name)
         if role is None:
             continue
-        parsed = _sample(line, cut if cut == brace else -1)
+        parsed = exposition.sample(line, cut if cut == brace else -1)
         if parsed is None:
             warnings.append(f"line {lineno}: malformed sample for {name}")
             continue
@@ -402,7 +340,7 @@ def parse(text: str) -> Snapshot:
         if name.startswith("trtllm_"):
             trtllm_keys.add(key)
         if kind in ("bucket", "bucket_sum"):
-            le = _le(labels.get("le", ""))
+            le = exposition.le(labels.get("le", ""))
             if le is None:
                 warnings.append(f"line {lineno}: {name} has a bad le label")
                 continue
@@ -416,7 +354,7 @@ def parse(text: str) -> Snapshot:
             tier = tiers.of_trtllm(labels.get(field_name))
             builder.tiers[tier] = builder.tiers.get(tier, 0.0) + value
         elif kind == "hist_bucket":
-            le = _le(labels.get("le", ""))
+            le = exposition.le(labels.get("le", ""))
             if le is None:
                 warnings.append(f"line {lineno}: {name} has a bad le label")
                 continue
@@ -429,6 +367,12 @@ def parse(text: str) -> Snapshot:
                 warnings.append(f"line {lineno}: {name} has an unknown source {source!r}")
                 continue
             builder.values[field_name + source] = value
+        elif kind == "by_sleep_state":
+            state = labels.get("sleep_state")
+            if state not in SLEEP_STATES:
+                warnings.append(f"line {lineno}: {name} has an unknown sleep_state {state!r}")
+                continue
+            builder.values[field_name + state] = value
         elif kind == "by_cached_source":
             source = labels.get("source")
             if source not in CACHED_BY_SOURCE:
@@ -578,11 +522,26 @@ def _series(model: str, engine: str | None, b: _SeriesBuilder, gpu_unit: str | N
         kv_idle_before_evict=tiers.histogram(b.hists.get("idle_before_evict"), v.get("idle_before_evict_sum"), v.get("idle_before_evict_count")),
         kv_reuse_gap=tiers.histogram(b.hists.get("reuse_gap"), v.get("reuse_gap_sum"), v.get("reuse_gap_count")),
         prompt_tokens_recomputed=v.get("prompt_tokens_recomputed"),
+        sleep_level=_sleep_level(v),
         prefill_kv_computed=(v["prefill_kv_computed_sum"], v.get("prefill_kv_computed_count", 0.0)) if "prefill_kv_computed_sum" in v else None,
         engine_hit_rate=_ratio_or_none(v.get("engine_hit_rate"), what, warnings),
         lmcache_lookups=tuple(v.get(k) for k in ("lmcache_lookup_requests", "lmcache_lookup_tokens", "lmcache_lookup_hits"))
         if any(k in v for k in ("lmcache_lookup_requests", "lmcache_lookup_tokens", "lmcache_lookup_hits")) else None,
     )
+
+
+def _sleep_level(v: dict[str, float]) -> int | None:
+    """0 awake, 1 or 2 the sleep level (a sleeping engine whose level is not set: 1),
+    None where the engine does not say."""
+    states = {state: v["sleep_" + state] for state in SLEEP_STATES if "sleep_" + state in v}
+    if not states:
+        return None
+    if states.get("awake", 0.0) >= 1.0:
+        return 0
+    asleep = [level for state, level in SLEEP_STATES.items() if level and states.get(state, 0.0) >= 1.0]
+    if asleep:
+        return max(asleep)
+    return 1 if "awake" in states else None
 
 
 def _ratio_or_none(value: float | None, what: str, warnings: list[str]) -> float | None:
