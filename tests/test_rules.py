@@ -195,3 +195,52 @@ def test_every_setting_config_reads_is_a_field_of_rule_settings():
 
     from exporter.config.sections import _RULE_FIELDS
     assert {field for field, _ in _RULE_FIELDS.values()} == {f.name for f in dataclasses.fields(rules.RuleSettings)}
+
+
+# --- thresholds compare tokens with tokens, also on a target counting blocks (issue 30) --------
+def block_counting_run(scenario, until=600.0):
+    """A vLLM 0.8 target (its lookup counters count 16-token blocks) at half a request a
+    second: ~40,000 prompt tokens a minute, ~2,500 blocks."""
+    from exporter.sim.simulator import Replica
+    e = Engine(load({"targets": [{"name": "vllm-0", "url": "http://127.0.0.1:1/0"}]}))
+    r = Replica("vllm-0", scenario, start=9100.0, seed=3, generation="v0.8")
+    transitions, t = [], 10_000.0
+    while t <= 10_000.0 + until:
+        r.advance(t)
+        e.ingest("vllm-0", t, parse(r.render()))
+        transitions += e.evaluate(t)
+        t += 5.0
+    return e, transitions
+
+
+def test_hits_stuck_at_zero_on_a_block_counting_target_pages_within_3_minutes():
+    """It compared 20,000 (tokens) with ~2,500 blocks a minute: it never fired."""
+    from exporter.sim.simulator import Event, Scenario
+    e, transitions = block_counting_run(Scenario(request_rate=0.5, events=(Event(900 + 300, "hits_broken", True),)))
+    ws = e.tracks["vllm-0"].view.stats["demo/llama-3-8b"]["1m"]
+    assert ws.unit == "blocks" and ws.query_increase < 20000 <= ws.query_increase * 16
+    fired = [t for t in transitions if t.alert.alertname == rules.HITS_STUCK_AT_ZERO and t.state == "firing"]
+    assert fired and fired[0].t - 10_300.0 <= 180
+
+
+def test_counters_disagreeing_on_a_block_counting_target_are_said():
+    """Hits not counted while TTFT held: its 5m floor compared 20,000 with ~12,000 blocks."""
+    from exporter.sim.simulator import HITS_NOT_WIRED, Event, Scenario
+    e, transitions = block_counting_run(Scenario(request_rate=0.5, events=(Event(900 + 300, "counter_bug", HITS_NOT_WIRED),)),
+                                        until=900.0)
+    assert e.tracks["vllm-0"].view.stats["demo/llama-3-8b"]["5m"].query_increase < 20000
+    fired = [t for t in transitions if t.state == "firing"]
+    assert [t.alert.alertname for t in fired] == [rules.COUNTERS_DISAGREE]
+    assert dict(fired[0].alert.labels)["cause"] == "instrumentation"
+
+
+def test_the_token_floors_of_every_rule_read_a_block_counting_target_in_tokens():
+    from exporter.series.hitratio import query_tokens
+    from exporter.sim.simulator import Scenario
+    e, _ = block_counting_run(Scenario(request_rate=0.5), until=120.0)
+    view = e.tracks["vllm-0"].view
+    ws = view.stats["demo/llama-3-8b"]["1m"]
+    facts = rules.Facts(now=10_120.0, target="vllm-0", model="demo/llama-3-8b", up=True, down_since=None,
+                        snapshot=view.snapshot, samples=view.samples, stats=view.stats["demo/llama-3-8b"],
+                        windows={60.0: "1m", 300.0: "5m"}, events=(), block_size=view.snapshot.block_size)
+    assert facts.query_tokens(ws) == query_tokens(ws) == ws.query_increase * 16 > 20000 > ws.query_increase
