@@ -132,6 +132,7 @@ def test_sleep_serves_nothing_and_the_wake_finds_the_kv_cache_empty():
     assert (h3 - h2) / (q3 - q2) > 0.8 and r.created == 0.0  # refilled, by the same process
 
 
+@pytest.mark.slow
 def test_conversation_turns_hit_their_context_on_one_replica_in_n():
     from exporter.sim import stories
     for n, low, high in ((2, 0.55, 0.68), (6, 0.25, 0.40)):
