@@ -155,3 +155,10 @@ def test_a_traffic_mix_needs_enough_requests_to_be_more_than_chance():
     rates = dict(ratio=0.45, token_rates=(5600.0, 12500.0), baseline_token_rates=(5800.0, 6500.0))
     assert classify(evidence(**rates, requests=300.0))[0] == causes.TRAFFIC_MIX
     assert classify(evidence(**rates, requests=40.0))[0] == causes.UNKNOWN
+
+
+def test_a_scale_out_seen_in_steps_is_one_change_from_the_first_count():
+    steps = (fleet(300, was=2, now=4, ratio_before=0.56), fleet(280, was=4, now=6, ratio_before=0.40))
+    got, why = classify(evidence(ratio=0.3, events=steps))
+    assert got == causes.REPLICAS_CHANGED and "(was 2)" in why and "the model hit 56% before" in why
+    assert classify(evidence(ratio=0.3, events=(fleet(300, was=6, now=2), fleet(280, was=2, now=6))))[0] == causes.UNKNOWN

@@ -171,11 +171,14 @@ def replicas_changed(e: Evidence, recent, deploys) -> str:
     event of every replica of the model), no deploy came after it, and the fall is no
     deeper than spreading the turns over more replicas explains, with requests of the
     same size as before."""
-    grown = [ev for ev in recent if ev.source == REPLICAS and ev.replicas is not None and ev.replicas[1] > ev.replicas[0]]
-    if not grown or any(d.t >= grown[-1].t for d in deploys):
+    # a scale-out seen in steps (2 -> 4 -> 6, as discovery finds the pods) is one change
+    steps = [ev for ev in recent if ev.source == REPLICAS and ev.replicas is not None]
+    if not steps or any(d.t >= steps[0].t for d in deploys):
         return ""
-    ev = grown[-1]
-    was, now = ev.replicas
+    ev = steps[0]
+    was, now = ev.replicas[0], steps[-1].replicas[1]
+    if now <= was:
+        return ""
     if e.ratio is not None and ev.ratio_before is not None and e.ratio < ev.ratio_before * was / now * FLEET_SLACK:
         return ""  # deeper than the fleet explains
     if e.per_request is not None and e.per_request_before_fleet is not None and e.per_request_before_fleet[1] > 0:

@@ -435,7 +435,7 @@ def evidence(f: Facts, rc: RulesConfig) -> causes.Evidence:
         rates, baseline_rates = token_rates(since), token_rates(before)
         after_tiers = since
     fleet = [e for e in recent if e.source == REPLICAS]
-    before_fleet = stats_between(f.samples, f.model, fleet[-1].t - drop.baseline, fleet[-1].t, 0.0, f.block_size) if fleet else None
+    before_fleet = stats_between(f.samples, f.model, fleet[0].t - drop.baseline, fleet[0].t, 0.0, f.block_size) if fleet else None
     return causes.Evidence(
         now=f.now,
         caching_enabled=f.snapshot.prefix_caching_enabled if f.snapshot else None,
