@@ -15,11 +15,12 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
-from .alerting.deploys import AnnotationsWatcher
 from .config import sections as config_mod
 from .config.discovery import parse_shard
+from .config.load import load_file
 from .config.reader import parse_listen_address
 from .config.sections import Config, ConfigError
+from .discovery.annotations import AnnotationsWatcher
 from .exitcodes import EXIT_ERROR, EXIT_OK
 from .notify.alertmanager import Notifier
 from .poll.poller import Poller
@@ -72,12 +73,17 @@ class Sidecar:
 
     def _reload(self, path: str) -> bool:
         try:
-            new = with_shard(config_mod.load_file(path), self.shard)
+            new = with_shard(load_file(path), self.shard)
             parse_listen_address(new.web.listen_address)
         except ConfigError as exc:
             self.state.update(config_reload_success=False)
             for err in exc.errors:
                 log.error("reload failed, keeping the old config: %s", err)
+            return False
+        except Exception as exc:  # a config no check foresaw must not end the reload thread unreported
+            self.state.update(config_reload_success=False)
+            log.error("reload failed, keeping the old config: %s: %s", type(exc).__name__, exc)
+            log.debug("reload failure", exc_info=True)
             return False
         if new.web.listen_address != self.config.web.listen_address:
             log.warning("reload: web.listen_address changes need a restart; keeping %s", self.config.web.listen_address)
@@ -172,7 +178,7 @@ def load_run_config(args) -> Config:
     if not path:
         raise ConfigError([f"no config: pass --config.file or set {config_mod.ENV_CONFIG_FILE}"])
     args.config_file = path
-    return with_shard(config_mod.load_file(path), getattr(args, "shard", None))
+    return with_shard(load_file(path), getattr(args, "shard", None))
 
 
 def with_shard(cfg: Config, shard: str | None) -> Config:
@@ -240,7 +246,7 @@ def leave(code: int, stopped: bool) -> int:
 
 def check_config(args) -> int:
     """`check-config FILE`: what `run` would start with, or every error at once (ConfigError, which main reports)."""
-    cfg = config_mod.load_file(args.file)
+    cfg = load_file(args.file)
     for warning in config_warnings(cfg):
         print(f"warning: {warning}", file=sys.stderr)
     sources = [name for name, on in (("prometheus", cfg.discovery.prometheus), ("file_sd", cfg.discovery.file_sd)) if on]

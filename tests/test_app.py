@@ -477,7 +477,7 @@ def test_who_may_call_each_endpoint_follows_every_reload(tmp_path, basic_auth):
     import requests
     import yaml
     from exporter.sidecar import build_sidecar
-    from exporter.config.sections import load_file
+    from exporter.config.load import load_file
     from exporter.serve.webconfig import parse_web_config
 
     token_file = tmp_path / "token"

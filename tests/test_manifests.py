@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from exporter.config.sections import load
+from exporter.config.load import read_secret_file
 
 from conftest import require_binary
 from helpers import canonical_name, locked_pins, pinned_base_image
@@ -286,7 +287,7 @@ def test_central_config_is_valid(tmp_path):
     token = tmp_path / "token"
     token.write_text("s3cret\n")
     data["deploys"]["api_token_file"] = str(token)
-    config = load(data)
+    config = load(data, read_secret_file)
     assert config.deploys.api_token == "s3cret" and config.alertmanager.urls
     # it follows the fleet through Prometheus: no list of pod names to keep current
     assert not config.targets and config.discovery.prometheus.wanted_labels == (("job", "vllm"),)

@@ -1,7 +1,10 @@
+import os
+
 import pytest
 
 from exporter.config import sections as config, reader as config_reader
-from exporter.config.sections import ConfigError, load, load_file, load_text
+from exporter.config.load import load_file, read_secret_file
+from exporter.config.sections import ConfigError, load, load_text
 
 from conftest import FIXTURES
 
@@ -56,15 +59,30 @@ def test_every_label_of_our_metrics_is_reserved():
 @pytest.mark.parametrize("content, error", [
     pytest.param("", "is empty", id="empty"),
     pytest.param("  \n\t\n", "is empty", id="whitespace-only"),
-    pytest.param("x" * (64 * 1024 + 1), "is over", id="too-large"),
+    pytest.param("x" * (64 * 1024 + 1), "larger than 65536 bytes", id="too-large"),
     pytest.param("a\x00b", "control characters", id="control-characters"),
 ])
 def test_a_token_file_that_would_disable_auth_is_rejected(tmp_path, content, error):
     token = tmp_path / "token"
     token.write_text(content)
     with pytest.raises(ConfigError) as exc:
-        load({"deploys": {"api_token_file": str(token)}})
+        load({"deploys": {"api_token_file": str(token)}}, read_secret_file)
     assert len(exc.value.errors) == 1 and error in exc.value.errors[0]
+
+
+def test_a_secret_file_is_read_bounded_and_never_waited_on(tmp_path):
+    fifo = tmp_path / "token"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError) as exc:
+        load({"deploys": {"api_token_file": str(fifo)}}, read_secret_file)
+    assert exc.value.errors == [f"deploys.api_token_file: cannot read {fifo}: not a regular file (a FIFO or a device is never read)"]
+
+
+def test_a_config_given_as_text_reads_no_file_it_names(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret")
+    with pytest.raises(ConfigError, match="secret files are read only from a config file"):
+        load({"deploys": {"api_token_file": str(token)}})
 
 
 @pytest.mark.parametrize("text, fragment", [

@@ -149,7 +149,7 @@ def test_concurrent_reloads_apply_one_after_the_other(tmp_path):
     ids, KeyErrors, wrong job counts) and every target keeps polling."""
     import threading
     from exporter.sidecar import build_sidecar
-    from exporter.config.sections import load_file
+    from exporter.config.load import load_file
     replicas = [simulator.Replica(n, simulator.Scenario(), start=time.time() - 900, seed=i) for i, n in enumerate("abc")]
     fleet = Fleet(replicas, clock=time.time).start()
     cfg = tmp_path / "config.yml"

@@ -281,7 +281,7 @@ def test_a_file_of_nested_brackets_is_refused_before_yaml_takes_quadratic_time_o
     import time
     started = time.monotonic()
     for text in ("[" * 100_000, "{a: " * 20_000, "- [" * 10_000):
-        with pytest.raises(DiscoveryError, match="nested more than 64 deep"):
+        with pytest.raises(DiscoveryError, match="nested deeper than 64 levels"):
             from_file_sd(text, "sd.yml")
     with pytest.raises(DiscoveryError, match="not valid JSON"):
         from_file_sd("[" * 100_000, "sd.json")

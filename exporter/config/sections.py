@@ -12,17 +12,18 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from importlib import resources
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
 from ..alerting import rules as alert_rules
 from ..alerting.deploys import ChangePointSettings
 from ..alerting.rules import COMMON_SETTINGS, RuleSettings, RulesConfig
+from ..peers import yamltext
 from .discovery import DiscoveryConfig, read_discovery
 from .reader import (LABEL_NAME, ConfigError, Reader, boolean, duration_or_zero, http_url, limit_or_zero,
                             non_negative_number, nonempty_string, parse_duration, parse_size, parse_listen_address,
-                            positive_int, ratio, read_secret, severity)
+                            no_files, positive_int, ratio, read_secret, severity)
 
 ENV_CONFIG_FILE = "PREFIX_CACHE_EXPORTER_CONFIG"
 
@@ -402,10 +403,11 @@ def load_rules(raw: Any, errors: list[str]) -> RulesConfig:
     )
 
 
-def load(data: Any) -> Config:
-    """Parsed YAML -> Config, or ConfigError listing every problem."""
+def load(data: Any, read_file: Callable[[str], str] = no_files) -> Config:
+    """Parsed YAML -> Config, or ConfigError listing every problem; `read_file` reads the
+    secret files it names (exporter/config/load.py gives the bounded one)."""
     errors: list[str] = []
-    r = Reader(errors)
+    r = Reader(errors, read_file)
     top = r.mapping(data, "", {"global", "web", "targets", "alertmanager", "deploys", "rules", "warmup", "lint", "analysis",
                                      "discovery", "fleet_baseline"})
     g = _global(r, top.get("global"))
@@ -475,18 +477,9 @@ def _lookback_errors(cfg: Config) -> list[str]:
     return errors
 
 
-def load_text(text: str, source: str = "<config>") -> Config:
+def load_text(text: str, source: str = "<config>", read_file: Callable[[str], str] = no_files) -> Config:
     try:
-        data = yaml.safe_load(text)
+        data = yamltext.load(text, yaml.SafeLoader)
     except yaml.YAMLError as exc:
         raise ConfigError([f"{source}: not valid YAML: {exc}"]) from None
-    return load(data)
-
-
-def load_file(path: str) -> Config:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise ConfigError([f"{path}: cannot read: {exc.strerror}"]) from None
-    return load_text(text, path)
+    return load(data, read_file)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ..config import sections as config_mod
+from ..config.load import load_file
 from ..config.sections import Config
 from ..exitcodes import EXIT_ERROR, EXIT_OK
 from ..monitor.recording import write_line
@@ -13,7 +13,7 @@ from ..monitor.replay import backtest
 
 def command(args) -> int:
     """`backtest RECORDING`: the recording through the rules, each alert transition a JSON line on stdout."""
-    cfg = config_mod.load_file(args.config_file) if args.config_file else Config()
+    cfg = load_file(args.config_file) if args.config_file else Config()
     try:
         # bytes: a line that is not UTF-8 is one bad line, not the end of the replay
         source = sys.stdin.buffer if args.recording == "-" else open(args.recording, "rb")

@@ -8,8 +8,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from ..config import sections as config_mod
 from ..config.discovery import ShardConfig
+from ..config.load import load_file
 from ..config.sections import Target
 from ..discovery.sources import Discovery
 from ..discovery.targets import polled
@@ -29,7 +29,7 @@ def command(args) -> int:
         return EXIT_USAGE
     discovery = None
     if args.config_file:
-        cfg = config_mod.load_file(args.config_file)
+        cfg = load_file(args.config_file)
         discovery = Discovery(cfg.discovery, time.time) if cfg.discovery.enabled else None
         static = cfg.targets
     else:
