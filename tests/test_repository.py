@@ -39,3 +39,4 @@ def test_every_copied_fixture_folder_names_its_sources():
         for fixture in sorted((ROOT / "tests" / "fixtures" / folder).iterdir()):
             if fixture.name != "SOURCES.md":
                 assert fixture.name in listed, f"{fixture} is not named in {sources}"
+
