@@ -55,6 +55,37 @@ class _HelpWithDefaults(argparse.HelpFormatter):
 LOG_LEVELS = ["debug", "info", "warn", "warning", "error"]
 
 
+def count(low: int, high: int):
+    """An argparse type: a whole number in [low, high]. A count the tools size memory by is
+    bounded, so `--replicas 1e9` is a usage error, not a MemoryError."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not between {low} and {high:,}")
+        return value
+    return parse
+
+
+def seconds(low: float, positive: bool = False):
+    """An argparse type: a finite number of seconds, at least `low` (above it with `positive`):
+    `nan` or `inf` would print 0.0% or wait forever."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value != value or value in (float("inf"), float("-inf")) or value < low or (positive and value <= low):
+            raise argparse.ArgumentTypeError(f"{text} is not a finite number {'above' if positive else 'of at least'} {low:g}")
+        return value
+    return parse
+
+
+MAX_BLOCK_SIZE = 1 << 20  # tokens: vLLM's blocks are 16 to 256
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vllm-prefix-cache-exporter", description="Prometheus exporter and alerting sidecar for vLLM prefix caching.",
                                 formatter_class=_HelpWithDefaults)
@@ -77,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=sidecar.run)
 
     demo_cmd = command("demo", "play the incident on a simulated vLLM fleet")
-    demo_cmd.add_argument("--duration", type=float, default=120.0, help="seconds the story takes")
+    demo_cmd.add_argument("--duration", type=seconds(0, positive=True), default=120.0, help="seconds the story takes")
     demo_cmd.add_argument("--web.listen-address", dest="listen_address", default="127.0.0.1:9464", help="where the demo's exporter listens")
     demo_cmd.add_argument("--alertmanager.url", dest="alertmanager_urls", action="append", default=[],
                       help="also deliver the demo's alerts to this Alertmanager (repeatable)")
@@ -104,15 +135,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="record every target of this config instead: static and discovered (lines carry their labels)")
     rec.add_argument("--name", default=None, help="target name in the recording (default: the URL)")
     rec.add_argument("--out", required=True, help="the recording to append to")
-    rec.add_argument("--interval", type=float, default=5.0, help="seconds between scrapes")
-    rec.add_argument("--duration", type=float, default=300.0, help="seconds to record")
+    rec.add_argument("--interval", type=seconds(0, positive=True), default=5.0, help="seconds between scrapes")
+    rec.add_argument("--duration", type=seconds(0), default=300.0, help="seconds to record")
     rec.set_defaults(func=record.command)
 
     diag = command("diagnose", "first divergent token of two chat requests and the cache blocks that survive")
     diag.add_argument("a", metavar="A.json", help="the earlier chat-completions request")
     diag.add_argument("b", metavar="B.json", help="the later one")
     diag.add_argument("--target", help="the vLLM server (http://host:8000): /tokenize, /detokenize, /metrics")
-    diag.add_argument("--block-size", dest="block_size", type=int, default=None, help="default: from vllm:cache_config_info, else 16")
+    diag.add_argument("--block-size", dest="block_size", type=count(1, MAX_BLOCK_SIZE), default=None, help="default: from vllm:cache_config_info, else 16")
     diag.add_argument("--offline", action="store_true", help="no server: an approximation on the rendered text")
     diag.add_argument("--json", action="store_true", help="print JSON instead of text")
     diag.set_defaults(func=diagnose.command)
@@ -145,13 +176,13 @@ def build_parser() -> argparse.ArgumentParser:
     wi.set_defaults(func=whatif_command.command)
 
     sim = command("simulate", "serve simulated vLLM replicas on 127.0.0.1")
-    sim.add_argument("--replicas", type=int, default=2, help="how many replicas")
-    sim.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    sim.add_argument("--replicas", type=count(1, 256), default=2, help="how many replicas")
+    sim.add_argument("--port", type=count(0, 65535), default=0, help="0 picks a free port")
     sim.add_argument("--generation", choices=simulator.GENERATIONS, default="current", help="which vLLM metric names to serve")
     sim.add_argument("--scenario", choices=sorted(serve.SCENARIOS), default="healthy", help="the story to play")
-    sim.add_argument("--rate", type=float, default=5.0, help="requests/s per replica")
-    sim.add_argument("--event-at", dest="event_at", type=float, default=60.0, help="seconds until the scenario's event")
-    sim.add_argument("--duration", type=float, default=0.0, help="seconds; 0 serves until stopped")
+    sim.add_argument("--rate", type=seconds(0, positive=True), default=5.0, help="requests/s per replica")
+    sim.add_argument("--event-at", dest="event_at", type=seconds(0), default=60.0, help="seconds until the scenario's event")
+    sim.add_argument("--duration", type=seconds(0), default=0.0, help="seconds; 0 serves until stopped")
     sim.set_defaults(func=serve.command)
     return p
 

@@ -262,3 +262,36 @@ def test_diagnose_of_a_request_whose_tools_are_no_list_is_a_clear_error(tmp_path
     assert main(["diagnose", str(request), str(request), "--offline"]) == 2
     err = capsys.readouterr().err
     assert "`tools` must be a list" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", [["parse"], ["backtest"]])
+def test_a_fifo_or_a_device_is_refused_not_waited_on_or_read_forever(tmp_path, capsys, command):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in (str(fifo), "/dev/zero"):
+        started = time.monotonic()
+        assert main([*command, path]) == 1
+        assert time.monotonic() - started < 2.0
+        assert f"cannot read {path}: not a regular file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, complaint", [
+    pytest.param(["diagnose", "a.json", "b.json", "--block-size", "-1"], "argument --block-size: -1 is not between 1 and", id="diagnose-block-size"),
+    pytest.param(["record", "--target", "http://127.0.0.1:9/metrics", "--out", "x", "--interval", "nan"], "argument --interval: nan is not a finite number", id="record-interval-nan"),
+    pytest.param(["record", "--target", "http://127.0.0.1:9/metrics", "--out", "x", "--duration", "inf"], "argument --duration: inf is not a finite number", id="record-duration-inf"),
+    pytest.param(["simulate", "--replicas", "1000000000"], "argument --replicas: 1000000000 is not between 1 and 256", id="simulate-replicas"),
+    pytest.param(["simulate", "--replicas", "-5"], "argument --replicas: -5 is not between 1 and 256", id="simulate-negative-replicas"),
+    pytest.param(["demo", "--duration", "-1"], "argument --duration: -1 is not a finite number above 0", id="demo-duration"),
+])
+def test_a_number_out_of_its_range_is_a_usage_error(capsys, argv, complaint):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and complaint in capsys.readouterr().err
+
+
+def test_record_onto_a_full_disk_is_an_error_that_says_so(tmp_path, capsys):
+    from fakeserver import FakeServer, text
+    body = (UPSTREAM / "v1-0.10.0_production-stack-issue-617.txt").read_text()
+    with FakeServer({"/metrics": text(body)}) as vllm:
+        code = main(["record", "--target", vllm.base + "/metrics", "--out", "/dev/full", "--interval", "0.1", "--duration", "1"])
+    assert code == 1 and "cannot write /dev/full: No space left on device; recording stopped" in capsys.readouterr().err

@@ -11,29 +11,44 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from typing import BinaryIO
 
 _READ_CHUNK = 1024 * 1024
 
 
-def read_text(path: str, max_bytes: int) -> str:
-    """The UTF-8 text of the regular file `path`, of at most `max_bytes` bytes."""
+def open_regular(path: str) -> BinaryIO:
+    """`path` opened for reading as a stream, if it is a regular file: the way to read a
+    file too large to hold (a recording), where read_text reads a bounded one whole."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
         # checked once open: a FIFO swapped in after a stat must not hang us
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file (a FIFO or a device is never read)")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes(path: str, max_bytes: int) -> bytes:
+    """The bytes of the regular file `path`, of at most `max_bytes`."""
+    with open_regular(path) as fh:
         chunks, size = [], 0
         while size <= max_bytes:
-            chunk = os.read(fd, min(_READ_CHUNK, max_bytes + 1 - size))
+            chunk = fh.read(min(_READ_CHUNK, max_bytes + 1 - size))
             if not chunk:
                 break
             chunks.append(chunk)
             size += len(chunk)
-    finally:
-        os.close(fd)
     if size > max_bytes:
         raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes")
+    return b"".join(chunks)
+
+
+def read_text(path: str, max_bytes: int) -> str:
+    """The UTF-8 text of the regular file `path`, of at most `max_bytes` bytes."""
+    data = read_bytes(path, max_bytes)
     try:
-        return b"".join(chunks).decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise OSError(errno.EILSEQ, f"not UTF-8 text (byte {exc.start})") from None
