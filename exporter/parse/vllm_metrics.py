@@ -192,7 +192,11 @@ _UNIT_FROM_HELP = {GPU_PREFIX_QUERIES, GPU_PREFIX_HITS}
 # or below zero, and start times (process_start_time_seconds, `_created`) that are not a
 # finite time; the window refuses a counter that steps back a little without a restart,
 # and the restart detector start times that flap between processes behind one URL.
-REJECT_REASONS = ("non_finite_counter", "negative_counter", "non_finite_start_time", "counter_step_back", "flapping_start_time")
+REJECT_REASONS = ("non_finite_counter", "negative_counter", "non_finite_start_time", "counter_step_back", "flapping_start_time",
+                  "label_value_too_long")
+# A label value we key on and export (a model name, an engine, a cache setting) longer than
+# this is refused with its sample: four 1.9 MB model names made our /metrics 144 MB.
+MAX_LABEL_VALUE = 1024
 
 
 # --- the parser ----------------------------------------------------------------------
@@ -213,6 +217,8 @@ def _labels(text: str) -> dict[str, str] | None:
         value = m.group(2)
         if "\\" in value:
             value = _UNESCAPE.sub(lambda e: _UNESCAPED.get(e.group(1), "\\" + e.group(1)), value)
+        if m.group(1) in out:  # a label twice: Prometheus refuses the sample, so do we
+            return None
         out[m.group(1)] = value
         pos = m.end()
         if m.group(3) == "" and pos < end:
@@ -249,7 +255,7 @@ def _sample(line: str, brace: int) -> tuple[dict[str, str] | None, str] | None:
     for part in parts:
         key, sep, value = part.partition('="')
         key = key.strip()
-        if not sep or not key or '"' in value or not (key[0].isalpha() or key[0] == "_"):
+        if not sep or not key or '"' in value or not (key[0].isalpha() or key[0] == "_") or key in labels:
             return None, rest[0]
         labels[key] = value
     return labels, rest[0]
@@ -318,8 +324,10 @@ class _Warnings:
             self.kept.append(warning)
 
 
-def parse(text: str) -> Snapshot:
-    """Parse one /metrics body. Never raises: what cannot be read becomes a warning."""
+def parse(text: str, series_limit: int = 0) -> Snapshot:
+    """Parse one /metrics body. Never raises: what cannot be read becomes a warning. With
+    `series_limit`, parsing stops at the first (model, engine) series past it: a body of
+    236,000 series is refused after the limit's worth, not read whole first."""
     warnings = _Warnings()
     series: dict[tuple[str, str | None], _SeriesBuilder] = {}
     infos: dict[str, list[dict[str, str]]] = {}
@@ -331,6 +339,7 @@ def parse(text: str) -> Snapshot:
     trtllm_keys: set[tuple[str, str | None]] = set()
     router = RouterBuilder()
     roles = _ROLE_BY_NAME
+    over_series_limit = False
 
     for lineno, line in _lines(text):
         if not line:
@@ -358,7 +367,11 @@ def parse(text: str) -> Snapshot:
             continue
         labels, value_text = parsed
         if labels is None:
-            warnings.append(f"line {lineno}: malformed labels for {name}")
+            warnings.append(f"line {lineno}: malformed labels for {name} (bad syntax or a label twice)")
+            continue
+        if any(len(v) > MAX_LABEL_VALUE for v in labels.values()):
+            rejected["label_value_too_long"] = rejected.get("label_value_too_long", 0) + 1
+            warnings.append(f"line {lineno}: {name} has a label value over {MAX_LABEL_VALUE} characters; sample dropped")
             continue
         try:
             value = float(value_text)
@@ -398,6 +411,9 @@ def parse(text: str) -> Snapshot:
         key = (model, labels.get("engine") if name.startswith("vllm:") else None)
         builder = series.get(key)
         if builder is None:
+            if series_limit and len(series) >= series_limit:
+                over_series_limit = True
+                break
             builder = series[key] = _SeriesBuilder()
         if name.startswith("trtllm_"):
             trtllm_keys.add(key)
@@ -480,6 +496,7 @@ def parse(text: str) -> Snapshot:
         rejected=tuple(sorted(rejected.items())),
         engine_kind=_engine_kind(kinds),
         router=router.build(),
+        over_series_limit=over_series_limit,
     )
 
 
