@@ -10,6 +10,7 @@ misbehaving client from holding the workers every scrape and probe needs.
 from __future__ import annotations
 
 import _socket
+import io
 import logging
 import socket
 import ssl
@@ -17,9 +18,11 @@ import threading
 import time
 
 from cheroot import server as cheroot_server, wsgi
-from cheroot.ssl.builtin import BuiltinSSLAdapter
+from cheroot.makefile import MakeFile
+from cheroot.ssl import Adapter
 
-from .webconfig import WebSecurity
+from ..config.reader import ConfigError
+from .webconfig import TLSContexts, WebSecurity
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +73,26 @@ class _Deadlines:
                 self._cond.wait(max(0.0, wake - now))
 
 
-class _LazyTLSAdapter(BuiltinSSLAdapter):
-    """Wraps an accepted socket without reading from it; the handshake happens on a worker."""
+class _TLSAdapter(Adapter):
+    """Wraps an accepted socket, without reading from it, with the web config's context of
+    the moment (its files are re-read when they change; a reload swaps `contexts`)."""
 
-    def __init__(self, context: ssl.SSLContext, cert_file: str, key_file: str):
-        super().__init__(cert_file, key_file)
-        self.context = context
+    def __init__(self, contexts: TLSContexts):
+        super().__init__(contexts.config.cert_file, contexts.config.key_file)
+        self.contexts = contexts
+
+    def bind(self, sock):
+        return sock
 
     def wrap(self, sock):
-        return self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), {}
+        return self.contexts.current().wrap_socket(sock, server_side=True, do_handshake_on_connect=False), {}
+
+    def get_environ(self, sock):
+        name, protocol, _ = sock.cipher()
+        return {"wsgi.url_scheme": "https", "HTTPS": "on", "SSL_PROTOCOL": protocol, "SSL_CIPHER": name}
+
+    def makefile(self, sock, mode="r", bufsize=io.DEFAULT_BUFFER_SIZE):
+        return MakeFile(sock, mode, bufsize)
 
 
 _PLAIN_HTTP_ANSWER = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: 64\r\n\r\n"
@@ -148,6 +162,25 @@ class _Server(wsgi.Server):
         super().process_conn(conn)
 
 
+class _WithHeaders:
+    """http_server_config.headers on every response, as exporter-toolkit sets them before
+    its handler runs: a header the app sets itself (the status page's CSP) is the app's."""
+
+    def __init__(self, app, headers: tuple[tuple[str, str], ...] = ()):
+        self.app = app
+        self.headers = headers
+
+    def __call__(self, environ, start_response):
+        extra = self.headers  # once: a reload swaps it
+        if not extra:
+            return self.app(environ, start_response)
+
+        def respond(status, headers, exc_info=None):
+            own = {name.lower() for name, _ in headers}
+            return start_response(status, list(headers) + [(k, v) for k, v in extra if k.lower() not in own], exc_info)
+        return self.app(environ, respond)
+
+
 class Server:
     """cheroot: a bounded pool of worker threads, request and idle timeouts, a real
     listen backlog, TLS from the web config, IPv4 and IPv6. `timeout` bounds each read
@@ -157,7 +190,8 @@ class Server:
     def __init__(self, app, host: str, port: int, security: WebSecurity | None = None,
                  threads: int = 16, backlog: int = 1024, timeout: float = 10.0, read_deadline: float = 5.0):
         bind = (host or "0.0.0.0", port)
-        self.httpd = _Server(bind, app, numthreads=threads, max=threads, request_queue_size=backlog,
+        self.app = _WithHeaders(app, security.headers if security is not None else ())
+        self.httpd = _Server(bind, self.app, numthreads=threads, max=threads, request_queue_size=backlog,
                              timeout=int(max(1, timeout)), shutdown_timeout=1, accepted_queue_size=threads * 16,
                              accepted_queue_timeout=int(max(1, timeout)))
         self.httpd.server_name = "vllm-prefix-cache-exporter"
@@ -165,8 +199,7 @@ class Server:
         self.httpd.max_request_body_size = 1024 * 1024
         self.httpd.read_deadline = read_deadline
         if security is not None and security.tls is not None:
-            tls = security.tls
-            self.httpd.ssl_adapter = _LazyTLSAdapter(tls.context(), tls.cert_file, tls.key_file)
+            self.httpd.ssl_adapter = _TLSAdapter(TLSContexts(security.tls))
         self.httpd.prepare()  # binds now, so a busy port fails at build time
         self.httpd.deadlines = _Deadlines()
         self._thread = threading.Thread(target=self.httpd.serve, name="http", daemon=True)
@@ -174,6 +207,27 @@ class Server:
     @property
     def port(self) -> int:
         return self.httpd.bind_addr[1]
+
+    @property
+    def tls(self) -> bool:
+        return self.httpd.ssl_adapter is not None
+
+    def secure(self, security: WebSecurity | None) -> None:
+        """A reloaded web config: its TLS settings from the next connection on, its headers
+        from the next response. Raises ConfigError, changing nothing, for what needs a
+        restart (TLS on or off: the port's protocol) or files that no longer load."""
+        wants_tls = security is not None and security.tls is not None
+        if wants_tls != self.tls:
+            raise ConfigError([f"tls_server_config: turning TLS {'on' if wants_tls else 'off'} needs a restart"])
+        contexts = None
+        if wants_tls:
+            try:
+                contexts = TLSContexts(security.tls)
+            except (ssl.SSLError, OSError) as exc:
+                raise ConfigError([f"tls_server_config: cannot load the certificate, key or client CAs: {exc}"]) from None
+        self.app.headers = security.headers if security is not None else ()
+        if contexts is not None:
+            self.httpd.ssl_adapter.contexts = contexts
 
     def start(self) -> "Server":
         self._thread.start()
