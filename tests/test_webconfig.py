@@ -136,7 +136,7 @@ def test_silent_tls_connections_hold_nothing(secure_server):
         every_route_answers(base, ca)
 
 
-def test_a_handshake_that_drips_holds_a_worker_only_until_the_deadline(secure_server):
+def test_a_handshake_that_drips_is_dropped_at_the_deadline(secure_server):
     """20 clients (more than the 16 workers) start a TLS record and then send a few
     bytes every 0.3 s: each is dropped at the request deadline, and a scrape answers."""
     from slowclient import Dripping
@@ -434,3 +434,21 @@ def test_a_reload_rereads_the_web_config(tmp_path, cert):
         assert "TLS on needs a restart" in failures[0]
     finally:
         sidecar.stop()
+
+
+def test_a_reload_applies_tls_settings_from_the_next_connection(cert, pki, state):
+    """Server.secure, what a reload calls: mutual TLS turned on is asked of the next connection."""
+    plain_tls = {"cert_file": str(cert / "cert.pem"), "key_file": str(cert / "key.pem")}
+    security = parse_web_config({"tls_server_config": plain_tls})
+    server = Server(App(state, CollectorRegistry(), security=security), "127.0.0.1", 0, security).start()
+    try:
+        url = f"https://127.0.0.1:{server.port}/-/healthy"
+        assert requests.get(url, verify=str(cert / "cert.pem"), timeout=5).status_code == 200
+        server.secure(parse_web_config({"tls_server_config": {**plain_tls, "client_auth_type": "RequireAndVerifyClientCert",
+                                                              "client_ca_file": str(pki["ca"][1])}}))
+        with pytest.raises(requests.exceptions.ConnectionError):
+            requests.get(url, verify=str(cert / "cert.pem"), timeout=5)
+        trusted = (str(pki["trusted"][1]), str(pki["trusted"][0]))
+        assert requests.get(url, cert=trusted, verify=str(cert / "cert.pem"), timeout=5).status_code == 200
+    finally:
+        server.stop()

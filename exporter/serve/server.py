@@ -194,8 +194,8 @@ class _ReadAheadIO(socket.SocketIO):
 
 
 class _ReadAheadReader(StreamReader):
-    def __init__(self, sock, bufsize):  # noqa: super's __init__ would make its own SocketIO
-        self.io = _ReadAheadIO(sock)
+    def __init__(self, sock, bufsize):
+        self.io = _ReadAheadIO(sock)  # not StreamReader.__init__, which makes a SocketIO of its own
         _pyio.BufferedReader.__init__(self, self.io, bufsize)
         self.bytes_read = 0
 
@@ -203,7 +203,7 @@ class _ReadAheadReader(StreamReader):
         """Everything read from the socket that no request has consumed (a pipelined
         request after the one a worker answered), as the pending bytes."""
         if self.has_data():
-            self.io.pending[:0] = self.read1(io.DEFAULT_BUFFER_SIZE * 1024)
+            self.io.pending[:0] = self.read1(self.buffer_size)  # the buffered bytes, no read of the socket
         return self.io.pending
 
 
