@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config.file", dest="config_file", default=None, help=f"YAML config (or ${config_mod.ENV_CONFIG_FILE})")
     run.add_argument("--web.listen-address", dest="listen_address", default=None, help="HOST:PORT, [::]:PORT for IPv6 (default :9464 or web.listen_address)")
     run.add_argument("--web.config.file", dest="web_config_file", default=None,
-                     help="exporter-toolkit web config: tls_server_config and basic_auth_users (bcrypt)")
+                     help="exporter-toolkit web config: tls_server_config, http_server_config, basic_auth_users (bcrypt); re-read on SIGHUP")
     run.add_argument("--log.level", dest="log_level", default=argparse.SUPPRESS, choices=LOG_LEVELS, help="log level (default: info)")
     run.add_argument("--shard", default=None, metavar="I/N",
                      help="poll only the targets whose shard key hashes to I mod N, like Prometheus's hashmod (overrides discovery.shard)")

@@ -49,6 +49,7 @@ class Sidecar:
     notifier: Notifier
     warmer: Warmer
     shard: str | None = None  # --shard, which outlives reloads
+    web_config_file: str | None = None  # --web.config.file, re-read on every reload
 
     def start(self) -> "Sidecar":
         self.server.start()
@@ -69,7 +70,24 @@ class Sidecar:
 
     def reload(self, path: str) -> bool:
         with self.poller.reload_lock:  # concurrent SIGHUPs (and discovery's changes) apply one after the other
-            return self._reload(path)
+            config_ok = self._reload(path)
+            return self._reload_web_config() and config_ok
+
+    def _reload_web_config(self) -> bool:
+        """Users, headers and TLS settings of --web.config.file from the next request or
+        connection on (a removed user is refused at once); a bad file keeps the old one."""
+        if not self.web_config_file:
+            return True
+        try:
+            security = load_web_config(self.web_config_file)
+            self.server.secure(security)
+        except ConfigError as exc:
+            self.state.update(config_reload_success=False)
+            log.error("reload failed, keeping the old web config of %s: %s", self.web_config_file, "; ".join(exc.errors))
+            return False
+        self.app.secure(security)
+        log.info("reloaded the web config from %s", self.web_config_file)
+        return True
 
     def _reload(self, path: str) -> bool:
         try:
@@ -212,6 +230,7 @@ def run(args) -> int:
     try:
         sidecar = build_sidecar(cfg, listen, security=security)
         sidecar.shard = getattr(args, "shard", None)
+        sidecar.web_config_file = args.web_config_file
     except OSError as exc:
         log.error("cannot listen on %s: %s", listen, exc.strerror or exc)
         return EXIT_ERROR

@@ -1,4 +1,4 @@
-"""The WSGI app (/metrics, health, landing page, status API); the threaded server it runs under is httpserver.py."""
+"""The WSGI app (/metrics, health, landing page, status API); the threaded server it runs under is server.py."""
 from __future__ import annotations
 
 import gzip
@@ -107,7 +107,8 @@ class App:
         self.exposition = Exposition(state, registry, render_interval)
         self.status_page = StatusPage(state, render_interval)
         self.ready_check = ready or (lambda: (state.ready(), "every target polled at least once"))
-        self.basic_auth = BasicAuth(security.users) if security is not None and security.basic_auth else None
+        self.basic_auth: BasicAuth | None = None
+        self.secure(security)
         self.deploy_api_open = deploy_api_open
         # Routes that check their own credentials instead of basic auth, each while its
         # callable says so: asked on every request, so a reload that drops the deploy
@@ -120,6 +121,10 @@ class App:
         self.route("GET", "/", self._landing)
         self.route("GET", "/api/v1/status", self._status)
 
+    def secure(self, security: WebSecurity | None) -> None:
+        """The web config's users, from the next request on: a reload that removes a user shuts it out at once."""
+        self.basic_auth = BasicAuth(security.users) if security is not None and security.basic_auth else None
+
     def route(self, method: str, path: str, handler: Handler) -> None:
         self.routes[(method, path)] = handler
         if method == "GET":
@@ -128,8 +133,9 @@ class App:
     def __call__(self, environ: dict, start_response) -> Iterable[bytes]:
         method, path = environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "/") or "/"
         handler = self.routes.get((method, path))
-        if self.basic_auth is not None and not self._skips_basic_auth(method, path) \
-                and not self.basic_auth.check(environ.get("HTTP_AUTHORIZATION", "")):
+        basic_auth = self.basic_auth  # once: a reload swaps it
+        if basic_auth is not None and not self._skips_basic_auth(method, path) \
+                and not basic_auth.check(environ.get("HTTP_AUTHORIZATION", "")):
             status, ctype, body = _error(path, 401, "Unauthorized")
             start_response(_STATUS[401], [("Content-Type", ctype), ("WWW-Authenticate", 'Basic realm="vllm-prefix-cache-exporter"'),
                                           ("Content-Length", str(len(body)))])
