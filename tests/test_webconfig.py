@@ -389,7 +389,7 @@ def test_a_reload_rereads_the_web_config(tmp_path, cert):
     prefixcache_config_last_reload_successful to 0."""
     import logging
     import yaml
-    from exporter.config.sections import load_file
+    from exporter.config.load import load_file
     from exporter.sidecar import build_sidecar
 
     cfg = tmp_path / "config.yml"

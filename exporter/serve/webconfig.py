@@ -28,6 +28,7 @@ import bcrypt
 import yaml
 
 from ..config.reader import ConfigError
+from ..peers import files, yamltext
 
 log = logging.getLogger(__name__)
 
@@ -158,13 +159,15 @@ class WebSecurity:
         return bool(self.users)
 
 
+MAX_WEB_CONFIG_BYTES = 1024 * 1024  # users and TLS settings: a few KiB
+
+
 def load_web_config(path: str) -> WebSecurity:
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh.read())
+        data = yamltext.load(files.read_text(path, MAX_WEB_CONFIG_BYTES), yaml.SafeLoader)
     except OSError as exc:
-        raise ConfigError([f"{path}: cannot read: {exc.strerror}"]) from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    except yaml.YAMLError as exc:
         raise ConfigError([f"{path}: not valid YAML: {exc}"]) from None
     return parse_web_config(data, os.path.dirname(os.path.abspath(path)))
 
