@@ -24,6 +24,7 @@ import random
 import zlib
 from bisect import bisect_left
 from collections import OrderedDict
+from itertools import groupby, repeat
 from typing import Sequence
 
 ROUND_ROBIN, RANDOM, SESSION, PREFIX_HASH, OBSERVED = "round_robin", "random", "session", "prefix_hash", "observed"
@@ -237,6 +238,7 @@ def hits_by_capacity(requests: Sequence[tuple], block_size: int, policy: str, re
     finite = sorted((c, k) for k, c in enumerate(capacities) if c is not None)
     unlimited = [k for k, c in enumerate(capacities) if c is None]
     hits = [0] * len(capacities)
+    from_here = [0] * len(finite)  # hit tokens of every size from the j-th smallest up
     for request, replica in zip(requests, routes):
         hashes, n = request[0], request[1]
         tree, start, last = trees[replica], starts[replica], newest[replica]
@@ -247,12 +249,10 @@ def hits_by_capacity(requests: Sequence[tuple], block_size: int, policy: str, re
         matched = owners.index(None) if None in owners else len(owners)
         depths: list[int] = []
         i = 0
-        while i < matched:
-            owner = owners[i]
-            run = i + 1
-            while run < matched and owners[run] == owner:
-                run += 1
-            c = run - i
+        # the matched blocks in runs of one owner: a prompt's blocks come from a few requests, so
+        # the runs are few and are found in C (a prompt of a real trace has a hundred blocks)
+        for owner, run in groupby(owners[:matched]):
+            c = len(list(run))
             s, k = 0, owner + 1
             while k > 0:
                 s += tree[k]
@@ -264,17 +264,25 @@ def hits_by_capacity(requests: Sequence[tuple], block_size: int, policy: str, re
             while k <= size:
                 tree[k] -= c
                 k += k & -k
-            i = run
+            i += c
         k = me + 1
         while k <= size:
             tree[k] += len(hashes)
             k += k & -k
         held[replica] += len(hashes) - matched
-        last.update(dict.fromkeys(hashes, me))
+        last.update(zip(hashes, repeat(me)))
         if matched and (len(request) < 5 or request[4]):
-            limit = cacheable_blocks(n, block_size)
-            for cap, k in finite:
-                hits[k] += min(bisect_left(depths, cap), limit) * block_size
+            top = min(matched, cacheable_blocks(n, block_size))
+            for j, (cap, k) in enumerate(finite):
+                reach = bisect_left(depths, cap)
+                if reach >= top:  # this size and every larger one hit all they can: added once, below
+                    from_here[j] += top * block_size
+                    break
+                hits[k] += reach * block_size
             for k in unlimited:
-                hits[k] += min(matched, limit) * block_size
+                hits[k] += top * block_size
+    running = 0
+    for j, (_, k) in enumerate(finite):
+        running += from_here[j]
+        hits[k] += running
     return [float(h) for h in hits]
