@@ -95,3 +95,14 @@ def test_requests_that_only_warm_the_caches_are_not_counted():
 @pytest.mark.parametrize("turn, bucket", [(None, None), (0, "1"), (1, "1"), (2, "2"), (3, "3-4"), (4, "3-4"), (8, "5-8"), (9, "9+")])
 def test_turns_are_grouped_in_buckets(turn, bucket):
     assert whatif_groups.turn_bucket(turn) == bucket
+
+
+def test_a_trace_is_grouped_by_its_request_types_and_any_other_type_is_other():
+    lines = [json.dumps({"chat_id": i, "parent_chat_id": -1, "timestamp": i, "input_length": 33, "type": kind, "turn": 1,
+                         "hash_ids": [1, 2, 3]}) for i, kind in enumerate(["text", "text", "image", "made-up", "another"])]
+    lines.append(json.dumps({"chat_id": 9, "parent_chat_id": -1, "timestamp": 9, "input_length": 33, "hash_ids": [1, 2, 3]}))
+    a = whatif.analyze(list(whatif.read_requests(lines)), 1, ("round_robin",), None, None)
+    assert {g["type"]: g["requests"] for g in a.to_json()["by_type"]} == {"text": 2, "image": 1, "other": 2, "unknown": 1}
+    (group,) = a.prefix_groups["groups"]  # one first block
+    assert group["first_block"] == "hash id 1" and group["types"] == {"text": 2, "other": 2, "image": 1}
+    assert group["ceiling"] == 5 * 32 / (6 * 33)

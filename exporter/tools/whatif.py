@@ -437,15 +437,17 @@ def _group(a: Analysis, requests: Sequence[Request], prepared, ceiling_hits: Seq
     """The requests by first block, and by the type and turn a trace gives."""
     tokens, counted = [p[1] for p in prepared], [p[4] for p in prepared]
     keys = [p[0][0] if p[0] else None for p in prepared]
-    types = [r.request_type for r in requests]
-    tagged = any(t is not None for t in types)
+    # a trace's types: the format's four, any other "other", so a hostile trace cannot make a table of thousands
+    kinds = [None if r.request_type is None else r.request_type if r.request_type in hashtrace.REQUEST_TYPES else "other"
+             for r in requests]
+    tagged = any(k is not None for k in kinds)
     a.prefix_groups = whatif_groups.groups(
         keys, tokens, counted, ceiling_hits, by_policy,
         lambda i: {"first_block": _first_block(requests[i], keys[i] is None), "example_line": requests[i].line},
-        tags=types if tagged else None)
+        tags=kinds if tagged else None)
     if tagged:
-        kinds = [t or "unknown" for t in types]
-        a.by_type = whatif_groups.groups(kinds, tokens, counted, ceiling_hits, by_policy, lambda i: {"type": kinds[i]}, top=None)
+        named = [k or "unknown" for k in kinds]
+        a.by_type = whatif_groups.groups(named, tokens, counted, ceiling_hits, by_policy, lambda i: {"type": named[i]}, top=None)
     if any(r.turn is not None for r in requests):
         turns = [whatif_groups.turn_bucket(r.turn) or "unknown" for r in requests]
         a.by_turn = whatif_groups.groups(turns, tokens, counted, ceiling_hits, by_policy, lambda i: {"turns": turns[i]}, top=None)
