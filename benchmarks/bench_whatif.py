@@ -22,17 +22,22 @@ script does not download it; it reads --trace, else $WHATIF_TRACE, else
 (Apache-2.0; tests/fixtures/mooncake/SOURCES.md names it). The script checks the file's
 git blob id, so the figures are known to be of that file.
 
-`--write-bailian FILE` writes a trace of 100,000 requests in the Qwen-Bailian format (Alibaba's,
-github.com/alibaba-edu/qwen-bailian-usagetraces-anon; its files are Git LFS, so none is read
-here), made by `bailian_trace` below, to run the command on; `--write-bailian-fixture FILE` the
-small one in tests/fixtures/bailian/."""
+Then a trace in the Qwen-Bailian format (Alibaba's, github.com/alibaba-edu/qwen-bailian-usagetraces-anon;
+its files are Git LFS, so none is read here): 100,000 requests made by `bailian_trace` below,
+and `whatif TRACE --replicas 4 --json` timed on them, the command itself in a process of its own
+(every routing policy but observed, prefill at the command's default rate, prefix groups), then
+with `--svg` (the capacity curve). Goal: the `--json` run in under 30 s. `--write-bailian FILE` writes that trace (to run the command on it),
+`--write-bailian-fixture FILE` the small one in tests/fixtures/bailian/."""
 import argparse
 import hashlib
 import heapq
 import json
 import os
 import random
+import resource
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -227,6 +232,40 @@ def write_bailian(path: str, preset: dict) -> None:
             out.write(json.dumps(line) + "\n")
 
 
+def bench_bailian(preset: dict = BENCH) -> dict:
+    """`whatif TRACE --replicas 4 --json`, the command itself in a process of its own (its
+    reading, its defaults: every policy but observed, prefill at the default rate, prefix
+    groups), then again with `--svg`, on the generated trace written to a temporary file."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}  # the checkout's code, whatever this Python has installed
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "bailian.jsonl"
+        write_bailian(str(trace), preset)
+
+        def timed(*extra: str) -> tuple[float, float, str]:
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            start = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "exporter", "whatif", str(trace), "--replicas", "4", *extra],
+                                  cwd=root, env=env, capture_output=True, text=True, timeout=1800, check=True)
+            wall = time.perf_counter() - start
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), proc.stdout
+
+        seconds, cpu, out = timed("--json")
+        curve_seconds, curve_cpu, _ = timed("--json", "--svg", str(Path(tmp) / "curve.svg"))
+    a = json.loads(out)
+    losses = {l["kind"]: l["points"] for l in a["losses"]}
+    print(f"whatif on a synthetic Qwen-Bailian trace: {a['requests']} requests, {a['prompt_tokens'] / 1e6:.0f}M prompt tokens, 16 tokens "
+          f"a hash id | `whatif TRACE --replicas 4 --json` ({len(a['policies'])} policies, prefill at "
+          f"{a['prefill_tokens_per_s']:g} tokens/s, prefix groups): {seconds:.1f} s wall, {cpu:.1f} s of CPU (goal: < 30 s) | "
+          f"with --svg (the capacity curve): {curve_seconds:.1f} s wall, {curve_cpu:.1f} s of CPU")
+    print(f"  ceiling {a['ceiling']:.1%}; " + ", ".join(f"{p} {v:.1%}" for p, v in a["policies"].items())
+          + f"; stampede {losses['stampede']} points under {a['policy']}")
+    return {"requests": a["requests"], "prompt_tokens": a["prompt_tokens"], "seconds": seconds, "cpu_seconds": cpu,
+            "curve_seconds": curve_seconds, "curve_cpu_seconds": curve_cpu, "ceiling": a["ceiling"], "policies": a["policies"],
+            "losses": a["losses"]}
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser()
     p.add_argument("--requests", type=int, default=100_000)
@@ -234,17 +273,20 @@ def main(argv=None) -> dict:
     p.add_argument("--svg", default=None, help="draw the trace's capacity curve into this file")
     p.add_argument("--write-bailian", default=None, metavar="FILE", help="write the 100,000-request Qwen-Bailian-format trace and stop")
     p.add_argument("--write-bailian-fixture", default=None, metavar="FILE", help="write the tests' small Qwen-Bailian-format trace and stop")
+    p.add_argument("--bailian-only", action="store_true", help="time only the Qwen-Bailian-format trace")
     args = p.parse_args(argv)
     if args.write_bailian or args.write_bailian_fixture:
         write_bailian(args.write_bailian or args.write_bailian_fixture, BENCH if args.write_bailian else FIXTURE)
         return {}
+    if args.bailian_only:
+        return {"bailian": bench_bailian()}
     r = bench(args.requests, 6, 20_000)
     read = bench_reading(min(args.requests, 5_000))
     print(f"whatif: {r['requests']} requests, {r['tokens'] / 1e6:.0f}M prompt tokens, round robin over 6 replicas x 20000 blocks "
           f"(hit ratio {r['hit_ratio']:.1%}) | analysis {r['seconds']:.1f} s: {r['tokens_per_second'] / 1e6:.1f}M tokens/s on one core "
           f"(goal >= 5M) | reading JSON lines apart: {read['tokens_per_second'] / 1e6:.1f}M tokens/s")
     trace = bench_trace(trace_path(args.trace), args.svg)
-    return {"analysis": r, "reading": read, "trace": trace}
+    return {"analysis": r, "reading": read, "trace": trace, "bailian": bench_bailian()}
 
 
 if __name__ == "__main__":
