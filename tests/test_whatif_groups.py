@@ -65,8 +65,8 @@ def test_the_groups_are_in_the_json_and_the_report():
     assert [g["requests"] for g in out["prefix_groups"]] == [60, 30, 10] and out["prefix_groups_count"] == 3
     report = whatif.report(a)
     assert "prefix groups: the requests by their first block (3 group(s)" in report
-    line = next(l for l in report.splitlines() if l.strip().startswith("tokens 30000 "))
     g = out["prefix_groups"][2]
+    line = next(l for l in report.splitlines() if l.strip().startswith(f"line {g['example_line']}: tokens 30000 "))
     assert f"{g['policies']['round_robin'] * 100:.1f}%" in line and f"{-g['points_lost']['round_robin']:+5.1f}" in line
 
 

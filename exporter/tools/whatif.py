@@ -494,10 +494,11 @@ def report(a: Analysis) -> str:
         count = a.prefix_groups["count"]
         lines += whatif_groups.report_lines(
             f"prefix groups: the requests by their first block ({count} group(s), the top {min(count, whatif_groups.TOP_GROUPS)} by "
-            "prompt tokens); hit ratio and points lost from the group's own ceiling:", a.prefix_groups, "first_block", a.policy)
+            "prompt tokens); hit ratio and points lost from the group's own ceiling:", a.prefix_groups,
+            lambda g: f"line {g['example_line']}: {g['first_block']}", a.policy)
     for title, grouped, key in (("by request type:", a.by_type, "type"), ("by turn:", a.by_turn, "turns")):
         if grouped is not None:
-            lines += whatif_groups.report_lines(title, grouped, key, a.policy)
+            lines += whatif_groups.report_lines(title, grouped, lambda g, key=key: str(g[key]), a.policy)
     if a.curve is not None:
         lines += capacitycurve.report_lines(a.curve)
         if a.prefill_tokens_per_s != math.inf:

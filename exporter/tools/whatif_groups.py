@@ -79,24 +79,24 @@ def _stats(row: list, policies: Sequence[str], total: int, lost: dict[str, int])
             "share_of_lost": {p: (ceiling - h) / lost[p] if lost[p] else None for p, h in by_policy.items()}}
 
 
-def report_lines(title: str, grouped: dict, name_key: str, main: str) -> list[str]:
-    """A table: one line per group, each policy's ratio with the points it lost from the
-    group's ceiling, and the group's share of the sample's loss under `main`."""
+def report_lines(title: str, grouped: dict, name: Callable[[dict], str], main: str) -> list[str]:
+    """A table: one line per group (`name` of its entry), each policy's ratio with the points
+    it lost from the group's ceiling, and the group's share of the sample's loss under `main`."""
     if not grouped["groups"]:
         return []
     policies = list(grouped["groups"][0]["policies"])
     widths = {p: max(15, len(p) + 2) for p in policies}
     human = lambda n: f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e3 else str(n)
-    lines = [title, f"  {'':<32} {'requests':>8} {'tokens (share)':>15} {'ceiling':>8}"
+    lines = [title, f"  {'':<40} {'requests':>8} {'tokens (share)':>15} {'ceiling':>8}"
              + "".join(f"{p:>{widths[p]}}" for p in policies) + f"  share of the loss ({main})"]
 
-    def line(name: str, g: dict) -> str:
+    def line(label: str, g: dict) -> str:
         cells = "".join(f"{g['policies'][p] * 100:>{widths[p] - 7}.1f}% {-g['points_lost'][p]:+5.1f}" for p in policies)
         share = g["share_of_lost"].get(main)
-        return (f"  {name[:32]:<32} {g['requests']:>8} {human(g['prompt_tokens']):>8} ({g['share_of_tokens']:>4.0%}) "
+        return (f"  {label[:40]:<40} {g['requests']:>8} {human(g['prompt_tokens']):>8} ({g['share_of_tokens']:>4.0%}) "
                 f"{g['ceiling'] * 100:>7.1f}%{cells}  {'-' if share is None else f'{share:.0%}'}")
 
-    lines += [line(str(g[name_key]), g) for g in grouped["groups"]]
+    lines += [line(name(g), g) for g in grouped["groups"]]
     if grouped["rest"]:
         lines.append(line(f"the other {grouped['rest']['groups']} group(s)", grouped["rest"]))
     return lines
