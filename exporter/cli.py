@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 from typing import Sequence
 
@@ -83,7 +84,21 @@ def seconds(low: float, positive: bool = False):
     return parse
 
 
+def finite(text: str) -> float:
+    """An argparse type: a finite number (`nan` compares false with everything: a window
+    measured from it held nothing and printed 0.0%)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+    return value
+
+
 MAX_BLOCK_SIZE = 1 << 20  # tokens: vLLM's blocks are 16 to 256
+MAX_REPLICAS = 4096  # whatif keeps a cache model per replica
+MAX_CACHE_BLOCKS = 10 ** 9
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,13 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
     wi = command("whatif", "replay a request sample through vLLM's prefix-cache model: hit ratio by routing policy and where the missing points went")
     wi.add_argument("requests", metavar="REQUESTS", help="JSON lines (prompt_token_ids, body or prompt; t, session, replica optional) "
                     "or vLLM's request log; - for stdin")
-    wi.add_argument("--replicas", type=int, default=None, help="replicas to spread the sample over (default: those it names, else 1)")
+    wi.add_argument("--replicas", type=count(1, MAX_REPLICAS), default=None, help="replicas to spread the sample over (default: those it names, else 1)")
     wi.add_argument("--routing", action="append", choices=POLICIES, default=None,
                     help="routing policy, repeatable (default: all; observed first when every request names its replica)")
     size = wi.add_mutually_exclusive_group()
-    size.add_argument("--cache-blocks", dest="cache_blocks", type=int, default=None, help="KV-cache blocks per replica (default: unlimited)")
-    size.add_argument("--cache-tokens", dest="cache_tokens", type=int, default=None, help="KV-cache tokens per replica (default: unlimited)")
-    wi.add_argument("--block-size", dest="block_size", type=int, default=None,
+    size.add_argument("--cache-blocks", dest="cache_blocks", type=count(1, MAX_CACHE_BLOCKS), default=None, help="KV-cache blocks per replica (default: unlimited)")
+    size.add_argument("--cache-tokens", dest="cache_tokens", type=count(1, MAX_CACHE_BLOCKS * 16), default=None, help="KV-cache tokens per replica (default: unlimited)")
+    wi.add_argument("--block-size", dest="block_size", type=count(1, MAX_BLOCK_SIZE), default=None,
                     help="tokens per block (default 16); a block-hash trace must say its tokens per hash id (Mooncake's: 512)")
     wi.add_argument("--capacity-curve", dest="capacity_curve", action="store_true",
                     help="the hit ratio at cache sizes per replica from 10^5 to 10^9 tokens and unlimited, per policy")
@@ -170,9 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
     group = wi.add_mutually_exclusive_group()
     group.add_argument("--target", help="a vLLM server whose /tokenize gives exact token ids for text")
     group.add_argument("--tokenizer", help="a tokenizer.json (needs the `whatif` extra: tokenizers)")
-    wi.add_argument("--measure-from", dest="measure_from", type=float, default=None,
+    wi.add_argument("--measure-from", dest="measure_from", type=finite, default=None,
                     help="requests before this t (Unix seconds) only warm the caches")
     wi.add_argument("--json", action="store_true", help="print one JSON object")
+    whatif_command.add_arguments(wi)
     wi.set_defaults(func=whatif_command.command)
 
     sim = command("simulate", "serve simulated vLLM replicas on 127.0.0.1")

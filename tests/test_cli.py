@@ -264,7 +264,7 @@ def test_diagnose_of_a_request_whose_tools_are_no_list_is_a_clear_error(tmp_path
     assert "`tools` must be a list" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("command", [["parse"], ["backtest"]])
+@pytest.mark.parametrize("command", [["parse"], ["backtest"], ["whatif"]])
 def test_a_fifo_or_a_device_is_refused_not_waited_on_or_read_forever(tmp_path, capsys, command):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -282,6 +282,11 @@ def test_a_fifo_or_a_device_is_refused_not_waited_on_or_read_forever(tmp_path, c
     pytest.param(["simulate", "--replicas", "1000000000"], "argument --replicas: 1000000000 is not between 1 and 256", id="simulate-replicas"),
     pytest.param(["simulate", "--replicas", "-5"], "argument --replicas: -5 is not between 1 and 256", id="simulate-negative-replicas"),
     pytest.param(["demo", "--duration", "-1"], "argument --duration: -1 is not a finite number above 0", id="demo-duration"),
+    pytest.param(["whatif", "r.jsonl", "--replicas", "1e9"], "argument --replicas: '1e9' is not a whole number", id="whatif-replicas-1e9"),
+    pytest.param(["whatif", "r.jsonl", "--replicas", "1000000000"], "argument --replicas: 1000000000 is not between 1 and 4,096", id="whatif-replicas-huge"),
+    pytest.param(["whatif", "r.jsonl", "--replicas", "-5"], "argument --replicas: -5 is not between 1 and 4,096", id="whatif-replicas-negative"),
+    pytest.param(["whatif", "r.jsonl", "--cache-blocks", "-1"], "argument --cache-blocks: -1 is not between 1 and", id="whatif-cache-blocks"),
+    pytest.param(["whatif", "r.jsonl", "--measure-from", "nan"], "argument --measure-from: nan is not a finite number", id="whatif-measure-from-nan"),
 ])
 def test_a_number_out_of_its_range_is_a_usage_error(capsys, argv, complaint):
     with pytest.raises(SystemExit) as exc:
