@@ -39,6 +39,22 @@ LAYERS = (
 )
 ROOT = "exporter"  # the package's __init__ (its version): anyone may read it
 
+# A module's tests are in tests/test_<module>.py, or, for a module tested through another's
+# (the commands through the command line's, the history through the windows'), in this file:
+TESTED_THROUGH = {
+    "exporter.series.history": "test_window.py", "exporter.series.modellog": "test_window.py",
+    "exporter.series.promql": "test_prometheus_equivalence.py", "exporter.config.discovery": "test_sources.py",
+    "exporter.config.reader": "test_sections.py", "exporter.peers.http": "test_scrape.py", "exporter.stopping": "test_signals.py",
+    "exporter.sim.tokenizer": "test_simulator.py", "exporter.sim.console": "test_cli.py", "exporter.sim.demo": "test_cli.py",
+    "exporter.sim.serve": "test_simulator.py", "exporter.sidecar": "test_signals.py", "exporter.exitcodes": "test_cli.py",
+    "exporter.alerting.rules_state": "test_rules.py", "exporter.alerting.rollouts": "test_analysis.py",
+    "exporter.monitor.recording": "test_replay.py", "exporter.monitor.targetview": "test_poller.py",
+    "exporter.tools.whatif_command": "test_whatif.py", "exporter.tools.parse": "test_cli.py", "exporter.tools.diagnose": "test_divergence.py",
+    "exporter.tools.record": "test_cli.py", "exporter.tools.backtest": "test_cli.py", "exporter.tools.lint_command": "test_cli.py",
+    "exporter.parse.router_metrics": "test_router.py", "exporter.parse.names": "test_vllm_metrics.py",
+    "exporter.parse.cacheconfig": "test_vllm_metrics.py", "exporter.parse.snapshot": "test_vllm_metrics.py",
+}
+
 # The pure core takes data and `now` and returns plain values: whole folders (parsing, window math, the rules and
 # causes, the config's sections, the engine and its replay) and the pure modules of others. The files a config names
 # are read by whoever read the config (exporter/config/load.py), through the reader it hands the parse.
@@ -239,6 +255,21 @@ def long_modules(package: Path = PACKAGE) -> dict[str, int]:
 def test_no_module_is_over_600_lines():
     long = long_modules()
     assert not long, f"split these by noun (at most {MAX_LINES} lines each): {long}"
+
+
+def test_every_module_has_its_tests_where_a_newcomer_looks_for_them():
+    tests = Path(__file__).resolve().parent
+    missing = []
+    for name, path in modules().items():
+        short = name.rpartition(".")[2]
+        if path.name in ("__init__.py", "__main__.py"):  # a package's paragraph, the entry point
+            continue
+        own = tests / f"test_{short}.py"
+        through = TESTED_THROUGH.get(name)
+        if not own.exists() and not (through and (tests / through).exists()):
+            missing.append(name)
+        assert not (own.exists() and through), f"{name} has tests/test_{short}.py: drop it from TESTED_THROUGH"
+    assert not missing, f"give these a tests/test_<module>.py or name the file that tests them in TESTED_THROUGH: {missing}"
 
 
 def test_every_module_has_its_layer():
