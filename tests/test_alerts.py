@@ -194,6 +194,7 @@ def test_the_rules_are_generated_from_their_config_and_current():
     assert out.returncode == 0, out.stderr
 
 
+@pytest.mark.slow
 def test_a_global_ruler_config_keeps_cluster_and_namespace_apart(tmp_path):
     config = yaml.safe_load((ALERTS / "rules.config.yml").read_text())
     config["aggregation"] = ["cluster", "namespace"]

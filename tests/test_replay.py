@@ -386,6 +386,7 @@ def test_a_hit_counter_stuck_for_an_hour_with_ttft_unchanged_stays_an_instrument
     assert resolved and resolved[0]["t"] > START + cold
 
 
+@pytest.mark.slow
 def test_a_cache_that_really_goes_cold_after_its_counter_stuck_pages_within_3_minutes():
     cold, transitions = _stuck_counter_then_cold()
     stuck = [t for t in transitions if t["alertname"] == "PrefixCacheHitsStuckAtZero" and t["state"] == "firing"]
