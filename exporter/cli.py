@@ -7,7 +7,7 @@ import logging
 import sys
 from typing import Sequence
 
-from . import __version__, sidecar
+from . import __version__, logs, sidecar
 from .config import sections as config_mod
 from .config.sections import ConfigError
 from .exitcodes import EXIT_USAGE
@@ -16,30 +16,6 @@ from .tools import backtest, diagnose, lint_command, parse as parse_command, rec
 from .tools.cachemodel import POLICIES
 
 log = logging.getLogger("exporter")
-
-
-class _OneLineFormatter(logging.Formatter):
-    """Every record on one line: control characters from a request (a forged newline in
-    a deploy version) or a target are escaped, never written raw."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        return escape_controls(super().format(record))
-
-
-def escape_controls(text: str) -> str:
-    return "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in text)
-
-
-def _setup_logging(level: str, path: str | None = None) -> None:
-    handler = logging.FileHandler(path) if path else logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_OneLineFormatter("ts=%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s"))
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(getattr(logging, level.upper(), logging.INFO))
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
-    logging.getLogger("cheroot").setLevel(logging.WARNING)
 
 
 class _HelpWithDefaults(argparse.HelpFormatter):
@@ -52,7 +28,8 @@ class _HelpWithDefaults(argparse.HelpFormatter):
         return text
 
 
-LOG_LEVELS = ["debug", "info", "warn", "warning", "error"]
+LOG_LEVELS = list(logs.LEVELS)
+LOG_FORMATS = list(logs.FORMATS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=__version__)
     p.add_argument("--log.level", dest="log_level", default=None, choices=LOG_LEVELS,
                    help="info for run, error for demo (its console table stays readable)")
+    p.add_argument("--log.format", dest="log_format", default="logfmt", choices=LOG_FORMATS,
+                   help="log line format: logfmt (ts, level, caller, msg, logger) or json with the same fields")
     sub = p.add_subparsers(dest="command", required=True)
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -72,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--web.config.file", dest="web_config_file", default=None,
                      help="exporter-toolkit web config: tls_server_config and basic_auth_users (bcrypt)")
     run.add_argument("--log.level", dest="log_level", default=argparse.SUPPRESS, choices=LOG_LEVELS, help="log level (default: info)")
+    run.add_argument("--log.format", dest="log_format", default=argparse.SUPPRESS, choices=LOG_FORMATS, help="logfmt or json (default: logfmt)")
     run.add_argument("--shard", default=None, metavar="I/N",
                      help="poll only the targets whose shard key hashes to I mod N, like Prometheus's hashmod (overrides discovery.shard)")
     run.set_defaults(func=sidecar.run)
@@ -83,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also deliver the demo's alerts to this Alertmanager (repeatable)")
     demo_cmd.add_argument("--log.file", dest="log_file", default=None, help="write the sidecar's log lines here (default: only errors, to stderr)")
     demo_cmd.add_argument("--log.level", dest="log_level", default=argparse.SUPPRESS, choices=LOG_LEVELS, help="log level (default: error, or info with --log.file)")
+    demo_cmd.add_argument("--log.format", dest="log_format", default=argparse.SUPPRESS, choices=LOG_FORMATS, help="logfmt or json (default: logfmt)")
     demo_cmd.set_defaults(func=demo.command)
 
     bt = command("backtest", "replay a recording through the rules; prints alert transitions as JSON lines")
@@ -161,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     log_file = getattr(args, "log_file", None)
     level = args.log_level or ("error" if args.command == "demo" and not log_file else "info")
-    _setup_logging(level, log_file)
+    logs.setup(level, args.log_format, log_file)
     try:
         return args.func(args)
     except ConfigError as exc:

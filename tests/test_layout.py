@@ -26,7 +26,7 @@ LAYERS = (
     (("exporter.discovery",), ("exporter.monitor",)),
     (("exporter.serve",),),
     (("exporter.poll",), ("exporter.notify",)),
-    (("exporter.sidecar", "exporter.exitcodes", "exporter.stopping"),),
+    (("exporter.sidecar", "exporter.exitcodes", "exporter.stopping", "exporter.logs"),),
     (("exporter.tools",),),
     (("exporter.sim",),),
     (("exporter.cli", "exporter.__main__"),),
