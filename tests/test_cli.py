@@ -109,7 +109,10 @@ def test_check_config_warns_about_no_targets_and_an_open_deploy_api(tmp_path):
     cfg.write_text("global: {poll_interval: 5s}\n")
     proc = run_cli("check-config", str(cfg))
     assert proc.returncode == 0
-    assert "warning: no targets" in proc.stderr and "warning: no deploys.api_token" in proc.stderr
+    assert "warning: no targets" in proc.stderr and "deploy" not in proc.stderr  # closed without a token: nothing to warn of
+    cfg.write_text("global: {poll_interval: 5s}\ndeploys: {api_open: true}\n")
+    proc = run_cli("check-config", str(cfg))
+    assert proc.returncode == 0 and "warning: deploys.api_open" in proc.stderr
 
 
 def test_parse_prints_strict_json(fixtures):

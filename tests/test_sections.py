@@ -67,6 +67,24 @@ def test_a_token_file_that_would_disable_auth_is_rejected(tmp_path, content, err
     assert len(exc.value.errors) == 1 and error in exc.value.errors[0]
 
 
+def test_the_deploy_api_is_closed_without_a_token_open_only_on_purpose_and_an_optional_token_may_be_absent(tmp_path):
+    assert load({}).deploys.api_token == "" and not load({}).deploys.api_open
+    assert load({"deploys": {"api_open": True}}).deploys.api_open
+    missing = str(tmp_path / "secret" / "token")  # an optional Secret that was not created mounts nothing
+    assert load({"deploys": {"api_token_file": missing, "api_token_optional": True}}).deploys.api_token == ""
+    with pytest.raises(ConfigError, match="cannot read"):
+        load({"deploys": {"api_token_file": missing}})
+    (tmp_path / "token").write_text("s3cret\n")
+    assert load({"deploys": {"api_token_file": str(tmp_path / "token"), "api_token_optional": True}}).deploys.api_token == "s3cret"
+    (tmp_path / "empty").write_text("")
+    with pytest.raises(ConfigError, match="is empty"):  # optional means absent, never empty: that fails closed
+        load({"deploys": {"api_token_file": str(tmp_path / "empty"), "api_token_optional": True}})
+    with pytest.raises(ConfigError, match="deploys.api_open"):
+        load({"deploys": {"api_open": True, "api_token": "x"}})
+    with pytest.raises(ConfigError, match="api_token_optional"):
+        load({"deploys": {"api_token_optional": True}})
+
+
 @pytest.mark.parametrize("text, fragment", [
     pytest.param("targets: [", "not valid YAML", id="bad-yaml"),
     pytest.param("- 1\n- 2\n", "<root>: must be a mapping", id="not-a-mapping"),

@@ -111,7 +111,8 @@ class WarmupConfig:
 
 @dataclass(frozen=True)
 class DeploysConfig:
-    api_token: str = ""  # bearer token required by POST /api/v1/deploys when set
+    api_token: str = ""  # the bearer token POST /api/v1/deploys requires; without one the API is closed...
+    api_open: bool = False  # ...unless opened on purpose: announcements from anyone who reaches the port
     annotations_file: str = ""  # the downward-API annotations file; "" turns it off
     annotation_key: str = "app.kubernetes.io/version"
 
@@ -315,12 +316,23 @@ def _alertmanager(r: Reader, raw: Any) -> AlertmanagerConfig:
 
 def _deploys(r: Reader, raw: Any) -> DeploysConfig:
     d = DeploysConfig()
-    data = r.mapping(raw, "deploys", {"api_token", "api_token_file", "annotations_file", "annotation_key"})
-    return DeploysConfig(
-        api_token=read_secret(r, data, "deploys", "api_token"),
+    data = r.mapping(raw, "deploys", {"api_token", "api_token_file", "api_token_optional", "api_open", "annotations_file",
+                                      "annotation_key"})
+    optional = r.value(data, "deploys", "api_token_optional", boolean, False)
+    if optional and "api_token_file" not in data:
+        r.errors.append("deploys.api_token_optional: applies to api_token_file, which is not set")
+    token_file = data.get("api_token_file")
+    # an optional Secret that was not created mounts no file: the API stays closed, no error
+    absent = optional and isinstance(token_file, str) and token_file and not os.path.lexists(token_file)
+    cfg = DeploysConfig(
+        api_token="" if absent else read_secret(r, data, "deploys", "api_token"),
+        api_open=r.value(data, "deploys", "api_open", boolean, d.api_open),
         annotations_file=r.value(data, "deploys", "annotations_file", lambda v: "" if v in ("", None) else nonempty_string(v), d.annotations_file),
         annotation_key=r.value(data, "deploys", "annotation_key", nonempty_string, d.annotation_key),
     )
+    if cfg.api_open and ("api_token" in data or "api_token_file" in data):
+        r.errors.append("deploys.api_open: true opens the deploy API without a token; remove it or the api_token")
+    return cfg
 
 
 # a rule setting's key -> (RuleSettings field, parser); a rule declares which it takes (Rule.settings)
