@@ -124,6 +124,7 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
     host, port = parse_listen_address(listen)
     generator = cfg.web.external_url or f"http://{socket.gethostname()}:{port}/"
     notifier = Notifier(cfg.alertmanager, generator, clock)
+    state.update(alertmanagers_discovered=notifier.discovered())
     sources = []
     if cfg.deploys.annotations_file:
         sources.append(AnnotationsWatcher(cfg.deploys.annotations_file, cfg.deploys.annotation_key).poll)
@@ -135,7 +136,8 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
             on_transitions(transitions)
         notifier.transitions(transitions)
         notifier.resend(engine_firing)
-        state.update(alertmanager=tuple(notifier.stats()), warmup=warmer.snapshot() if cfg.warmup.enabled else None)
+        state.update(alertmanager=tuple(notifier.stats()), alertmanagers_discovered=notifier.discovered(),
+                     warmup=warmer.snapshot() if cfg.warmup.enabled else None)
 
     def on_start(target: str, reason: str) -> None:
         if target == sidecar.config.warmup_target:

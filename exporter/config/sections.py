@@ -60,6 +60,7 @@ class AlertmanagerConfig:
     resend_interval: float = 60.0
     timeout: float = 5.0
     queue_capacity: int = 10000
+    refresh_interval: float = 30.0  # a URL's name is resolved again this often (every address is an Alertmanager)
     username: str = ""
     password: str = ""
     bearer_token: str = ""
@@ -290,8 +291,8 @@ def is_reserved_label(name: str) -> bool:
     return name in RESERVED_LABELS
 def _alertmanager(r: Reader, raw: Any) -> AlertmanagerConfig:
     d = AlertmanagerConfig()
-    data = r.mapping(raw, "alertmanager", {"urls", "resend_interval", "timeout", "queue_capacity", "basic_auth",
-                                           "bearer_token", "bearer_token_file", "ca_file"})
+    data = r.mapping(raw, "alertmanager", {"urls", "resend_interval", "timeout", "queue_capacity", "refresh_interval",
+                                           "basic_auth", "bearer_token", "bearer_token_file", "ca_file"})
     urls: tuple[str, ...] = ()
     if "urls" in data:
         if not isinstance(data["urls"], list):
@@ -307,6 +308,7 @@ def _alertmanager(r: Reader, raw: Any) -> AlertmanagerConfig:
         resend_interval=r.value(data, "alertmanager", "resend_interval", parse_duration, d.resend_interval),
         timeout=r.value(data, "alertmanager", "timeout", parse_duration, d.timeout),
         queue_capacity=r.value(data, "alertmanager", "queue_capacity", positive_int, d.queue_capacity),
+        refresh_interval=r.value(data, "alertmanager", "refresh_interval", parse_duration, d.refresh_interval),
         username=r.value(auth, "alertmanager.basic_auth", "username", nonempty_string, ""),
         password=read_secret(r, auth, "alertmanager.basic_auth", "password"),
         bearer_token=read_secret(r, data, "alertmanager", "bearer_token"),
