@@ -814,3 +814,25 @@ def test_the_readmes_basic_auth_patch_gives_the_podmonitor_credentials(tmp_path)
     for probe in ("livenessProbe", "readinessProbe"):
         if probe in sidecar:
             assert sidecar[probe]["httpGet"]["path"] in ("/-/healthy", "/-/ready") and "httpHeaders" not in sidecar[probe]["httpGet"]
+
+
+def test_the_startup_grace_is_the_startup_probes_everywhere():
+    """vLLM may load its model for as long as the startupProbe the manifests ship allows: the
+    sidecar's target_down.startup_grace was 10 minutes against the probe's 30, and the
+    Prometheus rule paged at 5. One number: the probe's, in default_rules.yml and in
+    alerts/rules.config.yml (whose VLLMPrefixCacheTargetDown waits it out after a restart)."""
+    import re
+
+    from exporter.config.reader import parse_duration
+    (deployment,) = [d for d in build("sidecar") if d["kind"] == "Deployment"]
+    (vllm,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
+    probe = vllm["startupProbe"]
+    allowed = probe["periodSeconds"] * probe["failureThreshold"]
+    assert load({}).rules.rules["PrefixCacheTargetDown"].startup_grace == allowed
+    rules_config = yaml.safe_load((ROOT / "alerts" / "rules.config.yml").read_text())
+    assert parse_duration(rules_config["startup_grace"]) == allowed
+    generated = (ROOT / "alerts" / "prefix-cache.rules.yml").read_text()
+    wait = parse_duration(rules_config["startup_grace"]) - parse_duration(rules_config["for"]["target_down"])
+    assert re.search(rf"max_over_time\(up\{{[^}}]*\}}\[{int(wait // 60)}m\]\) == 1", generated)
+    for variant in ("sidecar", "central"):  # no shipped config overrides it
+        assert "startup_grace" not in (DEPLOY / variant / "config.yml").read_text()
