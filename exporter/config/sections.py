@@ -233,7 +233,7 @@ _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def _from_environment(r: Reader, path: str, text: str) -> str:
-    """`${VAR}` in a target's name or label values, from the environment: one config
+    """`${VAR}` in a target's name or label values (and the fleet baseline's query), from the environment: one config
     file for every replica, each naming itself by its pod (the downward API's POD_NAME,
     POD_NAMESPACE), so that no two sidecars in a fleet call their target the same."""
     def value(match: re.Match) -> str:
@@ -463,7 +463,8 @@ def _fleet_baseline(r: Reader, raw: Any) -> FleetBaselineConfig:
     auth = r.mapping(data.get("basic_auth"), "fleet_baseline.basic_auth", {"username", "password", "password_file"})
     cfg = FleetBaselineConfig(
         prometheus_url=r.value(data, "fleet_baseline", "prometheus_url", http_url, d.prometheus_url),
-        query=r.value(data, "fleet_baseline", "query", nonempty_string, d.query),
+        # ${VAR} from the environment too: one config for every pod (namespace="${POD_NAMESPACE}")
+        query=_from_environment(r, "fleet_baseline.query", r.value(data, "fleet_baseline", "query", nonempty_string, d.query)),
         timeout=r.value(data, "fleet_baseline", "timeout", parse_duration, d.timeout),
         bearer_token=read_secret(r, data, "fleet_baseline", "bearer_token"),
         username=r.value(auth, "fleet_baseline.basic_auth", "username", nonempty_string, ""),
