@@ -7,7 +7,7 @@ import logging
 import sys
 from typing import Sequence
 
-from . import __version__, logs, sidecar
+from . import __version__, healthcheck, logs, sidecar
 from .config import sections as config_mod
 from .config.sections import ConfigError
 from .exitcodes import EXIT_USAGE
@@ -70,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--config.file", dest="config_file", default=None, help="rules and windows (default: the built-in defaults)")
     bt.add_argument("recording", help="a recording (JSON lines), - for stdin")
     bt.set_defaults(func=backtest.command)
+
+    hc = command("healthcheck", "ask /-/healthy of a running sidecar where it listens, with TLS where its web config has it "
+                 "(the image's HEALTHCHECK; it reads the process's command line and config)")
+    hc.add_argument("--pid", type=int, default=1, help="the sidecar's process (PID 1 in its container)")
+    hc.add_argument("--timeout", type=float, default=2.0, help="seconds for the whole answer")
+    hc.set_defaults(func=lambda args: healthcheck.command(args, lambda argv: build_parser().parse_args(argv)))
 
     check = command("check-config", "validate a config file")
     check.add_argument("file", help="the YAML config")

@@ -29,7 +29,7 @@ LAYERS = (
     (("exporter.sidecar", "exporter.exitcodes", "exporter.stopping", "exporter.logs"),),
     (("exporter.tools",),),
     (("exporter.sim",),),
-    (("exporter.cli", "exporter.__main__"),),
+    (("exporter.cli", "exporter.__main__", "exporter.healthcheck"),),
 )
 ROOT = "exporter"  # the package's __init__ (its version): anyone may read it
 
