@@ -124,3 +124,70 @@ def test_setup_writes_the_format_at_the_level_to_the_file(tmp_path):
     (line,) = path.read_text().splitlines()
     fields = dict(logfmt.parse(line))
     assert fields["level"] == "warn" and fields["msg"] == "written once" and RFC3339_MS.fullmatch(fields["ts"])
+
+
+@pytest.mark.slow
+def test_every_line_of_a_sidecar_run_with_reloads_failures_and_alerts_reads_back(tmp_path):
+    """The sidecar as it runs: a live target and a dead one, an alert firing, deliveries to
+    an Alertmanager that is not there, a deploy announced, a reload that fails and one that
+    succeeds, SIGTERM. Every line it writes reads back through the strict logfmt reader."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import requests
+    import yaml
+
+    from conftest import free_port, wait_for
+    from exporter.sim import simulator
+    from exporter.sim.server import Fleet
+
+    root = Path(__file__).resolve().parent.parent
+    fleet = Fleet([simulator.Replica("vllm-0", simulator.Scenario(), start=time.time() - 900, seed=1)], clock=time.time).start()
+    port = free_port()
+    config = {
+        "global": {"poll_interval": "1s", "connect_timeout": "300ms", "read_timeout": "500ms", "jitter": "0s"},
+        "targets": [{"name": "vllm-0", "url": fleet.metrics_url("vllm-0")},
+                    {"name": "gone \"pod\"", "url": f"http://127.0.0.1:{free_port()}/metrics"}],
+        "alertmanager": {"urls": [f"http://127.0.0.1:{free_port()}"], "timeout": "500ms"},
+        "deploys": {"api_token": "s3cret"},
+        "rules": {"target_down": {"for": "0s", "startup_grace": "0s"}},
+    }
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump(config))
+    log = tmp_path / "sidecar.log"
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "run", f"--config.file={path}", f"--web.listen-address=127.0.0.1:{port}",
+                             "--log.format=logfmt"], cwd=root, stderr=open(log, "w"), stdout=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_for(lambda: "alert PrefixCacheTargetDown firing" in log.read_text(), 30), log.read_text()[-2000:]
+        assert wait_for(lambda: "alertmanager http://127.0.0.1" in log.read_text(), 30), log.read_text()[-2000:]
+        r = requests.post(base + "/api/v1/deploys", json={"version": "v42 \"quoted\" = x", "description": "prompt v2"},
+                          headers={"Authorization": "Bearer s3cret"}, timeout=5)
+        assert r.status_code == 202
+        path.write_text("targets: [{name: x}]\nbogus: 1\n")
+        os.kill(proc.pid, signal.SIGHUP)
+        assert wait_for(lambda: "reload failed" in log.read_text(), 20), log.read_text()[-2000:]
+        config["targets"] = config["targets"][:1]
+        path.write_text(yaml.safe_dump(config))
+        os.kill(proc.pid, signal.SIGHUP)
+        assert wait_for(lambda: "reloaded config" in log.read_text(), 20), log.read_text()[-2000:]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        fleet.stop()
+    lines = log.read_text().splitlines()
+    records = [dict(logfmt.parse(line)) for line in lines]
+    for line, fields in zip(lines, records):
+        assert list(fields)[:4] == ["ts", "level", "caller", "msg"] and fields["logger"], line
+        assert RFC3339_MS.fullmatch(fields["ts"]) and fields["level"] in ("debug", "info", "warn", "error"), line
+    messages = [(f["level"], f["msg"]) for f in records]
+    assert any(level == "error" and m.startswith("reload failed, keeping the old config:") for level, m in messages)
+    assert any(level == "info" and m.startswith("reloaded config from") for level, m in messages)
+    assert any(level == "warn" and m.startswith("alertmanager http://127.0.0.1:") for level, m in messages)
+    assert any(m.startswith("alert PrefixCacheTargetDown firing target=gone \"pod\"") for _, m in messages)
+    assert ("info", 'deploy announced: version=v42 "quoted" = x target=all') in messages
+    assert messages[-1] == ("info", "shutting down") or any(m == "shutting down" for _, m in messages)
