@@ -8,7 +8,7 @@ import math
 import sys
 from typing import Sequence
 
-from . import __version__, sidecar
+from . import __version__, healthcheck, logs, sidecar
 from .config import sections as config_mod
 from .config.sections import ConfigError
 from .exitcodes import EXIT_USAGE
@@ -17,30 +17,6 @@ from .tools import backtest, diagnose, lint_command, parse as parse_command, rec
 from .tools.cachemodel import POLICIES
 
 log = logging.getLogger("exporter")
-
-
-class _OneLineFormatter(logging.Formatter):
-    """Every record on one line: control characters from a request (a forged newline in
-    a deploy version) or a target are escaped, never written raw."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        return escape_controls(super().format(record))
-
-
-def escape_controls(text: str) -> str:
-    return "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in text)
-
-
-def _setup_logging(level: str, path: str | None = None) -> None:
-    handler = logging.FileHandler(path) if path else logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_OneLineFormatter("ts=%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s"))
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(getattr(logging, level.upper(), logging.INFO))
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
-    logging.getLogger("cheroot").setLevel(logging.WARNING)
 
 
 class _HelpWithDefaults(argparse.HelpFormatter):
@@ -53,7 +29,8 @@ class _HelpWithDefaults(argparse.HelpFormatter):
         return text
 
 
-LOG_LEVELS = ["debug", "info", "warn", "warning", "error"]
+LOG_LEVELS = list(logs.LEVELS)
+LOG_FORMATS = list(logs.FORMATS)
 
 
 def count(low: int, high: int):
@@ -107,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=__version__)
     p.add_argument("--log.level", dest="log_level", default=None, choices=LOG_LEVELS,
                    help="info for run, error for demo (its console table stays readable)")
+    p.add_argument("--log.format", dest="log_format", default="logfmt", choices=LOG_FORMATS,
+                   help="log line format: logfmt (ts, level, caller, msg, logger) or json with the same fields")
     sub = p.add_subparsers(dest="command", required=True)
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -118,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--web.config.file", dest="web_config_file", default=None,
                      help="exporter-toolkit web config: tls_server_config, http_server_config, basic_auth_users (bcrypt); re-read on SIGHUP")
     run.add_argument("--log.level", dest="log_level", default=argparse.SUPPRESS, choices=LOG_LEVELS, help="log level (default: info)")
+    run.add_argument("--log.format", dest="log_format", default=argparse.SUPPRESS, choices=LOG_FORMATS, help="logfmt or json (default: logfmt)")
     run.add_argument("--shard", default=None, metavar="I/N",
                      help="poll only the targets whose shard key hashes to I mod N, like Prometheus's hashmod (overrides discovery.shard)")
     run.set_defaults(func=sidecar.run)
@@ -129,12 +109,19 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also deliver the demo's alerts to this Alertmanager (repeatable)")
     demo_cmd.add_argument("--log.file", dest="log_file", default=None, help="write the sidecar's log lines here (default: only errors, to stderr)")
     demo_cmd.add_argument("--log.level", dest="log_level", default=argparse.SUPPRESS, choices=LOG_LEVELS, help="log level (default: error, or info with --log.file)")
+    demo_cmd.add_argument("--log.format", dest="log_format", default=argparse.SUPPRESS, choices=LOG_FORMATS, help="logfmt or json (default: logfmt)")
     demo_cmd.set_defaults(func=demo.command)
 
     bt = command("backtest", "replay a recording through the rules; prints alert transitions as JSON lines")
     bt.add_argument("--config.file", dest="config_file", default=None, help="rules and windows (default: the built-in defaults)")
     bt.add_argument("recording", help="a recording (JSON lines), - for stdin")
     bt.set_defaults(func=backtest.command)
+
+    hc = command("healthcheck", "ask /-/healthy of a running sidecar where it listens, with TLS where its web config has it "
+                 "(the image's HEALTHCHECK; it reads the process's command line and config)")
+    hc.add_argument("--pid", type=int, default=1, help="the sidecar's process (PID 1 in its container)")
+    hc.add_argument("--timeout", type=float, default=2.0, help="seconds for the whole answer")
+    hc.set_defaults(func=lambda args: healthcheck.command(args, lambda argv: build_parser().parse_args(argv)))
 
     check = command("check-config", "validate a config file")
     check.add_argument("file", help="the YAML config")
@@ -208,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     log_file = getattr(args, "log_file", None)
     level = args.log_level or ("error" if args.command == "demo" and not log_file else "info")
-    _setup_logging(level, log_file)
+    logs.setup(level, args.log_format, log_file)
     try:
         return args.func(args)
     except ConfigError as exc:

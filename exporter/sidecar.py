@@ -110,10 +110,10 @@ class Sidecar:
             if getattr(new, section) != getattr(self.config, section):
                 log.warning("reload: %s changes need a restart; keeping the old settings", section)
                 new = replace(new, **{section: getattr(self.config, section)})
-        # the deploy API token is re-read (rotation without a restart); the annotations file is not
-        if replace(new.deploys, api_token="") != replace(self.config.deploys, api_token=""):
+        # the deploy API's token and api_open are re-read (rotation without a restart); the annotations file is not
+        if replace(new.deploys, api_token="", api_open=False) != replace(self.config.deploys, api_token="", api_open=False):
             log.warning("reload: deploys.annotations_file and annotation_key changes need a restart; keeping the old ones")
-            new = replace(new, deploys=replace(self.config.deploys, api_token=new.deploys.api_token))
+            new = replace(new, deploys=replace(self.config.deploys, api_token=new.deploys.api_token, api_open=new.deploys.api_open))
         if new.deploys.api_token != self.config.deploys.api_token:
             log.info("reload: the deploy API token changed")
         self.poller.reload(new)
@@ -148,6 +148,7 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
     host, port = parse_listen_address(listen)
     generator = cfg.web.external_url or f"http://{socket.gethostname()}:{port}/"
     notifier = Notifier(cfg.alertmanager, generator, clock)
+    state.update(alertmanagers_discovered=notifier.discovered())
     sources = []
     if cfg.deploys.annotations_file:
         sources.append(AnnotationsWatcher(cfg.deploys.annotations_file, cfg.deploys.annotation_key).poll)
@@ -159,7 +160,8 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
             on_transitions(transitions)
         notifier.transitions(transitions)
         notifier.resend(engine_firing)
-        state.update(alertmanager=tuple(notifier.stats()), warmup=warmer.snapshot() if cfg.warmup.enabled else None)
+        state.update(alertmanager=tuple(notifier.stats()), alertmanagers_discovered=notifier.discovered(),
+                     warmup=warmer.snapshot() if cfg.warmup.enabled else None)
 
     def on_start(target: str, reason: str) -> None:
         if target == sidecar.config.warmup_target:
@@ -176,9 +178,9 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
 
     poller = Poller(cfg, state, clock=clock, after_evaluate=on_evaluated, sources=sources, on_start=on_start)
     app = App(state, registry, ready=ready, security=security,
-              deploy_api_open=lambda: not sidecar.config.deploys.api_token)
+              deploy_api_open=lambda: sidecar.config.deploys.api_open and not sidecar.config.deploys.api_token)
     post, get = deploy_handlers(state, poller.add_event, lambda: sidecar.config.deploys.api_token,
-                                lambda: {t.name for t in poller.current.targets}, clock)
+                                lambda: {t.name for t in poller.current.targets}, clock, lambda: sidecar.config.deploys.api_open)
     app.route("POST", "/api/v1/deploys", post)
     app.route("GET", "/api/v1/deploys", get)
     analysis_get, flagger_post = analysis_handlers(lambda model, version, baseline: poller.analyze(clock(), model, version, baseline))
@@ -278,6 +280,6 @@ def config_warnings(cfg: Config) -> list[str]:
     out = []
     if not cfg.targets and not cfg.discovery.enabled:
         out.append("no targets: the sidecar will poll nothing (add `targets:` or `discovery:`)")
-    if not cfg.deploys.api_token:
-        out.append("no deploys.api_token: POST /api/v1/deploys accepts deploy announcements from anyone who reaches the port")
+    if cfg.deploys.api_open:
+        out.append("deploys.api_open: POST /api/v1/deploys accepts deploy announcements from anyone who reaches the port")
     return out

@@ -61,17 +61,6 @@ def test_classify(kw, cause):
     assert got == cause and why
 
 
-def test_cold_start_never_pages():
-    assert causes.severity_for(causes.COLD_START, "critical") == "info"
-    assert causes.severity_for(causes.PROMPT_PREFIX_CHANGE, "critical") == "critical"
-
-
-def test_a_traffic_mix_is_at_most_a_warning():
-    assert causes.severity_for(causes.TRAFFIC_MIX, "critical") == "warning"
-    assert causes.severity_for(causes.TRAFFIC_MIX, "warning") == "warning"
-    assert causes.severity_for(causes.TRAFFIC_MIX, "info") == "info"
-
-
 def test_the_look_back_and_grace_are_the_configured_ones_only():
     """causes has no look-back of its own: the deploy 20 minutes ago is after it under a
     30m `rules.event_lookback`, and no longer under a configured 15m."""

@@ -32,10 +32,10 @@ LAYERS = (
     (("exporter.discovery",), ("exporter.monitor",)),
     (("exporter.serve",),),
     (("exporter.poll",), ("exporter.notify",)),
-    (("exporter.sidecar", "exporter.exitcodes", "exporter.stopping"),),
+    (("exporter.sidecar", "exporter.exitcodes", "exporter.stopping", "exporter.logs"),),
     (("exporter.tools",),),
     (("exporter.sim",),),
-    (("exporter.cli", "exporter.__main__"),),
+    (("exporter.cli", "exporter.__main__", "exporter.healthcheck"),),
 )
 ROOT = "exporter"  # the package's __init__ (its version): anyone may read it
 

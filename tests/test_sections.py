@@ -81,8 +81,26 @@ def test_a_secret_file_is_read_bounded_and_never_waited_on(tmp_path):
 def test_a_config_given_as_text_reads_no_file_it_names(tmp_path):
     token = tmp_path / "token"
     token.write_text("s3cret")
-    with pytest.raises(ConfigError, match="secret files are read only from a config file"):
+    with pytest.raises(ConfigError, match="the files a config names are read only from a config file"):
         load({"deploys": {"api_token_file": str(token)}})
+
+
+def test_the_deploy_api_is_closed_without_a_token_open_only_on_purpose_and_an_optional_token_may_be_absent(tmp_path):
+    assert load({}).deploys.api_token == "" and not load({}).deploys.api_open
+    assert load({"deploys": {"api_open": True}}).deploys.api_open
+    missing = str(tmp_path / "secret" / "token")  # an optional Secret that was not created mounts nothing
+    assert load({"deploys": {"api_token_file": missing, "api_token_optional": True}}, read_secret_file).deploys.api_token == ""
+    with pytest.raises(ConfigError, match="cannot read"):
+        load({"deploys": {"api_token_file": missing}}, read_secret_file)
+    (tmp_path / "token").write_text("s3cret\n")
+    assert load({"deploys": {"api_token_file": str(tmp_path / "token"), "api_token_optional": True}}, read_secret_file).deploys.api_token == "s3cret"
+    (tmp_path / "empty").write_text("")
+    with pytest.raises(ConfigError, match="is empty"):  # optional means absent, never empty: that fails closed
+        load({"deploys": {"api_token_file": str(tmp_path / "empty"), "api_token_optional": True}}, read_secret_file)
+    with pytest.raises(ConfigError, match="deploys.api_open"):
+        load({"deploys": {"api_open": True, "api_token": "x"}})
+    with pytest.raises(ConfigError, match="api_token_optional"):
+        load({"deploys": {"api_token_optional": True}}, read_secret_file)
 
 
 @pytest.mark.parametrize("text, fragment", [

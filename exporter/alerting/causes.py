@@ -121,14 +121,3 @@ def _preempted_share(e: Evidence) -> float:
     if not e.requests:
         return 1.0
     return min(1.0, n / e.requests)
-
-
-def severity_for(cause: str, default: str) -> str:
-    """A cold start after a restart is expected: it never pages. A change of the traffic
-    mix is nobody's breakage: at most a warning."""
-    if cause == COLD_START:
-        return "info"
-    if cause == TRAFFIC_MIX and default == "critical":
-        return "warning"
-    return default
-

@@ -29,6 +29,9 @@ TTFT_REGRESSION = "PrefixCacheTTFTRegression"
 TARGET_DOWN = "PrefixCacheTargetDown"
 COUNTERS_DISAGREE = "PrefixCacheCountersDisagree"
 ROUTER_PREDICTION_GAP = "PrefixCacheRouterPredictionGap"
+# the drop after a deploy whose cause is a change of the traffic mix: nobody's breakage, a
+# warning under a name of its own (one name, one severity: see Rule.by_cause)
+TRAFFIC_MIX_CHANGED = "PrefixCacheTrafficMixChanged"
 
 
 # --- settings ------------------------------------------------------------------------------
@@ -171,7 +174,7 @@ def _against_fleet(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
     event_lookback after), its ratio against the fleet's for its model before it started."""
     before_ratio, started = f.fleet_baseline
     warm = started + rc.cold_start_grace
-    if f.now < warm or (f.now - warm > rc.event_lookback and f.anchor is None):
+    if f.now < warm or (f.now - warm > rc.event_lookback and f.anchor is None) or _in_cold_start(f, rc.cold_start_grace):
         return FALSE
     after = stats_between(f.samples, f.model, max(warm, f.now - s.after), f.now, 0.0, f.block_size)
     after_ratio = judged_ratio(after)
@@ -224,6 +227,8 @@ def rule_caching_disabled(f: Facts, s: RuleSettings, rc: RulesConfig) -> Conditi
 def rule_hits_stuck_at_zero(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
     if f.snapshot is not None and f.snapshot.prefix_caching_enabled is False:
         return FALSE
+    if _in_cold_start(f, rc.cold_start_grace):
+        return FALSE  # an emptied cache refilling: the grace delays, and hits that never come fire after it
     ws = f.window(s.window)
     if ws.hit_increase != 0 or (ws.query_increase or 0) < s.min_query_tokens:
         return FALSE
@@ -361,18 +366,38 @@ class Rule:
     condition: Callable[[Facts, RuleSettings, RulesConfig], Condition] | None
     look_back: tuple[str, ...] = ()  # the settings whose sum is how far back it reads the history
     scope: str = PER_MODEL  # each (target, model); PER_TARGET: each target once, model ""
+    # (cause, alert name, severity): a firing alert of this cause is delivered under that name,
+    # at that severity at most. One name has one severity, so an inhibition that is equal on
+    # alertname (kube-prometheus-stack's critical over warning) never lets one pod's critical
+    # silence another pod's warning of a milder cause.
+    by_cause: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def runbook_anchor(self) -> str:
         return self.alertname.lower()
 
+    @property
+    def alertnames(self) -> tuple[str, ...]:
+        """Every name this rule's alerts are delivered under: its own first."""
+        return (self.alertname,) + tuple(name for _, name, _ in self.by_cause)
+
+    def delivered_as(self, cause: str, severity: str) -> tuple[str, str]:
+        """(alert name, severity) of this rule's alert with `cause`, the rule configured at `severity`."""
+        for c, name, at_most in self.by_cause:
+            if c == cause:
+                return name, min(severity, at_most, key=SEVERITIES.index)
+        return self.alertname, severity
+
     def looks_back(self, s: RuleSettings) -> float:
         return sum(getattr(s, name) for name in self.look_back)
 
 
+SEVERITIES = ("info", "warning", "critical")  # mildest first
+
+
 REGISTRY: tuple[Rule, ...] = (
     Rule("hit_rate_drop_after_deploy", DROP_AFTER_DEPLOY, ("baseline", "after", "below", "drop_points", "min_query_tokens"),
-         rule_drop_after_deploy, look_back=("baseline", "after")),
+         rule_drop_after_deploy, look_back=("baseline", "after"), by_cause=((causes.TRAFFIC_MIX, TRAFFIC_MIX_CHANGED, "warning"),)),
     Rule("hit_rate_low", HIT_RATE_LOW, ("window", "below", "min_query_tokens"), rule_hit_rate_low, look_back=("window",)),
     Rule("caching_disabled", CACHING_DISABLED, (), rule_caching_disabled),
     Rule("hits_stuck_at_zero", HITS_STUCK_AT_ZERO, ("window", "min_query_tokens"), rule_hits_stuck_at_zero,
@@ -386,17 +411,20 @@ REGISTRY: tuple[Rule, ...] = (
     Rule("router_prediction_gap", ROUTER_PREDICTION_GAP, ("window", "drop_points", "min_query_tokens"), None,
          scope=ACROSS_TARGETS),
 )
-# static views of the registry, for readers that list the alerts (the runbook's tests)
-ALERT_NAMES = tuple(rule.alertname for rule in REGISTRY)
-RUNBOOK_ANCHORS = {rule.alertname: rule.runbook_anchor for rule in REGISTRY}
+# static views of the registry, for readers that list the alerts (the runbook's tests, the relay rules):
+# every name an alert of the sidecar is delivered under
+ALERT_NAMES = tuple(name for rule in REGISTRY for name in rule.alertnames)
+RUNBOOK_ANCHORS = {name: name.lower() for name in ALERT_NAMES}
 
 
 def registered(alertname: str) -> Rule:
-    return next(rule for rule in REGISTRY if rule.alertname == alertname)
+    """The rule whose alerts are delivered under `alertname` (its own name or a cause's)."""
+    return next(rule for rule in REGISTRY if alertname in rule.alertnames)
 
 
 def runbook_anchor(alertname: str) -> str:
-    return registered(alertname).runbook_anchor
+    registered(alertname)  # a name no rule delivers has no section
+    return alertname.lower()
 
 
 def rules_to_run(rc: RulesConfig, model: str) -> list[tuple[Rule, RuleSettings]]:

@@ -94,7 +94,7 @@ def nonempty_string(value: Any) -> str:
 
 def no_files(path: str) -> str:
     """The file reader of a config given as text: it names no file of its own to read."""
-    raise OSError(errno.EPERM, "secret files are read only from a config file (check-config, run)")
+    raise OSError(errno.EPERM, "the files a config names are read only from a config file (check-config, run)")
 
 
 class Reader:
@@ -174,14 +174,20 @@ def label_name(value: Any) -> str:
 MAX_SECRET_FILE = 64 * 1024
 
 
-def read_secret(r: Reader, data: dict, path: str, key: str) -> str:
-    """`key` inline or `key_file` (read now, so a missing file is a config error)."""
+def read_secret(r: Reader, data: dict, path: str, key: str, absent_ok: bool = False) -> str:
+    """`key` inline or `key_file` (read now, so a missing file is a config error, or with
+    `absent_ok` no secret: an optional Kubernetes Secret that was not created mounts nothing)."""
     if key in data and f"{key}_file" in data:
         r.errors.append(f"{path}.{key}: give {key} or {key}_file, not both")
     if f"{key}_file" in data:
         file_path = r.value(data, path, f"{key}_file", nonempty_string, "")
         try:
             secret = r.read_file(file_path).strip()
+        except FileNotFoundError:
+            if absent_ok:
+                return ""
+            r.errors.append(f"{path}.{key}_file: cannot read {file_path}: No such file or directory")
+            return ""
         except OSError as exc:
             r.errors.append(f"{path}.{key}_file: cannot read {file_path}: {exc.strerror or exc}")
             return ""

@@ -22,6 +22,7 @@ from ..alerting.rules import (
     Facts,
     evidence,
     hits_reference,
+    registered,
     rules_to_run,
     runbook_anchor,
 )
@@ -488,14 +489,15 @@ class Engine:
         """The alert with its labels (the targets' `extra` ones, then ours and what
         `identity` names it by) and its annotations, for a target's alert and a version's."""
         rc = self.config.rules
-        severity = causes.severity_for(cause, rc.rules[alert.alertname].severity)
-        labels = {**extra, "alertname": alert.alertname, "severity": severity, **identity,
+        rule = registered(alert.alertname)  # the alert may carry a name its rule gives a cause
+        name, severity = rule.delivered_as(cause, rc.rules[rule.alertname].severity)
+        labels = {**extra, "alertname": name, "severity": severity, **identity,
                   "model_name": alert.model, "cause": cause}
-        runbook = rc.runbook_url + "#" + runbook_anchor(alert.alertname) if rc.runbook_url else ""
+        runbook = rc.runbook_url + "#" + runbook_anchor(name) if rc.runbook_url else ""
         description = cond.description + (f" Probable cause: {cause} ({why})." if why else "")
         annotations = {"summary": cond.summary, "description": description.strip(),
                        "runbook_url": runbook, "dashboard_url": rc.dashboard_url}
-        return replace(alert, labels=tuple(sorted(labels.items())), annotations=tuple(sorted(annotations.items())),
+        return replace(alert, alertname=name, labels=tuple(sorted(labels.items())), annotations=tuple(sorted(annotations.items())),
                        anchor=cond.anchor if cond.anchor is not None else alert.anchor,
                        baseline=cond.baseline if cond.baseline is not None else alert.baseline)
 

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[dict], tuple[int, str, bytes]]  # environ -> (status, content type, body)
 
-_STATUS = {200: "200 OK", 202: "202 Accepted", 204: "204 No Content", 400: "400 Bad Request", 401: "401 Unauthorized",
+_STATUS = {200: "200 OK", 202: "202 Accepted", 204: "204 No Content", 400: "400 Bad Request", 401: "401 Unauthorized", 403: "403 Forbidden",
            404: "404 Not Found", 405: "405 Method Not Allowed", 409: "409 Conflict", 411: "411 Length Required", 413: "413 Payload Too Large",
            415: "415 Unsupported Media Type", 500: "500 Internal Server Error", 503: "503 Service Unavailable"}
 
@@ -180,7 +180,7 @@ class App:
         links = [p for m, p in sorted(self.routes) if m == "GET"]
         warning = ""
         if self.deploy_api_open is not None and self.deploy_api_open():
-            warning = ("POST /api/v1/deploys is open: no deploys.api_token is configured, "
+            warning = ("POST /api/v1/deploys is open: deploys.api_open is set and no deploys.api_token, "
                        "so anyone who reaches this port can announce deploys.")
         return 200, "text/html; charset=utf-8", self.status_page.get(links, __version__, warning)
 
@@ -191,12 +191,23 @@ class App:
 MAX_DEPLOY_BODY = 64 * 1024
 
 
+# An announcement re-anchors every baseline it names: from anyone who reaches the port, it
+# would hide an unannounced prompt change behind a "deploy". Closed without a token.
+DEPLOY_API_CLOSED = ("the deploy API is closed: no deploys.api_token is configured "
+                     "(deploys.api_open: true opens it without one, on purpose)")
+
+
 def deploy_handlers(state: State, add_event: Callable[[DeployEvent], None], token: Callable[[], str],
-                    targets: Callable[[], set[str]], clock: Callable[[], float]) -> tuple[Handler, Handler]:
-    """POST /api/v1/deploys (announce a deploy) and GET /api/v1/deploys (recent events)."""
+                    targets: Callable[[], set[str]], clock: Callable[[], float],
+                    is_open: Callable[[], bool] = lambda: False) -> tuple[Handler, Handler]:
+    """POST /api/v1/deploys (announce a deploy: the bearer token when one is configured, else
+    403 unless `is_open()`) and GET /api/v1/deploys (recent events). Both asked per request:
+    a reload changes them."""
 
     def post(environ) -> tuple[int, str, bytes]:
         expected = token()
+        if not expected and not is_open():
+            return json_response(403, {"error": DEPLOY_API_CLOSED})
         if expected:
             scheme, _, given = environ.get("HTTP_AUTHORIZATION", "").strip().partition(" ")
             # the scheme is case-insensitive (RFC 9110); the token is compared in constant time

@@ -111,6 +111,7 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("alertmanager_queue_length", "gauge", "Alerts waiting for delivery to the Alertmanager (latest state per alert).", "alertmanager"),
     _m("alertmanager_dropped_alerts", "counter", "Alerts dropped because the delivery queue was full.", "alertmanager"),
     _m("alertmanager_last_success_timestamp_seconds", "gauge", "Unix time of the last successful delivery to the Alertmanager.", "alertmanager"),
+    _m("alertmanagers_discovered", "gauge", "Alertmanagers that get our alerts: each configured URL whose host is an address, and every address of a URL's name (re-resolved every alertmanager.refresh_interval); absent without alertmanager.urls. 0: every alert waits."),
     # service discovery (central mode)
     _m("polled_targets", "gauge", "Targets this process polls: static and discovered, in its shard."),
     _m("discovery_targets", "gauge", "Targets the discovery `source` (prometheus, file_sd) gave; its last good list while it fails.", "source"),
@@ -208,6 +209,8 @@ class PrefixCacheCollector(Collector):
                 for window, (predicted, delivered) in by_window.items():
                     f.add("prefixcache_predicted_hit_ratio", (model, window, predicted.weighting), predicted.ratio, target=router_target)
                     f.add_present("prefixcache_router_delivered_hit_ratio", (model, window), delivered.ratio, target=router_target)
+        if p.alertmanagers_discovered is not None:
+            f.add("prefixcache_alertmanagers_discovered", (), p.alertmanagers_discovered, target=None)
         for q in p.alertmanager:
             url = redact_url(q.url)
             f.add("prefixcache_alertmanager_notifications", (url, "success"), q.notifications_ok, target=None)
