@@ -38,7 +38,9 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1
 USER 65532:65532
 EXPOSE 9464
+# asks /-/healthy where the sidecar (PID 1) listens, with TLS where its web config has it:
+# its --web.listen-address, web.listen_address and --web.config.file, not a fixed :9464
 HEALTHCHECK --interval=30s --timeout=3s --start-period=10s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9464/-/healthy', timeout=2)"]
+    CMD ["vllm-prefix-cache-exporter", "healthcheck"]
 ENTRYPOINT ["vllm-prefix-cache-exporter"]
 CMD ["run", "--config.file=/etc/vllm-prefix-cache-exporter/config.yml"]

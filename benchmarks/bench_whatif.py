@@ -20,13 +20,24 @@ script does not download it; it reads --trace, else $WHATIF_TRACE, else
     https://raw.githubusercontent.com/kvcache-ai/Mooncake/3b5a594133958449a1feaf1c9e0fc1b553e34a28/FAST25-release/traces/conversation_trace.jsonl
 
 (Apache-2.0; tests/fixtures/mooncake/SOURCES.md names it). The script checks the file's
-git blob id, so the figures are known to be of that file."""
+git blob id, so the figures are known to be of that file.
+
+Then a trace in the Qwen-Bailian format (Alibaba's, github.com/alibaba-edu/qwen-bailian-usagetraces-anon;
+its files are Git LFS, so none is read here): 100,000 requests made by `bailian_trace` below,
+and `whatif TRACE --replicas 4 --json` timed on them, the command itself in a process of its own
+(every routing policy but observed, prefill at the command's default rate, prefix groups), then
+with `--svg` (the capacity curve). Goal: the `--json` run in under 30 s. `--write-bailian FILE` writes that trace (to run the command on it),
+`--write-bailian-fixture FILE` the small one in tests/fixtures/bailian/."""
 import argparse
 import hashlib
+import heapq
 import json
 import os
 import random
+import resource
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -129,19 +140,153 @@ def bench_trace(path: Path, svg: str | None = None) -> dict | None:
             "paper_ratio": PAPER_RATIO, "policies": a.policies, "curve": a.curve}
 
 
+# --- a synthetic trace in the Qwen-Bailian format ----------------------------------------------------
+BAILIAN_BLOCK = 16
+FIXTURE = dict(n=300, seed=33, roots_per_s=1.5, think_s=15.0, bursts=1, tenants=12, system_blocks=(4, 40))  # tests/fixtures/bailian/SOURCES.md
+BENCH = dict(n=100_000, seed=1, roots_per_s=7.0, think_s=60.0, bursts=3, tenants=50, system_blocks=(8, 120))
+TYPES = (("text", 0.70), ("search", 0.15), ("image", 0.10), ("file", 0.05))
+
+
+class _Prompt:
+    """A prompt as the format sees it: its blocks' ids, each the remapped hash of one block's
+    content (a block's content: the pieces of segments it holds), the partial last block too."""
+
+    def __init__(self, ids: dict):
+        self.ids, self.full, self.tail, self.tail_len, self.length = ids, [], [], 0, 0
+
+    def copy(self) -> "_Prompt":
+        other = _Prompt(self.ids)
+        other.full, other.tail, other.tail_len, other.length = list(self.full), list(self.tail), self.tail_len, self.length
+        return other
+
+    def extend(self, segment, length: int) -> "_Prompt":
+        pos = 0
+        while pos < length:
+            take = min(BAILIAN_BLOCK - self.tail_len, length - pos)
+            self.tail.append((segment, pos, pos + take))
+            self.tail_len += take
+            pos += take
+            if self.tail_len == BAILIAN_BLOCK:
+                self.full.append(self.ids.setdefault(tuple(self.tail), len(self.ids)))
+                self.tail, self.tail_len = [], 0
+        self.length += length
+        return self
+
+    def hash_ids(self) -> list[int]:
+        return self.full + ([self.ids.setdefault(tuple(self.tail), len(self.ids))] if self.tail else [])
+
+
+def bailian_trace(n: int, seed: int, roots_per_s: float, think_s: float, bursts: int, tenants: int, system_blocks: tuple[int, int]):
+    """`n` lines in the Qwen-Bailian format, in timestamp order: conversations that start at
+    `roots_per_s` (a Poisson process), each with one of `tenants` system prompts (Zipf
+    popularity, `system_blocks` blocks of 16 tokens, low and high), and go on with another turn after a
+    think time (mean `think_s`) with probability 0.6, a turn's prompt being the turn
+    before, its answer and a new message; search requests open their message with the same
+    64-token header, image and file requests carry 300-1,500 tokens of their own. A block's
+    id depends on its content only, as the format's per-block hashes do, so the search header
+    has the same ids behind every system prompt: a replay must chain them. Plus `bursts`
+    stampedes: 30 conversations with a new 2,000-token system prompt within 0.2 s."""
+    rng = random.Random(seed)
+    ids: dict = {}
+    weights = [1 / (k + 1) ** 1.1 for k in range(tenants)]
+    systems = [_Prompt(ids).extend(("system", k), BAILIAN_BLOCK * rng.randint(*system_blocks)) for k in range(tenants)]
+    span = n / (roots_per_s / 0.4)  # a conversation has 1 / (1 - 0.6) turns on average
+    events, seq, unique = [], 0, 0
+    t = 0.0
+    while t < span * 1.2:
+        t += rng.expovariate(roots_per_s)
+        events.append((t, seq, None, rng.choices(range(tenants), weights)[0]))
+        seq += 1
+    for b in range(bursts):
+        start = span * (b + 0.5) / (bursts + 1)
+        systems.append(_Prompt(ids).extend(("campaign", b), 2000))
+        for _ in range(30):
+            events.append((start + rng.uniform(0, 0.2), seq, None, len(systems) - 1))
+            seq += 1
+    heapq.heapify(events)
+    chat_ids = rng.sample(range(1, 10 * n + 100), n)
+    for count in range(n):
+        t, _, parent, tenant = heapq.heappop(events)
+        kind = rng.choices([k for k, _ in TYPES], [w for _, w in TYPES])[0]
+        prompt = systems[tenant].copy() if parent is None else parent["prompt"]
+        unique += 1
+        if kind == "search":
+            prompt.extend(("search-header",), 64)
+        if kind in ("image", "file"):
+            prompt.extend(("attachment", unique), rng.randint(300, 1500))
+        prompt.extend(("message", unique), max(5, min(3000, int(rng.lognormvariate(4.2, 1.0)))))
+        output = max(1, min(4000, int(rng.lognormvariate(5.3, 0.8))))
+        turn = 1 if parent is None else parent["turn"] + 1
+        yield {"chat_id": chat_ids[count], "parent_chat_id": -1 if parent is None else parent["chat_id"], "timestamp": round(t, 3),
+               "input_length": prompt.length, "output_length": output, "type": kind, "turn": turn, "hash_ids": prompt.hash_ids()}
+        if turn < 12 and prompt.length < 30_000 and rng.random() < 0.6:
+            answered = prompt.copy().extend(("answer", unique), output)
+            later = t + output / 50 + rng.expovariate(1 / think_s)  # the answer streams at 50 tokens/s, then the user thinks
+            heapq.heappush(events, (later, seq, {"prompt": answered, "turn": turn, "chat_id": chat_ids[count]}, tenant))
+            seq += 1
+
+
+def write_bailian(path: str, preset: dict) -> None:
+    with open(path, "w", encoding="utf-8") as out:
+        for line in bailian_trace(**preset):
+            out.write(json.dumps(line) + "\n")
+
+
+def bench_bailian(preset: dict = BENCH) -> dict:
+    """`whatif TRACE --replicas 4 --json`, the command itself in a process of its own (its
+    reading, its defaults: every policy but observed, prefill at the default rate, prefix
+    groups), then again with `--svg`, on the generated trace written to a temporary file."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}  # the checkout's code, whatever this Python has installed
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "bailian.jsonl"
+        write_bailian(str(trace), preset)
+
+        def timed(*extra: str) -> tuple[float, float, str]:
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            start = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "exporter", "whatif", str(trace), "--replicas", "4", *extra],
+                                  cwd=root, env=env, capture_output=True, text=True, timeout=1800, check=True)
+            wall = time.perf_counter() - start
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), proc.stdout
+
+        seconds, cpu, out = timed("--json")
+        curve_seconds, curve_cpu, _ = timed("--json", "--svg", str(Path(tmp) / "curve.svg"))
+    a = json.loads(out)
+    losses = {l["kind"]: l["points"] for l in a["losses"]}
+    print(f"whatif on a synthetic Qwen-Bailian trace: {a['requests']} requests, {a['prompt_tokens'] / 1e6:.0f}M prompt tokens, 16 tokens "
+          f"a hash id | `whatif TRACE --replicas 4 --json` ({len(a['policies'])} policies, prefill at "
+          f"{a['prefill_tokens_per_s']:g} tokens/s, prefix groups): {seconds:.1f} s wall, {cpu:.1f} s of CPU (goal: < 30 s) | "
+          f"with --svg (the capacity curve): {curve_seconds:.1f} s wall, {curve_cpu:.1f} s of CPU")
+    print(f"  ceiling {a['ceiling']:.1%}; " + ", ".join(f"{p} {v:.1%}" for p, v in a["policies"].items())
+          + f"; stampede {losses['stampede']} points under {a['policy']}")
+    return {"requests": a["requests"], "prompt_tokens": a["prompt_tokens"], "seconds": seconds, "cpu_seconds": cpu,
+            "curve_seconds": curve_seconds, "curve_cpu_seconds": curve_cpu, "ceiling": a["ceiling"], "policies": a["policies"],
+            "losses": a["losses"]}
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser()
     p.add_argument("--requests", type=int, default=100_000)
     p.add_argument("--trace", default=None, help="a block-hash trace (default: $WHATIF_TRACE, else the package cache)")
     p.add_argument("--svg", default=None, help="draw the trace's capacity curve into this file")
+    p.add_argument("--write-bailian", default=None, metavar="FILE", help="write the 100,000-request Qwen-Bailian-format trace and stop")
+    p.add_argument("--write-bailian-fixture", default=None, metavar="FILE", help="write the tests' small Qwen-Bailian-format trace and stop")
+    p.add_argument("--bailian-only", action="store_true", help="time only the Qwen-Bailian-format trace")
     args = p.parse_args(argv)
+    if args.write_bailian or args.write_bailian_fixture:
+        write_bailian(args.write_bailian or args.write_bailian_fixture, BENCH if args.write_bailian else FIXTURE)
+        return {}
+    if args.bailian_only:
+        return {"bailian": bench_bailian()}
     r = bench(args.requests, 6, 20_000)
     read = bench_reading(min(args.requests, 5_000))
     print(f"whatif: {r['requests']} requests, {r['tokens'] / 1e6:.0f}M prompt tokens, round robin over 6 replicas x 20000 blocks "
           f"(hit ratio {r['hit_ratio']:.1%}) | analysis {r['seconds']:.1f} s: {r['tokens_per_second'] / 1e6:.1f}M tokens/s on one core "
           f"(goal >= 5M) | reading JSON lines apart: {read['tokens_per_second'] / 1e6:.1f}M tokens/s")
     trace = bench_trace(trace_path(args.trace), args.svg)
-    return {"analysis": r, "reading": read, "trace": trace}
+    return {"analysis": r, "reading": read, "trace": trace, "bailian": bench_bailian()}
 
 
 if __name__ == "__main__":

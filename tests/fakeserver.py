@@ -6,8 +6,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class FakeServer:
-    def __init__(self, routes):
-        """routes: path -> callable(handler) that writes the whole response."""
+    def __init__(self, routes, host="127.0.0.1", port=0):
+        """routes: path -> callable(handler) that writes the whole response; `host` another
+        loopback address (127.0.0.2) for a second server on the same port."""
         self.routes = routes
         self.requests = []
         fake = self
@@ -30,13 +31,14 @@ class FakeServer:
 
             do_GET = do_POST = _any
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.host = host
+        self.server = ThreadingHTTPServer((host, port), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property
     def base(self):
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        return f"http://{self.host}:{self.server.server_address[1]}"
 
     def __enter__(self):
         self.thread.start()

@@ -74,6 +74,7 @@ def start(workdir: Path, history_seconds: float = 125.0, timeout: float = 300.0)
         "global": {"poll_interval": "1s", "connect_timeout": "500ms", "read_timeout": "1s", "jitter": "0s"},
         "targets": [{"name": r.name, "url": fleet.metrics_url(r.name), "labels": {"namespace": "llm", "pod": r.name}} for r in replicas]
         + [{"name": "epp", "url": router.base + "/metrics", "labels": {"namespace": "llm", "pod": "epp"}}],
+        "deploys": {"api_token": DEPLOY_TOKEN},
     }))
     sidecar = subprocess.Popen([sys.executable, "-m", "exporter", "run", f"--config.file={config}",
                                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warning"], cwd=ROOT)
@@ -98,11 +99,15 @@ def start(workdir: Path, history_seconds: float = 125.0, timeout: float = 300.0)
     return FleetSetup(prom, fleet, sidecar_url, now, router), sidecar
 
 
+DEPLOY_TOKEN = "fleet-fixture-token"  # the deploy API is closed without one
+
+
 def _announce_deploy(url: str) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            r = requests.post(url + "/api/v1/deploys", json={"version": "v1", "description": "fleet fixture"}, timeout=2)
+            r = requests.post(url + "/api/v1/deploys", json={"version": "v1", "description": "fleet fixture"},
+                              headers={"Authorization": f"Bearer {DEPLOY_TOKEN}"}, timeout=2)
             if r.status_code == 202:
                 return
         except requests.ConnectionError:

@@ -11,6 +11,7 @@ from conftest import free_port, require_binary
 
 class Service:
     name = ""  # the binary
+    host = "127.0.0.1"  # another loopback address (127.0.0.2) for a second one on the same port
 
     def __init__(self, workdir: Path, port: int | None = None):
         self.binary = require_binary(self.name)
@@ -21,7 +22,7 @@ class Service:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def args(self) -> list[str]:
         raise NotImplementedError

@@ -80,3 +80,62 @@ class Dripping:
                     return
         except threading.BrokenBarrierError:
             return
+
+
+class Holding:
+    """`count` clients that each connect, send `first` (part of a request: a head without
+    its end, a head without its body, 5 bytes of a TLS ClientHello) and hold the
+    connection until the server drops it, then connect again, as an attacker would. With
+    `tls` (a client context) each shakes hands first. Bounded: each client connects at
+    most `max_connects` times and stops after `seconds`; every socket has a timeout.
+    `connects` counts connections made, `drops` those the server ended."""
+
+    def __init__(self, port: int, count: int, first: bytes, tls=None, seconds: float = 30.0, max_connects: int = 10):
+        self.port, self.count, self.first, self.tls = port, count, first, tls
+        self.seconds, self.max_connects = seconds, max_connects
+        self.connects = self.drops = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def __enter__(self) -> "Holding":
+        self._until = time.monotonic() + self.seconds
+        for _ in range(self.count):
+            t = threading.Thread(target=self._hold, daemon=True)
+            t.start()
+            self._threads.append(t)
+        deadline = time.monotonic() + 5
+        while self.connects < self.count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(5)
+
+    def _hold(self) -> None:
+        for _ in range(self.max_connects):
+            if self._stop.is_set() or time.monotonic() > self._until:
+                return
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=5) as raw:
+                    sock = self.tls.wrap_socket(raw, server_hostname="127.0.0.1") if self.tls is not None else raw
+                    sock.sendall(self.first)
+                    with self._lock:
+                        self.connects += 1
+                    sock.settimeout(0.2)
+                    while not self._stop.is_set() and time.monotonic() < self._until:
+                        try:
+                            if not sock.recv(4096):
+                                break
+                        except socket.timeout:
+                            continue
+                    else:
+                        return  # our time is up, not the server's doing
+                with self._lock:
+                    self.drops += 1
+            except OSError:  # refused, reset: the server ended it
+                with self._lock:
+                    self.drops += 1
+                self._stop.wait(0.05)

@@ -277,3 +277,124 @@ def test_a_redirect_is_a_failure_not_a_delivery():
     s = n.stats()[0]
     assert s.notifications_ok == 0 and s.notifications_failed == 1 and s.pending == 1
     assert s.last_error.startswith("HTTP 302: redirect to /signin")
+
+
+# --- every Alertmanager behind a name ---------------------------------------------------------------
+class Resolver:
+    """The answers of a DNS server for headless Services, as the test sets them; a name
+    not set is NXDOMAIN. `fail` makes every lookup a SERVFAIL."""
+
+    def __init__(self, names=None):
+        self.names = dict(names or {})
+        self.calls = []
+        self.fail = False
+
+    def __call__(self, host, port):
+        from exporter.notify.resolve import ResolveError
+        self.calls.append((host, port))
+        if self.fail:
+            raise ResolveError(f"cannot resolve {host}: SERVFAIL")
+        return list(self.names.get(host, []))
+
+
+def named(url, resolver, **cfg):
+    return Notifier(AlertmanagerConfig(urls=(url,), **{"resend_interval": 60.0, "timeout": 2.0, **cfg}),
+                    "http://sidecar:9464/", Clock(), resolve=resolver)
+
+
+def test_a_url_whose_host_is_an_address_stays_one_queue_and_is_never_resolved():
+    resolver = Resolver()
+    n = Notifier(AlertmanagerConfig(urls=("http://10.0.0.7:9093", "http://[fd00::7]:9093/am/")), "g", Clock(), resolve=resolver)
+    assert [s.url for s in n.stats()] == ["http://10.0.0.7:9093/api/v2/alerts", "http://[fd00::7]:9093/am/api/v2/alerts"]
+    assert n.refresh_names() is False and resolver.calls == [] and n.discovered() == 2
+
+
+def test_a_name_is_every_address_behind_it_each_a_queue_of_its_own_following_the_pods():
+    """kube-prometheus-stack's HA Alertmanager behind the headless alertmanager-operated:
+    posted to the name, one replica got each alert; Prometheus sends to all of them."""
+    resolver = Resolver({"alertmanager-operated.monitoring.svc": ["10.0.0.12", "10.0.0.11"]})
+    n = named("http://u:pw@alertmanager-operated.monitoring.svc:9093", resolver)
+    assert n.discovered() == 0  # nothing resolved yet: nothing to send to, and it says so
+    assert n.refresh_names() is True and resolver.calls == [("alertmanager-operated.monitoring.svc", 9093)]
+    assert [s.url for s in n.stats()] == ["http://u:pw@10.0.0.11:9093/api/v2/alerts", "http://u:pw@10.0.0.12:9093/api/v2/alerts"]
+    endpoint = n.queues[0].endpoint
+    assert (endpoint.connect_to, endpoint.host, endpoint.headers["Host"]) == ("10.0.0.11", "alertmanager-operated.monitoring.svc",
+                                                                           "alertmanager-operated.monitoring.svc:9093")
+    a, gone = alert(), Alert("PrefixCacheTargetDown", "vllm-1", "", state=FIRING, labels=(("alertname", "PrefixCacheTargetDown"),))
+    n.transitions([Transition(1000.0, a, FIRING), Transition(1000.0, gone, FIRING)])
+    n.transitions([Transition(1001.0, gone, RESOLVED)])
+    assert [s.pending for s in n.stats()] == [2, 2]
+    # a pod replaced: its queue goes, the new one gets what is firing (at the next resend) and the resolution
+    resolver.names["alertmanager-operated.monitoring.svc"] = ["10.0.0.12", "10.0.0.13"]
+    assert n.refresh_names() is True and n.refresh_names() is False
+    assert [s.url.split("@")[1] for s in n.stats()] == ["10.0.0.12:9093/api/v2/alerts", "10.0.0.13:9093/api/v2/alerts"]
+    assert [s.pending for s in n.stats()] == [2, 0]
+    n.resend([a])
+    assert [s.pending for s in n.stats()] == [2, 2]
+    assert n.discovered() == 2
+
+
+def test_a_failed_lookup_keeps_the_addresses_and_an_authoritative_none_drops_them(caplog):
+    resolver = Resolver({"am.example": ["10.0.0.1"]})
+    n = named("http://am.example:9093", resolver)
+    n.refresh_names()
+    resolver.fail = True
+    assert n.refresh_names() is False and n.discovered() == 1
+    assert "SERVFAIL" in caplog.text and "keeping its 1 address(es)" in caplog.text
+    resolver.fail = False
+    resolver.names.clear()  # NXDOMAIN, as Prometheus's dns_sd believes it
+    assert n.refresh_names() is True and n.discovered() == 0
+
+
+def test_addresses_are_capped_per_name_the_same_ones_every_refresh():
+    from exporter.notify.resolve import MAX_ADDRESSES
+    many = [f"10.0.{i // 256}.{i % 256}" for i in range(300, 0, -1)]
+    n = named("http://am:9093", Resolver({"am": many}))
+    n.refresh_names()
+    assert n.discovered() == MAX_ADDRESSES and n.stats()[0].url == "http://10.0.0.1:9093/api/v2/alerts"
+
+
+def test_a_resolver_that_hangs_costs_its_refresh_never_the_stop():
+    import threading
+    import time
+    release = threading.Event()
+
+    def hanging(host, port):
+        release.wait(30)
+        return ["127.0.0.1"]
+
+    n = named("http://am:9093", hanging, timeout=0.3).start()
+    try:
+        started = time.monotonic()
+        assert n.refresh_names() is False  # the resolver thread's lookup, or this one, waits at most 0.3 s
+        assert time.monotonic() - started < 1.0 and n.discovered() == 0
+        started = time.monotonic()
+        n.stop(2.0)
+        assert time.monotonic() - started < 0.5  # nothing to flush, and a lookup in flight is not waited for
+    finally:
+        release.set()
+
+
+def test_both_alertmanagers_behind_one_name_receive_every_alert():
+    """Two Alertmanagers on one port of two loopback addresses, one name for both."""
+    import time
+    one, two = Receiver(), Receiver()
+    with FakeServer({"/api/v2/alerts": one}) as first:
+        port = first.server.server_address[1]
+        with FakeServer({"/api/v2/alerts": two}, host="127.0.0.2", port=port):
+            n = named(f"http://alertmanager-operated.test:{port}", Resolver({"alertmanager-operated.test": ["127.0.0.1", "127.0.0.2"]}),
+                      refresh_interval=0.05).start()
+            try:
+                n.transitions([Transition(1000.0, alert(), FIRING)])  # before the first answer: kept for the resend
+                assert wait_until(lambda: n.discovered() == 2)
+                n.resend([alert()])
+                assert wait_until(lambda: one.bodies and two.bodies), (one.bodies, two.bodies)
+                n.transitions([Transition(1001.0, alert(RESOLVED, resolved_at=1001.0), RESOLVED)])
+                assert wait_until(lambda: len(one.bodies) >= 2 and len(two.bodies) >= 2), (one.bodies, two.bodies)
+            finally:
+                n.stop(2.0)
+    for receiver in (one, two):
+        sent = [a for body in receiver.bodies for a in body]
+        assert [a["labels"]["alertname"] for a in sent][-1] == "PrefixCacheHitRateLow"
+        assert sent[0]["endsAt"] > sent[0]["startsAt"] and sent[-1]["endsAt"] == rfc3339(1001.0)
+        assert {h["Host"] for h in receiver.headers} == {f"alertmanager-operated.test:{port}"}

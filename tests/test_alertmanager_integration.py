@@ -203,3 +203,56 @@ def test_relayed_alerts_keep_their_names_so_kube_prometheus_stacks_inhibitions_k
         am.stop()
     # the rule still works where it should: a warning of the same alert silences its info
     assert states == {"a": False, "b": False, "b-again": True}
+
+
+def test_two_alertmanagers_behind_one_name_both_receive_every_alert(tmp_path):
+    """An HA Alertmanager behind a headless Service (kube-prometheus-stack's
+    alertmanager-operated): two real Alertmanagers on one port of two loopback addresses,
+    one name that resolves to both (the resolver is the only stand-in: no DNS here). Each
+    gets the alert firing, then resolved; neither gossips (no cluster), so each holds only
+    what it was sent."""
+    import requests
+
+    from exporter.alerting.rules_state import FIRING, RESOLVED, Alert, Transition
+    from exporter.config.sections import AlertmanagerConfig
+    from exporter.notify.alertmanager import Notifier
+
+    port = free_port()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    ams = [Alertmanager(tmp_path / "a", "http://127.0.0.1:9/unused", port=port, host="127.0.0.1"),
+           Alertmanager(tmp_path / "b", "http://127.0.0.1:9/unused", port=port, host="127.0.0.2")]
+    labels = (("alertname", ALERT), ("cause", "prompt_prefix_change"), ("model_name", "m"), ("namespace", "llm"),
+              ("severity", "critical"), ("target", "vllm-0"))
+    firing = Alert(ALERT, "vllm-0", "m", state=FIRING, active_at=time.time() - 30, fired_at=time.time() - 15, labels=labels,
+                   annotations=(("summary", "dropped"),))
+    resolver = lambda host, p: ["127.0.0.1", "127.0.0.2"] if host == "alertmanager-operated.monitoring.svc" else []  # noqa: E731
+    cfg = AlertmanagerConfig(urls=(f"http://alertmanager-operated.monitoring.svc:{port}",), resend_interval=60.0, timeout=5.0,
+                             refresh_interval=1.0)
+
+    def states():
+        out = []
+        for am in ams:
+            got = requests.get(am.url + "/api/v2/alerts", params={"active": "true", "silenced": "true", "inhibited": "true"}, timeout=5).json()
+            out.append({a["status"]["state"] for a in got if a["labels"].get("alertname") == ALERT})
+        return out
+
+    notifier = None
+    try:
+        for am in ams:
+            am.start()
+        notifier = Notifier(cfg, "http://sidecar:9464/", resolve=resolver).start()
+        notifier.transitions([Transition(time.time(), firing, FIRING)])
+        assert wait_for(lambda: notifier.discovered() == 2, 10)
+        notifier.resend([firing])  # the next evaluation's resend reaches the Alertmanagers found since
+        assert wait_for(lambda: states() == [{"active"}, {"active"}], 20), states()
+        assert [s.url for s in notifier.stats()] == [f"http://127.0.0.{i}:{port}/api/v2/alerts" for i in (1, 2)]
+        gone = Alert(ALERT, "vllm-0", "m", state="inactive", active_at=firing.active_at, fired_at=firing.fired_at,
+                     resolved_at=time.time(), labels=labels)
+        notifier.transitions([Transition(time.time(), gone, RESOLVED)])
+        assert wait_for(lambda: states() == [set(), set()], 20), states()  # resolved in both: no longer active
+    finally:
+        if notifier is not None:
+            notifier.stop(2.0)
+        for am in ams:
+            am.stop()

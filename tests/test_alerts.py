@@ -19,6 +19,8 @@ ALL_RULES = [r for g in RULES["groups"] for r in g["rules"]]
 ALERT_RULES = [r for r in ALL_RULES if "alert" in r]
 RECORDING_RULES = sorted({r["record"] for r in ALL_RULES if "record" in r})
 RUNBOOK = (ALERTS / "runbook.md").read_text()
+CONFIG = yaml.safe_load((ALERTS / "rules.config.yml").read_text())
+RELAY_GROUP = "vllm-prefix-cache-relay.alerts"
 
 
 def run(*cmd):
@@ -101,14 +103,57 @@ def test_every_recording_rule_has_a_positive_and_a_negative_case():
 @pytest.mark.parametrize("rule", ALERT_RULES, ids=[r["alert"] for r in ALERT_RULES])
 def test_alert_conventions(rule):
     assert "for" in rule and rule["labels"]["severity"] in ("critical", "warning", "info", "{{ $labels.severity }}")
-    assert {"summary", "description", "runbook_url", "dashboard_url"} <= set(rule["annotations"])
+    assert {"summary", "description", "runbook_url"} <= set(rule["annotations"])
+    # no dashboard link unless alerts/rules.config.yml names one (an example host sends the on-call nowhere)
+    assert ("dashboard_url" in rule["annotations"]) == bool(CONFIG["dashboard_url"])
     # the mixin habit: the values are in the description too (many receivers show only it)
     assert "$labels." in rule["annotations"]["description"] and (
         "$value" not in rule["annotations"]["summary"] or "$value" in rule["annotations"]["description"])
     anchor = rule["annotations"]["runbook_url"].rsplit("#", 1)[1]
     assert anchor == rule["alert"].lower() and f"### {anchor}\n" in RUNBOOK
     # a traffic floor, or an alert about a target rather than traffic
-    assert "> 100" in rule["expr"] or "> 0" in rule["expr"] or "up{" in rule["expr"] or "prefixcache_alert_state" in rule["expr"]
+    # (the exporter's own health, prefixcache_*, is about the exporter)
+    assert "> 100" in rule["expr"] or "> 0" in rule["expr"] or "up{" in rule["expr"] or "prefixcache_" in rule["expr"]
+
+
+def test_no_alert_name_carries_two_severities():
+    """kube-prometheus-stack's default inhibition (critical over warning, equal namespace and
+    alertname) let one pod's critical silence another pod's warning of the same name. Each
+    name of alerts/ has one literal severity; the relay's are the sidecar's own, one per name
+    by its registry (tests/test_rules.py)."""
+    severities: dict[str, set[str]] = {}
+    for group in RULES["groups"]:
+        for rule in group["rules"]:
+            if "alert" in rule:
+                severities.setdefault(rule["alert"], set()).add(rule["labels"]["severity"])
+    relayed = {r["alert"] for g in RULES["groups"] if g["name"] == RELAY_GROUP for r in g["rules"]}
+    for name, found in severities.items():
+        assert len(found) == 1, (name, found)
+        if name in relayed:
+            assert found == {"{{ $labels.severity }}"} and name in sidecar_rules.ALERT_NAMES
+        else:
+            assert found <= {"critical", "warning", "info"}, name
+
+
+def test_the_relay_raises_every_alert_the_sidecar_can_fire():
+    """PrefixCacheRouterPredictionGap had no relay rule: the sidecar and attach variants never
+    delivered it. The relay group is written from the registry, every name an alert is
+    delivered under, and selects exactly that name."""
+    import re
+    relay = [r for g in RULES["groups"] if g["name"] == RELAY_GROUP for r in g["rules"]]
+    assert [r["alert"] for r in relay] == list(sidecar_rules.ALERT_NAMES)
+    for r in relay:
+        assert re.search(r'alertname="([^"]+)"', r["expr"]).group(1) == r["alert"] and 'state="firing"' in r["expr"]
+    assert sidecar_rules.ROUTER_PREDICTION_GAP in sidecar_rules.ALERT_NAMES
+    assert sidecar_rules.TRAFFIC_MIX_CHANGED in sidecar_rules.ALERT_NAMES
+
+
+def test_the_runbook_links_are_the_releases():
+    """`blob/main` describes the alerts of the next release, not of the one deployed."""
+    import tomllib
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    urls = {r["annotations"]["runbook_url"].split("#")[0] for r in ALERT_RULES}
+    assert urls == {f"https://github.com/vllm-prefix-cache-exporter/vllm-prefix-cache-exporter/blob/v{version}/alerts/runbook.md"}
 
 
 def test_recording_rules_follow_level_metric_operation():
@@ -143,7 +188,8 @@ def test_amtool_routes_by_severity_and_cause():
     cases = {("severity=critical", "cause=prompt_prefix_change"): "app-team-pager",
              ("severity=critical", "cause=eviction_pressure"): "llm-serving-pager",
              ("severity=warning", "cause=load_balancer_scatter"): "llm-serving-capacity",
-             ("severity=info", "cause=cold_start"): "llm-serving-tickets"}
+             ("alertname=PrefixCacheTrafficMixChanged", "severity=warning", "cause=traffic_mix"): "llm-serving-capacity",
+             ("alertname=VLLMPrefixCacheExporterDown", "severity=warning"): "llm-serving-tickets"}
     for labels, receiver in cases.items():
         out = run(amtool, "config", "routes", "test", f"--config.file={ALERTS / 'alertmanager.example.yml'}", *labels)
         assert out.stdout.strip() == receiver, (labels, out.stdout, out.stderr)
@@ -194,9 +240,12 @@ def test_the_rules_are_generated_from_their_config_and_current():
     assert out.returncode == 0, out.stderr
 
 
+@pytest.mark.slow
 def test_a_global_ruler_config_keeps_cluster_and_namespace_apart(tmp_path):
     config = yaml.safe_load((ALERTS / "rules.config.yml").read_text())
     config["aggregation"] = ["cluster", "namespace"]
+    config["runbook_url"] = "https://runbooks.example/prefix-cache.md"
+    config["dashboard_url"] = "https://grafana.example/d/vllm-prefix-cache"  # set: every alert links it
     config["selectors"]["vllm"] = 'job=~".+-engine-service"'
     (tmp_path / "config.yml").write_text(yaml.safe_dump(config))
     out_file = tmp_path / "rules.yml"

@@ -170,6 +170,22 @@ def test_the_bearer_scheme_is_case_insensitive(deploy_app, header):
     assert post(app, {"version": "v1"}, {"HTTP_AUTHORIZATION": header})[0] == 202
 
 
+def test_without_a_token_the_deploy_api_is_closed_unless_opened_on_purpose():
+    """Open without a token, a POST from anywhere re-anchored every baseline and hid an
+    unannounced prompt change behind a "deploy"."""
+    from exporter.serve.app import deploy_handlers
+    state = simulated_state()
+    for opened, status in ((False, 403), (True, 202)):
+        events = Events()
+        app = App(state, CollectorRegistry())
+        handler, _ = deploy_handlers(state, events.added.append, lambda: "", lambda: {"vllm-0"}, lambda: 1.0, lambda o=opened: o)
+        app.route("POST", "/api/v1/deploys", handler)
+        got, _, body = call(app, "POST", "/api/v1/deploys", {"CONTENT_TYPE": "application/json"}, b'{"version": "v1"}')
+        assert got == status and len(events.added) == (1 if opened else 0), body
+        if not opened:
+            assert "deploys.api_open" in json.loads(body)["error"]
+
+
 def test_landing_page_says_when_the_deploy_api_is_open():
     state = simulated_state()
     open_app = App(state, CollectorRegistry(), deploy_api_open=lambda: True)
@@ -217,7 +233,7 @@ def test_every_endpoint_answers_after_every_kind_of_event():
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PrefixCacheCollector(state, ["1m"]))
     app = App(state, registry, render_interval=0.0)
-    post_handler, get_handler = deploy_handlers(state, poller.add_event, lambda: "", lambda: {"vllm-0"}, lambda: 1000.0)
+    post_handler, get_handler = deploy_handlers(state, poller.add_event, lambda: "", lambda: {"vllm-0"}, lambda: 1000.0, lambda: True)
     app.route("POST", "/api/v1/deploys", post_handler)
     app.route("GET", "/api/v1/deploys", get_handler)
     sources = (deploys.API, deploys.RESTART, deploys.CONFIG_CHANGE, deploys.ANNOTATIONS, deploys.CHANGE_POINT, deploys.RECORDING)
@@ -489,7 +505,7 @@ def test_who_may_call_each_endpoint_follows_every_reload(tmp_path, basic_auth):
     import requests
     import yaml
     from exporter.sidecar import build_sidecar
-    from exporter.config.sections import load_file
+    from exporter.config.load import load_file
     from exporter.serve.webconfig import parse_web_config
 
     token_file = tmp_path / "token"
@@ -535,10 +551,10 @@ def test_who_may_call_each_endpoint_follows_every_reload(tmp_path, basic_auth):
         post = lambda headers: answer("POST", "/api/v1/deploys", headers)  # noqa: E731
         if token_on:  # the token, and only the token, opens it (with basic auth on or off)
             assert (post({}), post(bearer), post(basic)) == (401, 202, 401), token_on
-        elif basic_auth:  # back behind basic auth
-            assert (post({}), post(bearer), post(basic)) == (401, 401, 202), token_on
-        else:  # open, as the landing page and the config check warn
-            assert post({}) == 202
+        elif basic_auth:  # behind basic auth, and closed without a token
+            assert (post({}), post(bearer), post(basic)) == (401, 401, 403), token_on
+        else:  # closed without a token
+            assert (post({}), post(bearer)) == (403, 403)
 
     try:
         check_every_route(True)

@@ -144,3 +144,76 @@ def test_one_pass_gives_every_capacity_the_hits_of_replaying_it(policy, replicas
 def test_hash_ids_that_do_not_chain_are_told_apart():
     assert cachemodel.chained([([1, 2, 3], 64, None, None), ([1, 2, 4], 64, None, None)])
     assert not cachemodel.chained([([1, 2, 3], 64, None, None), ([5, 2, 3], 64, None, None)])
+
+
+# --- prefill time: a block is reusable when the prefill that computes it ends ----------------------
+def burst(count=30, prefix=2000, own=50, within=0.1):
+    """`count` requests of one new `prefix`-token prompt start, each with `own` tokens of its
+    own, arriving evenly within `within` seconds."""
+    shared = list(range(prefix))
+    requests, arrivals = [], []
+    for i in range(count):
+        tokens = shared + [1_000_000 + i * own + k for k in range(own)]
+        requests.append((block_hashes(tokens, BS), len(tokens), None, None))
+        arrivals.append(within * i / count)
+    return requests, arrivals
+
+
+def test_a_burst_within_one_prefill_misses_the_new_prefix_and_a_later_request_reuses_it():
+    requests, arrivals = burst()
+    rate = 8000.0
+    first_ends = (2000 + 50) / rate  # the first request computes all its 2,050 tokens
+    assert arrivals[-1] < first_ends
+    after = list(range(2000)) + list(range(5_000_000, 5_000_050))
+    requests.append((block_hashes(after, BS), len(after), None, None))
+    arrivals.append(first_ends + 0.01)
+    timed = cachemodel.replay_each(requests, BS, cachemodel.ROUND_ROBIN, 1, None, arrivals=arrivals, prefill_tokens_per_s=rate)
+    instant = cachemodel.replay_each(requests, BS, cachemodel.ROUND_ROBIN, 1, None)
+    assert timed == [0] * 30 + [2000]  # the prefix's 125 blocks, once the first prefill has ended
+    assert instant == [0] + [2000] * 30
+    assert cachemodel.replay_each(requests, BS, cachemodel.ROUND_ROBIN, 1, None, arrivals=arrivals) == instant
+
+
+def test_a_request_arriving_as_a_prefill_ends_reuses_its_blocks():
+    tokens = list(range(160 + 1))  # 10 full blocks and one token
+    request = (block_hashes(tokens, BS), len(tokens), None, None)
+    ends = len(tokens) / 1000.0
+    for at, hit in ((ends - 1e-6, 0), (ends, 160)):
+        assert cachemodel.replay_each([request, request], BS, cachemodel.ROUND_ROBIN, 1, None,
+                                      arrivals=[0.0, at], prefill_tokens_per_s=1000.0) == [0, hit]
+
+
+def test_a_hit_shortens_the_prefill_its_blocks_wait_for():
+    """Only uncached tokens take prefill time: a request that reuses most of its prompt
+    finishes sooner, and its new blocks are reusable sooner."""
+    base = list(range(320))
+    longer = base + list(range(10_000, 10_161))  # 320 cached tokens and 161 new
+    requests = [(block_hashes(t, BS), len(t), None, None) for t in (base + [7], longer, longer)]
+    # base (321 tokens) ends at 0.321 s; `longer` arrives at 1 s, hits 320 tokens, computes 161: ends at 1.161 s
+    hits = cachemodel.replay_each(requests, BS, cachemodel.ROUND_ROBIN, 1, None, arrivals=[0.0, 1.0, 1.162], prefill_tokens_per_s=1000.0)
+    assert hits == [0, 320, 480]
+
+
+@pytest.mark.parametrize("policy, replicas, capacity", [
+    pytest.param(cachemodel.ROUND_ROBIN, 1, None, id="one-replica"),
+    pytest.param(cachemodel.ROUND_ROBIN, 3, 8, id="round-robin-lru"),
+    pytest.param(cachemodel.RANDOM, 3, None, id="random"),
+    pytest.param(cachemodel.SESSION, 3, 13, id="session-lru"),
+    pytest.param(cachemodel.PREFIX_HASH, 3, None, id="prefix-hash"),
+])
+def test_a_prefill_far_faster_than_the_arrivals_is_the_replay_without_prefill_time(policy, replicas, capacity):
+    requests = multi_turn(turns=6)
+    arrivals = [float(i) for i in range(len(requests))]  # a second apart: every prefill ends before the next
+    instant = cachemodel.replay_each(requests, BS, policy, replicas, capacity)
+    assert cachemodel.replay_each(requests, BS, policy, replicas, capacity, arrivals=arrivals, prefill_tokens_per_s=1e9) == instant
+    assert sum(instant) == replay(requests, BS, policy, replicas, capacity)[0]
+
+
+@pytest.mark.parametrize("capacity", [None, 3, 8], ids=["unlimited", "lru-3", "lru-8"])
+def test_bisecting_chained_hashes_finds_the_run_the_scan_finds(capacity):
+    requests = multi_turn(turns=6)
+    scan = cachemodel.replay_each(requests, BS, cachemodel.ROUND_ROBIN, 2, capacity)
+    assert cachemodel.replay_each(requests, BS, cachemodel.ROUND_ROBIN, 2, capacity, chained=True) == scan
+    arrivals = [i * 0.01 for i in range(len(requests))]
+    assert cachemodel.replay_each(requests, BS, cachemodel.ROUND_ROBIN, 2, capacity, arrivals=arrivals, prefill_tokens_per_s=5000.0) == \
+        cachemodel.replay_each(requests, BS, cachemodel.ROUND_ROBIN, 2, capacity, arrivals=arrivals, prefill_tokens_per_s=5000.0, chained=True)

@@ -4,8 +4,9 @@ scrape config the operator generates for it (pkg/prometheus/promcfg.go, v0.93.0:
 `podMonitor/<ns>/<name>/<i>`, then the pod selector, the port filter, namespace/container/
 pod, job `<ns>/<name>`, endpoint, then the PodMonitor's own relabelings), and the sidecar runs
 the variant's own config with only the addresses of this machine put in. Every pod is polled
-with its version (an app.kubernetes.io/version pod and an Argo Rollout pod named by its
-pod-template hash), and the gate never passes a version that no pod runs."""
+with its version (a Deployment's pods by their pod-template-hash, one with a version label
+of its own, an Argo Rollout pod by its rollouts-pod-template-hash), and the gate never
+passes a version that no pod runs."""
 import json
 import subprocess
 import sys
@@ -71,8 +72,11 @@ def test_the_central_variant_polls_every_pod_of_an_operator_managed_prometheus_a
     fleet = Fleet([], clock=time.time).start()
     # pod -> its labels as Kubernetes has them: a Deployment's pods with their version
     # label, an Argo Rollout's canary pod with its pod-template hash, and a pod of another app
-    pods = {"vllm-7f9c8d6b5-abcde": {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/version": "v1"},
-            "vllm-7f9c8d6b5-fghij": {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/version": "v1"},
+    # (Helm's app.kubernetes.io/version is the chart's appVersion, the same on every pod)
+    pods = {"vllm-7f9c8d6b5-abcde": {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/version": "v1", "pod-template-hash": "7f9c8d6b5"},
+            "vllm-7f9c8d6b5-fghij": {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/version": "v1", "pod-template-hash": "7f9c8d6b5"},
+            "vllm-5b8d9c7f6-pqrst": {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/version": "v1", "pod-template-hash": "5b8d9c7f6",
+                                     "vllm-prefix-cache-exporter/version": "prompt-v42"},
             "vllm-68d7c9f4b-klmno": {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/version": "v1",
                                      "rollouts-pod-template-hash": "68d7c9f4b"},
             "embedder-0": {"app.kubernetes.io/name": "embedder"}}
@@ -106,7 +110,8 @@ def test_the_central_variant_polls_every_pod_of_an_operator_managed_prometheus_a
         (tmp_path / "config.yml").write_text(yaml.safe_dump(config))
         sidecar = subprocess.Popen([sys.executable, "-m", "exporter", "run", f"--config.file={tmp_path / 'config.yml'}",
                                     f"--web.listen-address=127.0.0.1:{port}"], cwd=ROOT, stderr=open(tmp_path / "sidecar.log", "w"))
-        expected = {"vllm-7f9c8d6b5-abcde": "v1", "vllm-7f9c8d6b5-fghij": "v1", "vllm-68d7c9f4b-klmno": "68d7c9f4b"}
+        expected = {"vllm-7f9c8d6b5-abcde": "7f9c8d6b5", "vllm-7f9c8d6b5-fghij": "7f9c8d6b5", "vllm-5b8d9c7f6-pqrst": "prompt-v42",
+                    "vllm-68d7c9f4b-klmno": "68d7c9f4b"}
 
         def polled() -> dict:
             """target -> version of every target up, as our own /metrics labels them."""

@@ -104,35 +104,15 @@ def test_demo_runs_the_story_and_exits_by_itself():
     assert waterfall and float(waterfall[0].split("static content")[1].split()[0]) < -40
 
 
-def test_log_lines_escape_control_characters(tmp_path):
-    """A deploy version or a target's text with a newline cannot forge a log line."""
-    import logging
-    from exporter.cli import _setup_logging
-    root = logging.getLogger()
-    saved = (list(root.handlers), root.level)
-    path = tmp_path / "log"
-    try:
-        _setup_logging("info", str(path))
-        logging.getLogger("exporter.test").info("deploy announced: version=%s", "v1\nts=x level=ERROR msg=forged\x1b[2J")
-        for h in root.handlers:
-            h.flush()
-    finally:
-        for h in list(root.handlers):
-            root.removeHandler(h)
-            h.close()
-        for h in saved[0]:
-            root.addHandler(h)
-        root.setLevel(saved[1])
-    lines = path.read_text().splitlines()
-    assert len(lines) == 1 and "version=v1\\nts=x level=ERROR msg=forged\\x1b[2J" in lines[0]
-
-
 def test_check_config_warns_about_no_targets_and_an_open_deploy_api(tmp_path):
     cfg = tmp_path / "empty.yml"
     cfg.write_text("global: {poll_interval: 5s}\n")
     proc = run_cli("check-config", str(cfg))
     assert proc.returncode == 0
-    assert "warning: no targets" in proc.stderr and "warning: no deploys.api_token" in proc.stderr
+    assert "warning: no targets" in proc.stderr and "deploy" not in proc.stderr  # closed without a token: nothing to warn of
+    cfg.write_text("global: {poll_interval: 5s}\ndeploys: {api_open: true}\n")
+    proc = run_cli("check-config", str(cfg))
+    assert proc.returncode == 0 and "warning: deploys.api_open" in proc.stderr
 
 
 def test_parse_prints_strict_json(fixtures):
@@ -262,3 +242,41 @@ def test_diagnose_of_a_request_whose_tools_are_no_list_is_a_clear_error(tmp_path
     assert main(["diagnose", str(request), str(request), "--offline"]) == 2
     err = capsys.readouterr().err
     assert "`tools` must be a list" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", [["parse"], ["backtest"], ["whatif"]])
+def test_a_fifo_or_a_device_is_refused_not_waited_on_or_read_forever(tmp_path, capsys, command):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in (str(fifo), "/dev/zero"):
+        started = time.monotonic()
+        assert main([*command, path]) == 1
+        assert time.monotonic() - started < 2.0
+        assert f"cannot read {path}: not a regular file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, complaint", [
+    pytest.param(["diagnose", "a.json", "b.json", "--block-size", "-1"], "argument --block-size: -1 is not between 1 and", id="diagnose-block-size"),
+    pytest.param(["record", "--target", "http://127.0.0.1:9/metrics", "--out", "x", "--interval", "nan"], "argument --interval: nan is not a finite number", id="record-interval-nan"),
+    pytest.param(["record", "--target", "http://127.0.0.1:9/metrics", "--out", "x", "--duration", "inf"], "argument --duration: inf is not a finite number", id="record-duration-inf"),
+    pytest.param(["simulate", "--replicas", "1000000000"], "argument --replicas: 1000000000 is not between 1 and 256", id="simulate-replicas"),
+    pytest.param(["simulate", "--replicas", "-5"], "argument --replicas: -5 is not between 1 and 256", id="simulate-negative-replicas"),
+    pytest.param(["demo", "--duration", "-1"], "argument --duration: -1 is not a finite number above 0", id="demo-duration"),
+    pytest.param(["whatif", "r.jsonl", "--replicas", "1e9"], "argument --replicas: '1e9' is not a whole number", id="whatif-replicas-1e9"),
+    pytest.param(["whatif", "r.jsonl", "--replicas", "1000000000"], "argument --replicas: 1000000000 is not between 1 and 4,096", id="whatif-replicas-huge"),
+    pytest.param(["whatif", "r.jsonl", "--replicas", "-5"], "argument --replicas: -5 is not between 1 and 4,096", id="whatif-replicas-negative"),
+    pytest.param(["whatif", "r.jsonl", "--cache-blocks", "-1"], "argument --cache-blocks: -1 is not between 1 and", id="whatif-cache-blocks"),
+    pytest.param(["whatif", "r.jsonl", "--measure-from", "nan"], "argument --measure-from: nan is not a finite number", id="whatif-measure-from-nan"),
+])
+def test_a_number_out_of_its_range_is_a_usage_error(capsys, argv, complaint):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and complaint in capsys.readouterr().err
+
+
+def test_record_onto_a_full_disk_is_an_error_that_says_so(tmp_path, capsys):
+    from fakeserver import FakeServer, text
+    body = (UPSTREAM / "v1-0.10.0_production-stack-issue-617.txt").read_text()
+    with FakeServer({"/metrics": text(body)}) as vllm:
+        code = main(["record", "--target", vllm.base + "/metrics", "--out", "/dev/full", "--interval", "0.1", "--duration", "1"])
+    assert code == 1 and "cannot write /dev/full: No space left on device; recording stopped" in capsys.readouterr().err

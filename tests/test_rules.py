@@ -244,3 +244,67 @@ def test_the_token_floors_of_every_rule_read_a_block_counting_target_in_tokens()
                         snapshot=view.snapshot, samples=view.samples, stats=view.stats["demo/llama-3-8b"],
                         windows={60.0: "1m", 300.0: "5m"}, events=(), block_size=view.snapshot.block_size)
     assert facts.query_tokens(ws) == query_tokens(ws) == ws.query_increase * 16 > 20000 > ws.query_increase
+
+
+def test_an_alert_name_has_one_severity_whatever_its_cause():
+    """kube-prometheus-stack inhibits `severity=warning` by `severity=critical` with equal
+    namespace and alertname: a name that carried two severities (critical, and warning for
+    a traffic mix) let one pod's critical silence another pod's warning."""
+    from exporter.alerting import causes
+    configured = load({}).rules.rules
+    severities: dict[str, set[str]] = {}
+    for rule in rules.REGISTRY:
+        for cause in causes.CAUSES:
+            name, severity = rule.delivered_as(cause, configured[rule.alertname].severity)
+            severities.setdefault(name, set()).add(severity)
+    assert set(severities) == set(rules.ALERT_NAMES)
+    assert {name: s for name, s in severities.items() if len(s) != 1} == {}
+    drop = rules.registered(rules.DROP_AFTER_DEPLOY)
+    assert drop.delivered_as(causes.TRAFFIC_MIX, "critical") == (rules.TRAFFIC_MIX_CHANGED, "warning")
+    assert drop.delivered_as(causes.PROMPT_PREFIX_CHANGE, "critical") == (rules.DROP_AFTER_DEPLOY, "critical")
+    assert drop.delivered_as(causes.TRAFFIC_MIX, "info") == (rules.TRAFFIC_MIX_CHANGED, "info")  # never above the rule's own
+    assert rules.registered(rules.TRAFFIC_MIX_CHANGED) is drop
+
+
+def test_hits_stuck_at_zero_waits_out_a_cold_start_and_then_pages_at_its_own_severity():
+    """It fired during the grace as `info` with cause cold_start, and, its labels fixed once
+    firing, never paged for a cache that stayed cold past it."""
+    engine = Engine(load({"targets": [{"name": "vllm-0", "url": "http://127.0.0.1:1/metrics"}]}))
+    start = 10_000.0
+    queries = 0.0
+    seen = []
+    for i in range(300):
+        t = start + 5 * i
+        queries += 2000
+        hits = 0.0 if i < 200 else 1000.0 * (i - 199)
+        body = (f"process_start_time_seconds {start - 5}\n"
+                f'vllm:prefix_cache_queries_total{{model_name="m",engine="0"}} {queries}\n'
+                f'vllm:prefix_cache_hits_total{{model_name="m",engine="0"}} {hits}\n')
+        engine.ingest("vllm-0", t, parse(body))
+        seen += [(tr.t - start, tr.state, dict(tr.alert.labels)) for tr in engine.evaluate(t)
+                 if tr.alert.alertname == rules.HITS_STUCK_AT_ZERO and tr.state in ("firing", "resolved")]
+    grace = load({}).rules.cold_start_grace
+    assert [state for _, state, _ in seen] == ["firing", "resolved"]
+    assert seen[0][0] >= grace and seen[0][2]["cause"] != "cold_start" and seen[0][2]["severity"] == "critical"
+
+
+def test_the_drop_after_a_deploy_is_not_judged_across_a_later_growth_of_the_fleet():
+    """A harmless deploy, then a scale-out under round robin: the ratio after the deploy
+    fell, but the fleet grew since (replicas_changed, a warning of the low ratio), which a
+    critical drop 'after deploy v42' would blame on the deploy."""
+    from exporter.alerting.deploys import API, REPLICAS, DeployEvent
+    e = Engine(load({"targets": [{"name": "vllm-0", "url": "http://127.0.0.1:1/0"}]}))
+    queries = hits = 0.0
+    for i in range(120):
+        t = 10_000.0 + 5.0 * i
+        queries += 20_000
+        hits += 16_000 if t < 10_300.0 else 6_000
+        e.ingest("vllm-0", t, parse("process_start_time_seconds 1\n"
+                                    f'vllm:prefix_cache_queries_total{{model_name="m",engine="0"}} {queries}\n'
+                                    f'vllm:prefix_cache_hits_total{{model_name="m",engine="0"}} {hits}\n'))
+        if t == 10_200.0:
+            e.add_event(DeployEvent(t, None, "v42", API))
+        if t == 10_295.0:
+            e.add_event(DeployEvent(t, None, "replicas:2->6", REPLICAS, model="m", replicas=(2, 6), ratio_before=0.8))
+        fired = [tr for tr in e.evaluate(t) if tr.alert.alertname == rules.DROP_AFTER_DEPLOY]
+        assert fired == [], t

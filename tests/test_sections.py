@@ -1,7 +1,10 @@
+import os
+
 import pytest
 
 from exporter.config import sections as config, reader as config_reader
-from exporter.config.sections import ConfigError, load, load_file, load_text
+from exporter.config.load import load_file, read_secret_file
+from exporter.config.sections import ConfigError, load, load_text
 
 from conftest import FIXTURES
 
@@ -58,15 +61,48 @@ def test_every_label_of_our_metrics_is_reserved():
 @pytest.mark.parametrize("content, error", [
     pytest.param("", "is empty", id="empty"),
     pytest.param("  \n\t\n", "is empty", id="whitespace-only"),
-    pytest.param("x" * (64 * 1024 + 1), "is over", id="too-large"),
+    pytest.param("x" * (64 * 1024 + 1), "larger than 65536 bytes", id="too-large"),
     pytest.param("a\x00b", "control characters", id="control-characters"),
 ])
 def test_a_token_file_that_would_disable_auth_is_rejected(tmp_path, content, error):
     token = tmp_path / "token"
     token.write_text(content)
     with pytest.raises(ConfigError) as exc:
-        load({"deploys": {"api_token_file": str(token)}})
+        load({"deploys": {"api_token_file": str(token)}}, read_secret_file)
     assert len(exc.value.errors) == 1 and error in exc.value.errors[0]
+
+
+def test_a_secret_file_is_read_bounded_and_never_waited_on(tmp_path):
+    fifo = tmp_path / "token"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError) as exc:
+        load({"deploys": {"api_token_file": str(fifo)}}, read_secret_file)
+    assert exc.value.errors == [f"deploys.api_token_file: cannot read {fifo}: not a regular file (a FIFO or a device is never read)"]
+
+
+def test_a_config_given_as_text_reads_no_file_it_names(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret")
+    with pytest.raises(ConfigError, match="the files a config names are read only from a config file"):
+        load({"deploys": {"api_token_file": str(token)}})
+
+
+def test_the_deploy_api_is_closed_without_a_token_open_only_on_purpose_and_an_optional_token_may_be_absent(tmp_path):
+    assert load({}).deploys.api_token == "" and not load({}).deploys.api_open
+    assert load({"deploys": {"api_open": True}}).deploys.api_open
+    missing = str(tmp_path / "secret" / "token")  # an optional Secret that was not created mounts nothing
+    assert load({"deploys": {"api_token_file": missing, "api_token_optional": True}}, read_secret_file).deploys.api_token == ""
+    with pytest.raises(ConfigError, match="cannot read"):
+        load({"deploys": {"api_token_file": missing}}, read_secret_file)
+    (tmp_path / "token").write_text("s3cret\n")
+    assert load({"deploys": {"api_token_file": str(tmp_path / "token"), "api_token_optional": True}}, read_secret_file).deploys.api_token == "s3cret"
+    (tmp_path / "empty").write_text("")
+    with pytest.raises(ConfigError, match="is empty"):  # optional means absent, never empty: that fails closed
+        load({"deploys": {"api_token_file": str(tmp_path / "empty"), "api_token_optional": True}}, read_secret_file)
+    with pytest.raises(ConfigError, match="deploys.api_open"):
+        load({"deploys": {"api_open": True, "api_token": "x"}})
+    with pytest.raises(ConfigError, match="api_token_optional"):
+        load({"deploys": {"api_token_optional": True}}, read_secret_file)
 
 
 @pytest.mark.parametrize("text, fragment", [
@@ -188,6 +224,7 @@ def test_a_rule_window_among_the_windows_or_a_disabled_rule_loads():
     load({"rules": {"hits_stuck_at_zero": {"window": "90s"}, "counters_disagree": {"window": "7m"}}})
 
 
+@pytest.mark.slow
 def test_check_config_and_a_reload_refuse_a_rule_window_the_windows_do_not_keep(tmp_path, caplog):
     import subprocess
     import sys

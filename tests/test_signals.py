@@ -144,12 +144,45 @@ def test_sighup_rereads_the_deploy_token(tmp_path):
 
 
 @pytest.mark.slow
+def test_sighup_rereads_the_web_config(tmp_path):
+    """The running process, signalled: a basic-auth user removed from --web.config.file
+    loses access at the SIGHUP (it kept it until a restart); a broken web config keeps
+    the old one, with one log line and prefixcache_config_last_reload_successful 0."""
+    import bcrypt
+    cfg = tmp_path / "config.yml"
+    cfg.write_text(yaml.safe_dump({"global": {"poll_interval": "1s", "connect_timeout": "200ms", "read_timeout": "200ms"},
+                                   "targets": [{"name": "a", "url": f"http://127.0.0.1:{free_port()}/metrics"}]}))
+    users = {u: bcrypt.hashpw(f"pw-{u}".encode(), bcrypt.gensalt(rounds=4)).decode() for u in ("alice", "bob")}
+    web = tmp_path / "web.yml"
+    web.write_text(yaml.safe_dump({"basic_auth_users": users}))
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "run", f"--config.file={cfg}", f"--web.config.file={web}",
+                             f"--web.listen-address=127.0.0.1:{port}"], stderr=subprocess.PIPE, text=True)
+    metrics = lambda user: requests.get(f"http://127.0.0.1:{port}/metrics", auth=(user, f"pw-{user}"), timeout=2)  # noqa: E731
+    try:
+        assert wait_for(lambda: metrics("bob").status_code == 200)
+        web.write_text(yaml.safe_dump({"basic_auth_users": {"alice": users["alice"]}}))
+        proc.send_signal(signal.SIGHUP)
+        assert wait_for(lambda: metrics("bob").status_code == 401)
+        assert metrics("alice").status_code == 200
+        web.write_text("basic_auth_users: {alice: plaintext}\n")
+        proc.send_signal(signal.SIGHUP)
+        assert wait_for(lambda: "prefixcache_config_last_reload_successful 0.0" in metrics("alice").text)
+        assert metrics("bob").status_code == 401
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert len([line for line in err.splitlines() if "keeping the old web config" in line]) == 1, err
+
+
+@pytest.mark.slow
 def test_concurrent_reloads_apply_one_after_the_other(tmp_path):
     """Each SIGHUP reloads on its own thread: ten at once must not race (duplicate job
     ids, KeyErrors, wrong job counts) and every target keeps polling."""
     import threading
     from exporter.sidecar import build_sidecar
-    from exporter.config.sections import load_file
+    from exporter.config.load import load_file
     replicas = [simulator.Replica(n, simulator.Scenario(), start=time.time() - 900, seed=i) for i, n in enumerate("abc")]
     fleet = Fleet(replicas, clock=time.time).start()
     cfg = tmp_path / "config.yml"

@@ -231,7 +231,7 @@ def test_a_file_over_the_cap_is_refused_whatever_its_size_claims(tmp_path, monke
     write(tmp_path / "big.json", [group(*(f"127.0.0.1:{p}" for p in range(1, 20)))])
     write(tmp_path / "small.json", [group("127.0.0.1:1", pod="a")])
     d = Discovery(DiscoveryConfig(file_sd=(str(tmp_path / "*.json"),)), Clock())
-    assert names(d.refresh()) == ["a"] and "big.json: over 64 bytes" in d.snapshot()[0].error
+    assert names(d.refresh()) == ["a"] and "big.json: cannot read: larger than 64 bytes" in d.snapshot()[0].error
 
 
 # --- limits and a selector that never matches ---------------------------------------------------

@@ -317,7 +317,7 @@ def test_chromium_shows_the_firing_alert_its_cause_and_the_drop_then_the_recover
                 simulator.Replica("vllm-1", simulator.Scenario(), start=start - 900, seed=2)]
     sim = Fleet(replicas, clock=lambda: clock.t).start()
     cfg = load({"global": {"poll_interval": "15s", "connect_timeout": "500ms", "read_timeout": "1s", "jitter": "0s"},
-                "rules": {"change_point": {"enabled": False}},
+                "rules": {"change_point": {"enabled": False}}, "deploys": {"api_token": "s3cret"},
                 "targets": [{"name": r.name, "url": sim.metrics_url(r.name), "labels": {"namespace": "llm", "pod": r.name}}
                             for r in replicas]})
     sidecar = build_sidecar(cfg, "127.0.0.1:0", clock=clock)
@@ -335,7 +335,8 @@ def test_chromium_shows_the_firing_alert_its_cause_and_the_drop_then_the_recover
             sidecar.poller.evaluate()
 
     def announce(version: str) -> None:
-        r = requests.post(base + "/api/v1/deploys", json={"version": version, "target": "vllm-0", "description": "new system prompt"}, timeout=5)
+        r = requests.post(base + "/api/v1/deploys", json={"version": version, "target": "vllm-0", "description": "new system prompt"},
+                          headers={"Authorization": "Bearer s3cret"}, timeout=5)
         assert r.status_code == 202
 
     try:

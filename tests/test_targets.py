@@ -277,11 +277,25 @@ def test_a_target_is_never_named_by_a_url_with_credentials():
     assert warnings and not any("s3cret" in w for w in warnings)
 
 
+def test_a_file_sd_alias_bomb_is_refused_before_it_expands():
+    """336 KB of nested aliases stood for 20 million targets (1.3 GB) once walked."""
+    import time
+    groups = "g0: &g0 [{targets: ['10.0.0.1:8000'], labels: {pod: p}}]\n" + "".join(
+        f"g{i}: &g{i} [" + ", ".join([f"*g{i - 1}"] * 10) + "]\n" for i in range(1, 9))
+    bomb = groups + "all: *g8\n"
+    started = time.monotonic()
+    with pytest.raises(DiscoveryError, match="once its aliases are expanded"):
+        from_file_sd(bomb, "sd.yml")
+    assert time.monotonic() - started < 1.0
+    shared = "- &g {targets: ['10.0.0.1:8000'], labels: {pod: p}}\n- *g\n"
+    assert len(file_sd(shared, "sd.yml")) == 2  # a small alias is fine: two groups, as written
+
+
 def test_a_file_of_nested_brackets_is_refused_before_yaml_takes_quadratic_time_over_it():
     import time
     started = time.monotonic()
     for text in ("[" * 100_000, "{a: " * 20_000, "- [" * 10_000):
-        with pytest.raises(DiscoveryError, match="nested more than 64 deep"):
+        with pytest.raises(DiscoveryError, match="nested deeper than 64 levels"):
             from_file_sd(text, "sd.yml")
     with pytest.raises(DiscoveryError, match="not valid JSON"):
         from_file_sd("[" * 100_000, "sd.json")

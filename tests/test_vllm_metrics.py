@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from exporter.sim import simulator
-from exporter.parse.vllm_metrics import parse
+from exporter.parse.vllm_metrics import MAX_LABEL_VALUE, parse
 
 FIXTURES = Path(__file__).parent / "fixtures"
 UPSTREAM = FIXTURES / "vllm-metrics"
@@ -299,3 +299,29 @@ def test_warnings_of_a_body_of_bad_lines_are_a_capped_sample_and_a_count():
     assert out["warnings_total"] == 50000 and len(out["warnings"]) == 100
     noted = snap.noted(["a counter stepped back"], {"counter_step_back": 1})
     assert noted.warning_count == 50001 and len(noted.warnings) == 100 and dict(noted.rejected) == {"counter_step_back": 1}
+
+
+@pytest.mark.parametrize("line", [
+    pytest.param('vllm:prefix_cache_queries_total{model_name="m",model_name="x"} 5', id="plain"),
+    pytest.param('vllm:prefix_cache_queries_total{model_name="a\\\\b",engine="0",engine="1"} 5', id="escaped"),
+])
+def test_a_label_named_twice_refuses_the_sample_as_prometheus_does(line):
+    snap = parse(line + "\n")
+    assert snap.series == () and "a label twice" in snap.warnings[0]
+
+
+def test_a_label_value_over_the_cap_refuses_its_sample_and_is_counted():
+    """Four 1.9 MB model names made our /metrics 144 MB and the process 1.3 GB."""
+    long_name = "m" * (MAX_LABEL_VALUE + 1)
+    text = (f'vllm:prefix_cache_queries_total{{model_name="{long_name}"}} 5\n'
+            'vllm:prefix_cache_queries_total{model_name="ok"} 5\nvllm:prefix_cache_hits_total{model_name="ok"} 1\n')
+    snap = parse(text)
+    assert [s.model_name for s in snap.series] == ["ok"] and dict(snap.rejected) == {"label_value_too_long": 1}
+    assert len(snap.warnings[0]) < 200
+
+
+def test_parsing_stops_at_the_series_limit():
+    body = "".join(f'vllm:prefix_cache_queries_total{{model_name="m{i}"}} 1\n' for i in range(50_000))
+    snap = parse(body, series_limit=2000)
+    assert snap.over_series_limit and len(snap.series) == 2000
+    assert not parse(body[: body.index('m2000"')].rpartition("\n")[0] + "\n", series_limit=2000).over_series_limit

@@ -52,27 +52,59 @@ def test_concurrency_limit_readiness_gate_and_outcome():
         w = Warmer(WarmupConfig(enabled=True, url=server.base + "/v1/chat/completions", requests=(CHAT,) * 6, concurrency=2, timeout=5.0))
         assert w.ready() == (False, "waiting for vLLM to start before warming up")
         assert w.trigger("start")
-        assert not w.trigger("again")  # one at a time
+        assert not w.trigger("again")  # one at a time: a second start while it runs makes it begin again
         assert w.ready()[0] is False
         assert wait_for(lambda: w.ready()[0])
         status = w.snapshot()
-        assert status.results == {"success": 6} and status.runs == 1 and status.last_failed == 0
-        assert fake.peak == 2 and len(fake.bodies) == 6
+        assert status.results == {"success": 12} and status.runs == 1 and status.last_failed == 0
+        assert fake.peak == 2 and len(fake.bodies) == 12
         w.stop()
 
 
-def test_timeouts_and_errors_are_counted_and_still_open_the_gate():
+def test_a_warm_up_whose_requests_all_failed_keeps_the_gate_closed_and_sends_them_again():
+    """It warmed nothing: before, the gate opened anyway and the pod went Ready cold."""
+    answers = iter([500, 500, 200])
+    seen = []
+
+    def flaky(h):
+        seen.append(time.monotonic())
+        reply(h, next(answers, 200), b"{}")
+
+    with FakeServer({"/v1/chat/completions": flaky}) as server:
+        w = Warmer(WarmupConfig(enabled=True, url=server.base + "/v1/chat/completions", requests=(CHAT,), timeout=2.0))
+        assert w.trigger("start")
+        assert wait_for(lambda: w.snapshot().results.get("http_error") == 1, timeout=5)
+        assert w.ready() == (False, "warm-up running; 1 request(s) failed, sending them again")
+        assert wait_for(lambda: w.ready()[0], timeout=10)
+        status = w.snapshot()
+        assert status.results == {"http_error": 2, "success": 1} and status.runs == 1 and status.last_failed == 0
+        assert seen[2] - seen[1] >= 1.9 * (seen[1] - seen[0]) * 0.9  # the wait doubles: 1 s, then 2 s
+        w.stop()
+
+
+def test_timeouts_are_counted_and_retried_until_stopped():
     fake = Slow(2.0)
-    with FakeServer({"/v1/chat/completions": fake, "/bad": lambda h: reply(h, 500, b"no")}) as server:
+    with FakeServer({"/v1/chat/completions": fake}) as server:
         w = Warmer(WarmupConfig(enabled=True, url=server.base + "/v1/chat/completions", requests=(CHAT,) * 2, concurrency=2, timeout=0.3))
         w.trigger("start")
-        assert wait_for(lambda: w.ready()[0])
-        assert w.snapshot().results == {"timeout": 2}
+        assert wait_for(lambda: w.snapshot().results.get("timeout") == 2, timeout=5)
+        assert w.ready()[0] is False
+        started = time.monotonic()
         w.stop()
-        w = Warmer(WarmupConfig(enabled=True, url=server.base + "/bad", requests=(CHAT,), timeout=2.0))
-        w.trigger("start")
-        assert wait_for(lambda: w.ready()[0])
-        assert w.snapshot().results == {"http_error": 1}
+        assert time.monotonic() - started < 1.0 and not w.snapshot().running
+
+
+def test_a_vllm_restart_during_a_warm_up_begins_it_again():
+    """What the first requests cached died with the process: the gate waits for a whole warm-up after the restart."""
+    fake = Slow(0.5)
+    with FakeServer({"/v1/chat/completions": fake}) as server:
+        w = Warmer(WarmupConfig(enabled=True, url=server.base + "/v1/chat/completions", requests=(CHAT,) * 2, concurrency=1, timeout=5.0))
+        assert w.trigger("start")
+        assert wait_for(lambda: len(fake.bodies) == 1, timeout=5)
+        assert not w.trigger("restart")  # the one running begins again
+        assert wait_for(lambda: w.ready()[0], timeout=10)
+        assert len(fake.bodies) == 4  # two before the restart noticed, then both again
+        assert w.snapshot().runs == 1
         w.stop()
 
 

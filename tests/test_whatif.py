@@ -1,15 +1,21 @@
-"""The what-if analysis: input formats, bad lines, the waterfall, and the end-to-end
-check that replaying the simulator's traffic gives the hit ratio its /metrics reported."""
+"""The what-if analysis: the waterfall, block-hash traces (Mooncake's and Qwen-Bailian's)
+against replays written here, the stampede, and the end-to-end check that replaying the
+simulator's traffic gives the hit ratio its /metrics reported (reading the lines:
+tests/test_whatif_input.py)."""
+import argparse
 import json
+import math
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
+import zlib
 
 import pytest
 
 from exporter.sim import simulator
 from exporter.sim.server import Fleet
-from exporter.tools import whatif
+from exporter.tools import whatif, whatif_command
 from exporter.parse.vllm_metrics import parse
 
 from conftest import FIXTURES
@@ -17,36 +23,6 @@ from conftest import FIXTURES
 
 def run(*args, input=None):
     return subprocess.run([sys.executable, "-m", "exporter", "whatif", *args], input=input, capture_output=True, text=True, timeout=120)
-
-
-def test_vllm_request_log_lines_of_each_version():
-    items = list(whatif.read_requests((FIXTURES / "whatif" / "vllm-request-log.txt").read_text().splitlines()))
-    a, b, c, bad = items
-    assert a.tokens == tuple(range(1, 19)) and a.lora is None and a.t is not None
-    assert b.tokens[-2:] == (99, 98) and b.lora == "sql-adapter"
-    assert c.tokens is None and c.prompt == "Only text here"
-    assert isinstance(bad, whatif.SampleError) and "line 4" in str(bad)
-
-
-@pytest.mark.parametrize("line, fragment", [
-    pytest.param("not json at all", "neither a JSON request", id="garbage"),
-    pytest.param("{bad json", "not JSON", id="broken-json"),
-    pytest.param("[1, 2]", "neither", id="a-list"),
-    pytest.param('{"t": "x", "prompt": "a"}', "`t` must be a number", id="bad-t"),
-    pytest.param('{"prompt_token_ids": []}', "non-empty list of integers", id="empty-ids"),
-    pytest.param('{"prompt_token_ids": [1, "2"]}', "non-empty list of integers", id="string-id"),
-    pytest.param('{"body": {"messages": []}}', "non-empty `messages`", id="empty-messages"),
-    pytest.param('{"session": "x"}', "one of `prompt_token_ids`", id="no-prompt"),
-    pytest.param('{"hash_ids": [1, 2]}', "`input_length` is missing", id="no-length"),
-    pytest.param('{"input_length": 600}', "`hash_ids` is missing", id="no-ids"),
-    pytest.param('{"input_length": 0, "hash_ids": []}', "positive integer", id="zero-length"),
-    pytest.param('{"input_length": 600, "hash_ids": [1, "2"]}', "64-bit integers", id="string-hash-id"),
-    pytest.param('{"input_length": 600, "hash_ids": [18446744073709551616]}', "64-bit integers", id="too-big"),
-    pytest.param('{"input_length": 600, "hash_ids": [1], "timestamp": "x"}', "`timestamp` must be a number", id="bad-timestamp"),
-])
-def test_bad_lines_are_errors_with_their_line_number(line, fragment):
-    (item,) = list(whatif.read_requests(["", line]))
-    assert isinstance(item, whatif.SampleError) and str(item).startswith("line 2:") and fragment in str(item)
 
 
 @pytest.mark.slow
@@ -284,3 +260,199 @@ def test_a_repeated_block_hash_request_hits_its_full_blocks_but_never_the_last_t
     line = json.dumps({"timestamp": 0, "input_length": length, "hash_ids": ids})
     a = whatif.analyze(list(whatif.read_requests([line, line])), 1, ("round_robin",), None, 512)
     assert a.prompt_tokens == 2 * length and a.ceiling == second_hit / (2 * length)
+
+
+# --- Qwen-Bailian traces: sessions on a shared trace -------------------------------------------------
+BAILIAN = FIXTURES / "bailian" / "qwen_bailian_synthetic.jsonl"
+
+
+def bailian_rows():
+    rows = [json.loads(line) for line in BAILIAN.read_text().splitlines()]
+    return sorted(rows, key=lambda r: r["timestamp"])  # Python's sort is stable, as the replay's order is
+
+
+def bailian_requests():
+    items = list(whatif.read_requests(BAILIAN.read_text().splitlines()))
+    assert all(isinstance(i, whatif.Request) and i.is_hashes for i in items)
+    return items
+
+
+def replay_by_hand(rows, replicas, replica_of, rate=math.inf):
+    """The token-weighted hit ratio, counted here without the module: a trie of the ids
+    gives each prefix of blocks its own node; a replica holds nodes from the time the
+    prefill that computed them ends; a request hits its longest held run of full blocks,
+    never its last token."""
+    trie, held = {}, [{} for _ in range(replicas)]
+    hit = total = 0
+    for i, row in enumerate(rows):
+        n, t = row["input_length"], row["timestamp"]
+        nodes, parent = [], -1
+        for block in row["hash_ids"][: n // 16]:
+            parent = trie.setdefault((parent, block), len(trie))
+            nodes.append(parent)
+        ready = held[replica_of(i, row)]
+        run = 0
+        while run < len(nodes) and ready.get(nodes[run], math.inf) <= t:
+            run += 1
+        h = min(run, (n - 1) // 16) * 16
+        done = t + (n - h) / rate
+        for node in nodes:
+            ready[node] = min(ready.get(node, math.inf), done)
+        hit += h
+        total += n
+    return hit / total
+
+
+def conversation_of(rows):
+    """Each chat's first turn, following parent_chat_id by hand."""
+    parent = {r["chat_id"]: r["parent_chat_id"] for r in rows}
+    def root(chat):
+        for _ in range(len(rows)):
+            if parent.get(chat, -1) == -1:
+                return chat
+            chat = parent[chat]
+        raise AssertionError("a loop of parents in the fixture")
+    return root
+
+
+@pytest.mark.parametrize("rate", [math.inf, 8000.0], ids=["prefill-not-timed", "8000-tokens-a-second"])
+def test_a_bailian_trace_gives_the_ratios_of_a_replay_by_hand(rate):
+    rows, root = bailian_rows(), conversation_of(bailian_rows())
+    a = whatif.analyze(bailian_requests(), 4, ("round_robin", "session"), None, None, prefill_tokens_per_s=rate)
+    assert a.block_size == 16 and a.trace_format == "qwen_bailian" and a.requests == len(rows)
+    assert a.prompt_tokens == sum(r["input_length"] for r in rows)
+    assert a.ceiling == replay_by_hand(rows, 1, lambda i, row: 0)
+    assert a.policies["round_robin"] == replay_by_hand(rows, 4, lambda i, row: i % 4, rate)
+    # session affinity on the conversation: the root chat's id, as text
+    assert a.policies["session"] == replay_by_hand(rows, 4, lambda i, row: zlib.crc32(str(root(row["chat_id"])).encode()) % 4, rate)
+    assert a.policies["round_robin"] < a.policies["session"] < a.ceiling
+
+
+def test_the_per_block_ids_of_a_bailian_trace_are_not_matched_behind_another_prefix():
+    """The fixture's search requests open their message with the same 64-token header
+    behind different system prompts: taken as they are, its ids would match there."""
+    rows = bailian_rows()
+    seen, naive = set(), 0
+    for row in rows:
+        ids = row["hash_ids"][: row["input_length"] // 16]
+        run = 0
+        while run < len(ids) and ids[run] in seen:
+            run += 1
+        naive += min(run, (row["input_length"] - 1) // 16) * 16
+        seen.update(ids)
+    a = whatif.analyze(bailian_requests(), 1, ("round_robin",), None, None)
+    assert naive / a.prompt_tokens > a.ceiling == replay_by_hand(rows, 1, lambda i, row: 0)
+
+
+def test_a_bailian_trace_says_its_block_size_and_a_given_one_overrides_it():
+    a = whatif.analyze(bailian_requests(), 1, ("round_robin",), None, None)
+    assert a.block_size == 16 and not any("does not fit" in note for note in a.notes)
+    assert any("conversation(s), each the root of its chat_id chain" in note for note in a.notes)
+    b = whatif.analyze(bailian_requests(), 1, ("round_robin",), None, 32)
+    assert b.block_size == 32 and any("does not fit input_length at 32 tokens" in note for note in b.notes)
+
+
+def test_a_bailian_trace_on_the_command_line(tmp_path):
+    proc = run(str(BAILIAN), "--replicas=4", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert set(data) >= {"requests", "prompt_tokens", "block_size", "policies", "ceiling", "losses", "prefix_groups"}
+    assert data["input"] == "block_hashes" and data["trace_format"] == "qwen_bailian" and data["block_size"] == 16
+    assert set(data["policies"]) == {"round_robin", "random", "session", "prefix_hash"}
+    assert data["prefill_tokens_per_s"] == whatif.DEFAULT_PREFILL_TOKENS_PER_S
+    losses = {l["kind"]: l for l in data["losses"]}
+    assert losses["stampede"]["points"] > 0 and "gateway" in losses["stampede"]["fix"]  # the fixture holds a burst
+    points = sum(l["points"] for l in data["losses"] if l["points"] is not None)
+    assert round(data["ceiling"] * 100 - points, 1) == round(data["policies"]["round_robin"] * 100, 1)
+    assert {g["type"] for g in data["by_type"]} == {"text", "search", "image", "file"}
+    assert sum(g["requests"] for g in data["by_turn"]) == data["requests"]
+    svg = tmp_path / "curve.svg"
+    text = run(str(BAILIAN), "--replicas=4", f"--svg={svg}")
+    assert text.returncode == 0, text.stderr
+    assert "stampede (blocks still in another's prefill)" in text.stdout and "prefix groups:" in text.stdout
+    assert "session" in text.stdout.split("capacity curve:")[1].splitlines()[1]
+    lines = ET.fromstring(svg.read_text()).findall("{http://www.w3.org/2000/svg}polyline")
+    assert "session" in [l.get("data-policy") for l in lines]
+
+
+def test_a_line_in_the_other_trace_format_is_refused(tmp_path):
+    sample = tmp_path / "mixed.jsonl"
+    sample.write_text("\n".join(BAILIAN.read_text().splitlines()[:2] + MOONCAKE.read_text().splitlines()[:1]) + "\n")
+    proc = run(str(sample))
+    assert proc.returncode == 2
+    assert "line 3: a line in Mooncake's FAST'25 format in a trace in the Qwen-Bailian format (line 1)" in proc.stderr
+
+
+# --- the stampede: blocks still in another request's prefill -------------------------------------------
+def burst_sample(count=30, prefix=2000, own=50, within=0.2):
+    """`count` requests opening with one new `prefix`-token system prompt, `own` tokens each
+    of their own, arriving within `within` s, then one more a second later."""
+    shared = list(range(prefix))
+    rows = [{"t": 100 + within * i / count, "prompt_token_ids": shared + [10 ** 6 + i * own + k for k in range(own)]} for i in range(count)]
+    rows.append({"t": 101.5, "prompt_token_ids": shared + [2 * 10 ** 6 + k for k in range(own)]})
+    return list(whatif.read_requests(json.dumps(r) for r in rows))
+
+
+def test_a_burst_within_one_prefill_loses_the_stampedes_tokens_and_nothing_without_prefill_time():
+    requests = burst_sample()
+    total = 31 * 2050
+    assert requests[-2].t - requests[0].t < 2050 / 8000  # all 30 arrive before the first prefill ends
+    timed = whatif.analyze(requests, 1, ("round_robin",), None, 16, prefill_tokens_per_s=8000)
+    instant = whatif.analyze(requests, 1, ("round_robin",), None, 16, prefill_tokens_per_s=math.inf)
+    assert timed.ceiling == instant.ceiling == 30 * 2000 / total  # the ceiling is the replay without prefill time
+    assert instant.policies["round_robin"] == 30 * 2000 / total
+    assert timed.policies["round_robin"] == 2000 / total  # only the request after the burst hits
+    stampede = {l["kind"]: l for l in timed.losses}["stampede"]
+    assert stampede["points"] == round(29 * 2000 / total * 100, 2)
+    assert "29 request(s)" in stampede["example"] and "gateway" in stampede["fix"]
+    assert {l["kind"]: l for l in instant.losses}["stampede"]["points"] == 0
+    assert "stampede" in whatif.report(timed) and json.dumps(timed.to_json(), allow_nan=False)
+    assert instant.to_json()["prefill_tokens_per_s"] is None and timed.to_json()["prefill_tokens_per_s"] == 8000
+
+
+def test_spreading_a_burst_over_replicas_does_not_cure_it():
+    """Round robin puts the burst on 4 replicas; on each, its requests arrive inside the
+    prefill of the first one there, so each replica loses its own followers."""
+    requests = burst_sample()
+    a = whatif.analyze(requests, 4, ("round_robin",), None, 16, prefill_tokens_per_s=8000)
+    losses = {l["kind"]: l["points"] for l in a.losses}
+    total = 31 * 2050
+    assert losses["routing"] == round(3 * 2000 / total * 100, 2)  # 4 first requests miss, not 1
+    assert losses["stampede"] == round(26 * 2000 / total * 100, 2)  # the other 26 of the burst miss too
+
+
+def test_without_arrival_times_the_stampede_is_not_measured_and_says_so():
+    rows = [{"prompt_token_ids": list(range(2050))}] * 3
+    a = whatif.analyze(list(whatif.read_requests(json.dumps(r) for r in rows)), 1, ("round_robin",), None, 16, prefill_tokens_per_s=8000)
+    stampede = {l["kind"]: l for l in a.losses}["stampede"]
+    assert stampede["points"] is None and stampede["available"] is False and "arrival time" in stampede["why"]
+    assert any("stampede not measured" in note for note in a.notes)
+    assert "not available" in whatif.report(a)
+
+
+@pytest.mark.parametrize("rate", [-1.0, 0.0, float("nan"), True], ids=["negative", "zero", "nan", "bool"])
+def test_a_prefill_rate_that_is_no_rate_is_refused(rate):
+    with pytest.raises(whatif.SampleError, match="the prefill rate must be a positive number"):
+        whatif.analyze(burst_sample(), 1, ("round_robin",), None, 16, prefill_tokens_per_s=rate)
+
+
+@pytest.mark.parametrize("value, fragment", [
+    pytest.param("-8000", "must be a positive number", id="negative"),
+    pytest.param("nan", "must be a positive number", id="nan"),
+    pytest.param("0", "must be a positive number", id="zero"),
+    pytest.param("fast", "is not a number", id="a-word"),
+])
+def test_the_prefill_flag_is_a_usage_error_when_it_is_no_rate(value, fragment, capsys):
+    parser = argparse.ArgumentParser()
+    whatif_command.add_arguments(parser)
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args([f"--prefill-tokens-per-s={value}"])
+    assert exit_.value.code == 2 and fragment in capsys.readouterr().err
+
+
+def test_the_prefill_flag_takes_inf_and_has_its_stated_default():
+    parser = argparse.ArgumentParser()
+    whatif_command.add_arguments(parser)
+    assert parser.parse_args(["--prefill-tokens-per-s=inf"]).prefill_tokens_per_s == math.inf
+    assert parser.parse_args(["--prefill-tokens-per-s", "12000"]).prefill_tokens_per_s == 12000.0
+    assert parser.parse_args([]).prefill_tokens_per_s == whatif.DEFAULT_PREFILL_TOKENS_PER_S == 8000

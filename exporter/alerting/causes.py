@@ -64,9 +64,8 @@ class Settings:
 KV_USAGE_HIGH = 0.9
 # a tier that served at least TIER_MIN_SHARE of the queried tokens keeps at most
 # TIER_LOST_LEFT of its share while the other tiers keep TIER_OTHERS_HELD of theirs: that
-# tier is lost (a prompt change loses every tier at once); critical where it carried at
-# least TIER_CRITICAL of what was cached
-TIER_MIN_SHARE, TIER_LOST_LEFT, TIER_OTHERS_HELD, TIER_CRITICAL = 0.1, 0.2, 0.8, 0.5
+# tier is lost (a prompt change loses every tier at once)
+TIER_MIN_SHARE, TIER_LOST_LEFT, TIER_OTHERS_HELD = 0.1, 0.2, 0.8
 # more replicas without prefix or session affinity divide what each one can reuse by at
 # most after/before; a fall well past that (FLEET_SLACK) is not the fleet, nor are requests
 # whose size changed (a query tokens per request outside PER_REQUEST_HELD of before)
@@ -217,18 +216,3 @@ def _preempted_share(e: Evidence) -> float:
     if not e.requests:
         return 1.0
     return min(1.0, n / e.requests)
-
-
-def severity_for(cause: str, default: str, e: Evidence | None = None) -> str:
-    """A cold start after a restart or a wake is expected: it never pages. A change of
-    the traffic mix or of the fleet's size is nobody's breakage: at most a warning. A lost
-    tier is critical only where it carried most of what was cached (`e`, the evidence)."""
-    if cause == COLD_START:
-        return "info"
-    if cause in (TRAFFIC_MIX, REPLICAS_CHANGED) and default == "critical":
-        return "warning"
-    if cause == CACHE_TIER_LOST and default == "critical":
-        lost = tier_lost(e) if e is not None else None
-        return "critical" if lost is not None and lost.carried >= TIER_CRITICAL else "warning"
-    return default
-

@@ -2,12 +2,11 @@
 
 Sources: the HTTP API, restarts and configuration changes seen in the scraped text, the
 Kubernetes downward-API annotations file, and a change-point detector on the hit ratio
-for deploys nobody announced. Everything here but `AnnotationsWatcher.poll` is pure.
+for deploys nobody announced. Pure: the annotations file is read by exporter/discovery/annotations.py.
 """
 from __future__ import annotations
 
 import json
-import logging
 import re
 from collections import deque
 from dataclasses import dataclass
@@ -17,8 +16,6 @@ from ..parse.snapshot import Snapshot
 from ..series.history import is_reset
 from ..series.hitratio import ratio, tokens
 from ..series.window import Interval
-
-log = logging.getLogger(__name__)
 
 API = "api"
 RESTART = "restart"
@@ -246,38 +243,6 @@ def parse_annotations(text: str) -> dict[str, str]:
         except json.JSONDecodeError:
             out[m.group(1)] = m.group(2)
     return out
-
-
-class AnnotationsWatcher:
-    """Reads the annotations file each poll; a change of the configured key is a deploy."""
-
-    def __init__(self, path: str, key: str, target: str | None = None):
-        self.path, self.key, self.target = path, key, target
-        self._value: str | None = None
-        self._read_once = False
-        self._failing: str | None = None  # the read error last logged: said once, not on every poll
-
-    def poll(self, now: float) -> list[DeployEvent]:
-        try:
-            with open(self.path, encoding="utf-8") as fh:
-                value = parse_annotations(fh.read()).get(self.key)
-        except OSError as exc:
-            error = f"{self.path}: {exc.strerror}"
-            if error != self._failing:
-                log.warning("deploy annotations unreadable, no deploy seen from them until they are: %s", error)
-            self._failing = error
-            return []
-        if self._failing is not None:
-            log.info("deploy annotations readable again: %s", self.path)
-            self._failing = None
-        return self.observe(now, value)
-
-    def observe(self, now: float, value: str | None) -> list[DeployEvent]:
-        first, self._read_once = not self._read_once, True
-        old, self._value = self._value, value
-        if first or value == old or value is None:
-            return []
-        return [DeployEvent(now, self.target, value, ANNOTATIONS, f"{self.key}: {old} -> {value}")]
 
 
 # --- a change point in the hit ratio, for deploys nobody announced ----------------------

@@ -30,6 +30,9 @@ TTFT_REGRESSION = "PrefixCacheTTFTRegression"
 TARGET_DOWN = "PrefixCacheTargetDown"
 COUNTERS_DISAGREE = "PrefixCacheCountersDisagree"
 ROUTER_PREDICTION_GAP = "PrefixCacheRouterPredictionGap"
+# the drop after a deploy whose cause is a change of the traffic mix: nobody's breakage, a
+# warning under a name of its own (one name, one severity: see Rule.by_cause)
+TRAFFIC_MIX_CHANGED = "PrefixCacheTrafficMixChanged"
 
 
 # --- settings ------------------------------------------------------------------------------
@@ -124,6 +127,9 @@ def rule_drop_after_deploy(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condit
     ev = anchored[-1] if anchored else deploys[-1]
     if any(e.is_restart and e.t >= ev.t - 1.0 for e in f.events) or _in_cold_start(f, rc.cold_start_grace):
         return FALSE  # the cache was emptied: a cold start, not a prompt change
+    if not anchored and any(e.source == REPLICAS and e.replicas is not None and e.replicas[1] > e.replicas[0] and e.t >= ev.t
+                            for e in f.events):
+        return FALSE  # the fleet grew since: before and after straddle it (the low-ratio rules judge that, replicas_changed)
     baseline = stats_between(f.samples, f.model, ev.t - s.baseline, ev.t, 0.0, f.block_size)
     edge = max((x.t for x in f.samples if x.t <= ev.t), default=ev.t)
     start = max(edge - 1e-6, f.now - s.after)
@@ -172,7 +178,7 @@ def _against_fleet(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
     event_lookback after), its ratio against the fleet's for its model before it started."""
     before_ratio, started = f.fleet_baseline
     warm = started + rc.cold_start_grace
-    if f.now < warm or (f.now - warm > rc.event_lookback and f.anchor is None):
+    if f.now < warm or (f.now - warm > rc.event_lookback and f.anchor is None) or _in_cold_start(f, rc.cold_start_grace):
         return FALSE
     after = stats_between(f.samples, f.model, max(warm, f.now - s.after), f.now, 0.0, f.block_size)
     after_ratio = judged_ratio(after)
@@ -225,6 +231,8 @@ def rule_caching_disabled(f: Facts, s: RuleSettings, rc: RulesConfig) -> Conditi
 def rule_hits_stuck_at_zero(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
     if f.snapshot is not None and f.snapshot.prefix_caching_enabled is False:
         return FALSE
+    if _in_cold_start(f, rc.cold_start_grace):
+        return FALSE  # an emptied cache refilling: the grace delays, and hits that never come fire after it
     ws = f.window(s.window)
     if ws.hit_increase != 0 or query_tokens(ws) < s.min_query_tokens:  # tokens, also of a target counting blocks
         return FALSE
@@ -362,6 +370,11 @@ class Rule:
     condition: Callable[[Facts, RuleSettings, RulesConfig], Condition] | None
     look_back: tuple[str, ...] = ()  # the settings whose sum is how far back it reads the history
     scope: str = PER_MODEL  # each (target, model); PER_TARGET: each target once, model ""
+    # (cause, alert name, severity): a firing alert of this cause is delivered under that name,
+    # at that severity at most. One name has one severity, so an inhibition that is equal on
+    # alertname (kube-prometheus-stack's critical over warning) never lets one pod's critical
+    # silence another pod's warning of a milder cause.
+    by_cause: tuple[tuple[str, str, str], ...] = ()
     # its `window` must be one of global.windows: it reads that window's stats as every
     # poll keeps them (a router's predictions, the fleet's ratios), never its own span
     global_window: bool = False
@@ -370,13 +383,28 @@ class Rule:
     def runbook_anchor(self) -> str:
         return self.alertname.lower()
 
+    @property
+    def alertnames(self) -> tuple[str, ...]:
+        """Every name this rule's alerts are delivered under: its own first."""
+        return (self.alertname,) + tuple(name for _, name, _ in self.by_cause)
+
+    def delivered_as(self, cause: str, severity: str) -> tuple[str, str]:
+        """(alert name, severity) of this rule's alert with `cause`, the rule configured at `severity`."""
+        for c, name, at_most in self.by_cause:
+            if c == cause:
+                return name, min(severity, at_most, key=SEVERITIES.index)
+        return self.alertname, severity
+
     def looks_back(self, s: RuleSettings) -> float:
         return sum(getattr(s, name) for name in self.look_back)
 
 
+SEVERITIES = ("info", "warning", "critical")  # mildest first
+
+
 REGISTRY: tuple[Rule, ...] = (
     Rule("hit_rate_drop_after_deploy", DROP_AFTER_DEPLOY, ("baseline", "after", "below", "drop_points", "min_query_tokens"),
-         rule_drop_after_deploy, look_back=("baseline", "after")),
+         rule_drop_after_deploy, look_back=("baseline", "after"), by_cause=((causes.TRAFFIC_MIX, TRAFFIC_MIX_CHANGED, "warning"),)),
     # its window's ratios of every replica of a model are the fleet's, for load_balancer_scatter
     Rule("hit_rate_low", HIT_RATE_LOW, ("window", "below", "min_query_tokens"), rule_hit_rate_low, look_back=("window",),
          global_window=True),
@@ -392,17 +420,20 @@ REGISTRY: tuple[Rule, ...] = (
     Rule("router_prediction_gap", ROUTER_PREDICTION_GAP, ("window", "drop_points", "min_query_tokens"), None,
          scope=ACROSS_TARGETS, global_window=True),
 )
-# static views of the registry, for readers that list the alerts (the runbook's tests)
-ALERT_NAMES = tuple(rule.alertname for rule in REGISTRY)
-RUNBOOK_ANCHORS = {rule.alertname: rule.runbook_anchor for rule in REGISTRY}
+# static views of the registry, for readers that list the alerts (the runbook's tests, the relay rules):
+# every name an alert of the sidecar is delivered under
+ALERT_NAMES = tuple(name for rule in REGISTRY for name in rule.alertnames)
+RUNBOOK_ANCHORS = {name: name.lower() for name in ALERT_NAMES}
 
 
 def registered(alertname: str) -> Rule:
-    return next(rule for rule in REGISTRY if rule.alertname == alertname)
+    """The rule whose alerts are delivered under `alertname` (its own name or a cause's)."""
+    return next(rule for rule in REGISTRY if alertname in rule.alertnames)
 
 
 def runbook_anchor(alertname: str) -> str:
-    return registered(alertname).runbook_anchor
+    registered(alertname)  # a name no rule delivers has no section
+    return alertname.lower()
 
 
 def rules_to_run(rc: RulesConfig, model: str) -> list[tuple[Rule, RuleSettings]]:

@@ -1,8 +1,9 @@
 """How the config is read: the strict reader (unknown keys and bad values are recorded with their key path,
 never raised one by one), the value parsers it applies (durations, sizes, URLs, ratios...) and secrets read
-from files. Every config section (config.py, config_discovery.py) reads through it."""
+from files. Every config section (sections.py, discovery.py) reads through it."""
 from __future__ import annotations
 
+import errno
 import re
 from typing import Any, Callable
 from urllib.parse import urlsplit
@@ -91,11 +92,19 @@ def nonempty_string(value: Any) -> str:
     return value
 
 
-class Reader:
-    """Walks a mapping, records errors with their path, never raises."""
+def no_files(path: str) -> str:
+    """The file reader of a config given as text: it names no file of its own to read."""
+    raise OSError(errno.EPERM, "the files a config names are read only from a config file (check-config, run)")
 
-    def __init__(self, errors: list[str]):
+
+class Reader:
+    """Walks a mapping, records errors with their path, never raises. Files the config
+    names (its secrets) are read by `read_file`, given by whoever read the config itself
+    (exporter/config/load.py), so the parse stays pure."""
+
+    def __init__(self, errors: list[str], read_file: Callable[[str], str] = no_files):
         self.errors = errors
+        self.read_file = read_file
 
     def mapping(self, value: Any, path: str, allowed: set[str]) -> dict:
         if value is None:
@@ -165,25 +174,22 @@ def label_name(value: Any) -> str:
 MAX_SECRET_FILE = 64 * 1024
 
 
-def read_secret(r: Reader, data: dict, path: str, key: str) -> str:
-    """`key` inline or `key_file` (read now, so a missing file is a config error)."""
+def read_secret(r: Reader, data: dict, path: str, key: str, absent_ok: bool = False) -> str:
+    """`key` inline or `key_file` (read now, so a missing file is a config error, or with
+    `absent_ok` no secret: an optional Kubernetes Secret that was not created mounts nothing)."""
     if key in data and f"{key}_file" in data:
         r.errors.append(f"{path}.{key}: give {key} or {key}_file, not both")
     if f"{key}_file" in data:
         file_path = r.value(data, path, f"{key}_file", nonempty_string, "")
         try:
-            with open(file_path, "rb") as fh:
-                raw = fh.read(MAX_SECRET_FILE + 1)
+            secret = r.read_file(file_path).strip()
+        except FileNotFoundError:
+            if absent_ok:
+                return ""
+            r.errors.append(f"{path}.{key}_file: cannot read {file_path}: No such file or directory")
+            return ""
         except OSError as exc:
-            r.errors.append(f"{path}.{key}_file: cannot read {file_path}: {exc.strerror}")
-            return ""
-        if len(raw) > MAX_SECRET_FILE:
-            r.errors.append(f"{path}.{key}_file: {file_path} is over {MAX_SECRET_FILE} bytes; not a secret")
-            return ""
-        try:
-            secret = raw.decode("utf-8").strip()
-        except UnicodeDecodeError:
-            r.errors.append(f"{path}.{key}_file: {file_path} is not UTF-8 text")
+            r.errors.append(f"{path}.{key}_file: cannot read {file_path}: {exc.strerror or exc}")
             return ""
         if not secret:
             # an empty token would turn authentication off: fail closed

@@ -8,21 +8,23 @@ live in its dataclass below and nowhere else.
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
 from dataclasses import dataclass, field, replace
 from importlib import resources
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
 from ..alerting import rules as alert_rules
 from ..alerting.deploys import ChangePointSettings
 from ..alerting.rules import COMMON_SETTINGS, RuleSettings, RulesConfig
+from ..peers import yamltext
 from .discovery import DiscoveryConfig, read_discovery
 from .reader import (LABEL_NAME, ConfigError, Reader, boolean, duration_or_zero, http_url, limit_or_zero,
                             non_negative_number, nonempty_string, parse_duration, parse_size, parse_listen_address,
-                            positive_int, ratio, read_secret, severity)
+                            no_files, positive_int, ratio, read_secret, severity)
 
 ENV_CONFIG_FILE = "PREFIX_CACHE_EXPORTER_CONFIG"
 
@@ -60,6 +62,7 @@ class AlertmanagerConfig:
     resend_interval: float = 60.0
     timeout: float = 5.0
     queue_capacity: int = 10000
+    refresh_interval: float = 30.0  # a URL's name is resolved again this often (every address is an Alertmanager)
     username: str = ""
     password: str = ""
     bearer_token: str = ""
@@ -111,7 +114,8 @@ class WarmupConfig:
 
 @dataclass(frozen=True)
 class DeploysConfig:
-    api_token: str = ""  # bearer token required by POST /api/v1/deploys when set
+    api_token: str = ""  # the bearer token POST /api/v1/deploys requires; without one the API is closed...
+    api_open: bool = False  # ...unless opened on purpose: announcements from anyone who reaches the port
     annotations_file: str = ""  # the downward-API annotations file; "" turns it off
     annotation_key: str = "app.kubernetes.io/version"
 
@@ -231,7 +235,7 @@ _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def _from_environment(r: Reader, path: str, text: str) -> str:
-    """`${VAR}` in a target's name or label values, from the environment: one config
+    """`${VAR}` in a target's name or label values (and the fleet baseline's query), from the environment: one config
     file for every replica, each naming itself by its pod (the downward API's POD_NAME,
     POD_NAMESPACE), so that no two sidecars in a fleet call their target the same."""
     def value(match: re.Match) -> str:
@@ -289,8 +293,8 @@ def is_reserved_label(name: str) -> bool:
     return name in RESERVED_LABELS
 def _alertmanager(r: Reader, raw: Any) -> AlertmanagerConfig:
     d = AlertmanagerConfig()
-    data = r.mapping(raw, "alertmanager", {"urls", "resend_interval", "timeout", "queue_capacity", "basic_auth",
-                                           "bearer_token", "bearer_token_file", "ca_file"})
+    data = r.mapping(raw, "alertmanager", {"urls", "resend_interval", "timeout", "queue_capacity", "refresh_interval",
+                                           "basic_auth", "bearer_token", "bearer_token_file", "ca_file"})
     urls: tuple[str, ...] = ()
     if "urls" in data:
         if not isinstance(data["urls"], list):
@@ -298,14 +302,19 @@ def _alertmanager(r: Reader, raw: Any) -> AlertmanagerConfig:
         else:
             urls = tuple(r.value({"u": u}, f"alertmanager.urls[{i}]", "u", http_url, "") for i, u in enumerate(data["urls"]))
     auth = r.mapping(data.get("basic_auth"), "alertmanager.basic_auth", {"username", "password", "password_file"})
-    ca = r.value(data, "alertmanager", "ca_file", nonempty_string, "")
-    if ca and not os.path.isfile(ca):
-        r.errors.append(f"alertmanager.ca_file: {ca} does not exist")
+    ca = r.value(data, "alertmanager", "ca_file", nonempty_string, "")  # read_file checks it is there
+    if ca:
+        try:
+            r.read_file(ca)
+        except OSError as exc:
+            if exc.errno != errno.EFBIG:  # a CA bundle may be larger than a secret: it exists
+                r.errors.append(f"alertmanager.ca_file: cannot read {ca}: {exc.strerror or exc}")
     return AlertmanagerConfig(
         urls=urls,
         resend_interval=r.value(data, "alertmanager", "resend_interval", parse_duration, d.resend_interval),
         timeout=r.value(data, "alertmanager", "timeout", parse_duration, d.timeout),
         queue_capacity=r.value(data, "alertmanager", "queue_capacity", positive_int, d.queue_capacity),
+        refresh_interval=r.value(data, "alertmanager", "refresh_interval", parse_duration, d.refresh_interval),
         username=r.value(auth, "alertmanager.basic_auth", "username", nonempty_string, ""),
         password=read_secret(r, auth, "alertmanager.basic_auth", "password"),
         bearer_token=read_secret(r, data, "alertmanager", "bearer_token"),
@@ -315,12 +324,21 @@ def _alertmanager(r: Reader, raw: Any) -> AlertmanagerConfig:
 
 def _deploys(r: Reader, raw: Any) -> DeploysConfig:
     d = DeploysConfig()
-    data = r.mapping(raw, "deploys", {"api_token", "api_token_file", "annotations_file", "annotation_key"})
-    return DeploysConfig(
-        api_token=read_secret(r, data, "deploys", "api_token"),
+    data = r.mapping(raw, "deploys", {"api_token", "api_token_file", "api_token_optional", "api_open", "annotations_file",
+                                      "annotation_key"})
+    optional = r.value(data, "deploys", "api_token_optional", boolean, False)
+    if optional and "api_token_file" not in data:
+        r.errors.append("deploys.api_token_optional: applies to api_token_file, which is not set")
+    cfg = DeploysConfig(
+        # an optional Secret that was not created mounts no file: the API stays closed, no error
+        api_token=read_secret(r, data, "deploys", "api_token", absent_ok=optional),
+        api_open=r.value(data, "deploys", "api_open", boolean, d.api_open),
         annotations_file=r.value(data, "deploys", "annotations_file", lambda v: "" if v in ("", None) else nonempty_string(v), d.annotations_file),
         annotation_key=r.value(data, "deploys", "annotation_key", nonempty_string, d.annotation_key),
     )
+    if cfg.api_open and ("api_token" in data or "api_token_file" in data):
+        r.errors.append("deploys.api_open: true opens the deploy API without a token; remove it or the api_token")
+    return cfg
 
 
 # a rule setting's key -> (RuleSettings field, parser); a rule declares which it takes (Rule.settings)
@@ -402,10 +420,11 @@ def load_rules(raw: Any, errors: list[str]) -> RulesConfig:
     )
 
 
-def load(data: Any) -> Config:
-    """Parsed YAML -> Config, or ConfigError listing every problem."""
+def load(data: Any, read_file: Callable[[str], str] = no_files) -> Config:
+    """Parsed YAML -> Config, or ConfigError listing every problem; `read_file` reads the
+    secret files it names (exporter/config/load.py gives the bounded one)."""
     errors: list[str] = []
-    r = Reader(errors)
+    r = Reader(errors, read_file)
     top = r.mapping(data, "", {"global", "web", "targets", "alertmanager", "deploys", "rules", "warmup", "lint", "analysis",
                                      "discovery", "fleet_baseline"})
     g = _global(r, top.get("global"))
@@ -449,7 +468,8 @@ def _fleet_baseline(r: Reader, raw: Any) -> FleetBaselineConfig:
     auth = r.mapping(data.get("basic_auth"), "fleet_baseline.basic_auth", {"username", "password", "password_file"})
     cfg = FleetBaselineConfig(
         prometheus_url=r.value(data, "fleet_baseline", "prometheus_url", http_url, d.prometheus_url),
-        query=r.value(data, "fleet_baseline", "query", nonempty_string, d.query),
+        # ${VAR} from the environment too: one config for every pod (namespace="${POD_NAMESPACE}")
+        query=_from_environment(r, "fleet_baseline.query", r.value(data, "fleet_baseline", "query", nonempty_string, d.query)),
         timeout=r.value(data, "fleet_baseline", "timeout", parse_duration, d.timeout),
         bearer_token=read_secret(r, data, "fleet_baseline", "bearer_token"),
         username=r.value(auth, "fleet_baseline.basic_auth", "username", nonempty_string, ""),
@@ -490,18 +510,9 @@ def _duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-def load_text(text: str, source: str = "<config>") -> Config:
+def load_text(text: str, source: str = "<config>", read_file: Callable[[str], str] = no_files) -> Config:
     try:
-        data = yaml.safe_load(text)
+        data = yamltext.load(text, yaml.SafeLoader)
     except yaml.YAMLError as exc:
         raise ConfigError([f"{source}: not valid YAML: {exc}"]) from None
-    return load(data)
-
-
-def load_file(path: str) -> Config:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise ConfigError([f"{path}: cannot read: {exc.strerror}"]) from None
-    return load_text(text, path)
+    return load(data, read_file)

@@ -21,6 +21,7 @@ from typing import Callable
 
 from ..config.discovery import DiscoveryConfig, PrometheusSDConfig
 from ..config.sections import Target
+from ..peers import files
 from ..peers.promapi import PrometheusAPI, PrometheusAPIError
 from ..peers.urls import redact_url
 from .targets import DiscoveryError, Found, Limits, Selector, SourceState, from_file_sd, from_targets_api, limit_targets, settle
@@ -30,7 +31,6 @@ log = logging.getLogger(__name__)
 PROMETHEUS, FILE_SD = "prometheus", "file_sd"
 MAX_SD_FILE = 16 * 1024 * 1024
 FILE_SD_DEADLINE = 5.0  # reading local files: only a hung mount takes longer
-_READ_CHUNK = 1024 * 1024
 MAX_FILE_ERRORS = 5
 
 
@@ -89,9 +89,9 @@ class FileSource:
                     continue
                 if not stat.S_ISREG(st.st_mode):
                     raise DiscoveryError(f"{path}: not a regular file")
-                self._found[path] = from_file_sd(read_regular_file(path, MAX_SD_FILE), path, self.limits)
+                self._found[path] = from_file_sd(files.read_text(path, MAX_SD_FILE), path, self.limits)
                 self._seen[path] = stamp
-            except (OSError, UnicodeDecodeError) as exc:
+            except OSError as exc:
                 errors.append(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}")
             except DiscoveryError as exc:
                 errors.append(str(exc))
@@ -110,28 +110,6 @@ class FileSource:
 
     def close(self) -> None:
         pass
-
-
-def read_regular_file(path: str, cap: int) -> str:
-    """The text of a regular file of at most `cap` bytes. Opened without blocking (a FIFO
-    swapped in after the stat must not hang us) and checked again once open; never more
-    than cap + 1 bytes are read, whatever the file claims its size is."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise DiscoveryError(f"{path}: not a regular file")
-        chunks, size = [], 0
-        while size <= cap:
-            chunk = os.read(fd, min(_READ_CHUNK, cap + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > cap:
-            raise DiscoveryError(f"{path}: over {cap} bytes")
-        return b"".join(chunks).decode("utf-8")
-    finally:
-        os.close(fd)
 
 
 class Discovery:

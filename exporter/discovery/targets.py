@@ -20,7 +20,6 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from itertools import accumulate
 from typing import Any, Iterable, Sequence
 from urllib.parse import urlsplit
 
@@ -28,15 +27,14 @@ import yaml
 
 from ..config.discovery import ShardConfig
 from ..config.sections import RESERVED_LABELS, Target
+from ..peers import yamltext
 from ..peers.urls import redact_url
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _MAX_LABEL_NAME = 1024
 MAX_URL_LENGTH = 4096  # a target may be named by its address: a name is a label value, everywhere
 _IDENTITY_LABELS = ("pod", "instance", "namespace", "job")  # kept first under label_limit: they name the target
-_MAX_FLOW_DEPTH = 64  # a target group list is 3 deep
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
-_BRACKET_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+_STRINGS_ONLY = getattr(yaml, "CBaseLoader", yaml.BaseLoader)
 _MAX_UNMATCHED = 10  # pools named in the hint about a selector that matches nothing
 # a Deployment's pod: <deployment>-<pod-template-hash>-<5 chars>; a StatefulSet's: <name>-<ordinal>
 _POD_SUFFIX = re.compile(r"(-[a-z0-9]{6,10}-[a-z0-9]{5}|-\d+)$")
@@ -91,11 +89,10 @@ def from_file_sd(text: str, path: str, limits: Limits = Limits()) -> Found:
     """A file_sd file: a list of `{targets: [host:port, ...], labels: {...}}` groups,
     JSON for `.json`, YAML otherwise (as Prometheus reads them)."""
     kind = "JSON" if path.endswith(".json") else "YAML"
-    if kind == "YAML" and _flow_depth(text) > _MAX_FLOW_DEPTH:
-        raise DiscoveryError(f"{path}: not valid YAML: [ and {{ nested more than {_MAX_FLOW_DEPTH} deep")
     try:
-        # every YAML scalar as its text, as Go's yaml gives a label value: `version: 1.10` is "1.10", not 1.1
-        data = json.loads(text) if kind == "JSON" else yaml.load(text, Loader=yaml.BaseLoader)  # builds str, list, dict only
+        # every YAML scalar as its text, as Go's yaml gives a label value: `version: 1.10` is "1.10", not 1.1;
+        # bounded in depth and in what its aliases expand to (exporter/peers/yamltext.py)
+        data = json.loads(text) if kind == "JSON" else yamltext.load(text, _STRINGS_ONLY)  # builds str, list, dict only
     except (ValueError, yaml.YAMLError) as exc:
         raise DiscoveryError(f"{path}: not valid {kind}: {_first_line(exc)}") from None
     except RecursionError:
@@ -310,16 +307,6 @@ def settle(old: SourceState, now: float, found: Sequence[Target] | None, error: 
             return replace(old, ok=True, refreshed=True, last_success=now, empty_since=since,
                            error=f"answered no targets; keeping the last {len(old.targets)} until it does for {accept_empty_after:g}s")
     return replace(old, targets=tuple(found), ok=True, refreshed=True, last_success=now, error="", empty_since=None)
-
-
-def _flow_depth(text: str) -> int:
-    """How deep `[` and `{` nest (quotes ignored: an over-estimate at worst). PyYAML's
-    scanner takes time quadratic in that depth before it gives up with a RecursionError,
-    so a file of brackets must be refused before it is parsed."""
-    if text.count("[") + text.count("{") <= _MAX_FLOW_DEPTH:
-        return 0
-    brackets = _NOT_BRACKET.sub("", text)
-    return max(accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0)
 
 
 def _text(value: Any) -> str:

@@ -29,6 +29,7 @@ from ..alerting.rules import (
     Facts,
     evidence,
     hits_reference,
+    registered,
     rules_to_run,
     runbook_anchor,
 )
@@ -524,7 +525,7 @@ class Engine:
             labels = set(track.target.labels) if track is not None else set()
             common = labels if common is None else common & labels
         extra = {k: val for k, val in (common or ()) if k != self.config.analysis.version_label}
-        return self._labelled(alert, cond, cause, why, extra, {"version": v.version, "baseline_version": v.baseline_version or ""}, found)
+        return self._labelled(alert, cond, cause, why, extra, {"version": v.version, "baseline_version": v.baseline_version or ""})
 
     def _keep(self, key, new: Alert, transition: Transition | None, transitions: list[Transition]) -> None:
         if transition is not None:
@@ -553,30 +554,28 @@ class Engine:
         """Labels and annotations from the evidence now. `step` calls this while an alert
         is pending and once as it starts firing; from then on only annotations change."""
         rc = self.config.rules
-        found = None
         if cond.cause is not None:
             cause, why = cond.cause
         else:
-            found = evidence(facts, rc)
-            cause, why = causes.classify(found, rc.cause_settings())
+            cause, why = causes.classify(evidence(facts, rc), rc.cause_settings())
         track = self.tracks.get(alert.target)
         extra = dict(track.target.labels) if track is not None else {}
-        return self._labelled(alert, cond, cause, why, extra, {"target": alert.target}, found)
+        return self._labelled(alert, cond, cause, why, extra, {"target": alert.target})
 
     def _labelled(self, alert: Alert, cond: Condition, cause: str, why: str, extra: dict[str, str],
-                  identity: dict[str, str], found: causes.Evidence | None = None) -> Alert:
+                  identity: dict[str, str]) -> Alert:
         """The alert with its labels (the targets' `extra` ones, then ours and what
-        `identity` names it by) and its annotations, for a target's alert and a version's;
-        `found` is the evidence the cause was classified on, where it was."""
+        `identity` names it by) and its annotations, for a target's alert and a version's."""
         rc = self.config.rules
-        severity = causes.severity_for(cause, rc.rules[alert.alertname].severity, found)
-        labels = {**extra, "alertname": alert.alertname, "severity": severity, **identity,
+        rule = registered(alert.alertname)  # the alert may carry a name its rule gives a cause
+        name, severity = rule.delivered_as(cause, rc.rules[rule.alertname].severity)
+        labels = {**extra, "alertname": name, "severity": severity, **identity,
                   "model_name": alert.model, "cause": cause}
-        runbook = rc.runbook_url + "#" + runbook_anchor(alert.alertname) if rc.runbook_url else ""
+        runbook = rc.runbook_url + "#" + runbook_anchor(name) if rc.runbook_url else ""
         description = cond.description + (f" Probable cause: {cause} ({why})." if why else "")
         annotations = {"summary": cond.summary, "description": description.strip(),
                        "runbook_url": runbook, "dashboard_url": rc.dashboard_url}
-        return replace(alert, labels=tuple(sorted(labels.items())), annotations=tuple(sorted(annotations.items())),
+        return replace(alert, alertname=name, labels=tuple(sorted(labels.items())), annotations=tuple(sorted(annotations.items())),
                        anchor=cond.anchor if cond.anchor is not None else alert.anchor,
                        baseline=cond.baseline if cond.baseline is not None else alert.baseline)
 

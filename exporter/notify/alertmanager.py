@@ -1,5 +1,8 @@
 """Delivery of alert states to Alertmanager (API v2), one queue and one sender thread
-per Alertmanager, so one that hangs delays only its own alerts.
+per Alertmanager, so one that hangs delays only its own alerts. A URL whose host is a name
+stands for every Alertmanager behind it, as Prometheus's dns_sd finds them
+(exporter/notify/resolve.py): each address is a queue of its own, re-resolved as pods
+come and go; a queue that appears gets every firing alert and the recent resolutions.
 
 Each queue holds the latest payload per alert, so an outage of any length loses no
 transition: what is pending when the Alertmanager comes back is the current truth, a
@@ -12,18 +15,21 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable, Sequence
+from urllib.parse import urlsplit
 
 from ..alerting.rules_state import FIRING, RESOLVED, Alert, Transition
 from ..config.sections import AlertmanagerConfig
 from ..peers.http import Endpoint, PeerError, basic_auth, exchange
 from ..peers.urls import redact_url
 from ..serve.state import QueueStats
+from .resolve import BoundedLookup, Lookup, ResolveError, is_address, lookup, ordered, url_for
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +37,7 @@ _BATCH = 500
 _MAX_BACKOFF = 30.0
 _MAX_ANSWER = 64 * 1024  # Alertmanager answers a POST with nothing or a short error
 RESOLVED_RESEND_FOR = 900.0  # as Prometheus: resolved alerts are re-sent for 15 minutes
+RESOLVE_TIMEOUT = 5.0  # the longest wait for a name's addresses, off every send
 
 
 def alert_key(alert: Alert) -> tuple:
@@ -71,18 +78,41 @@ class _Queue:
     send_lock: threading.Lock = field(default_factory=threading.Lock)  # one POST at a time: never one batch twice
     wake: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
+    name: "_Name | None" = None  # the configured name this queue is an address of
+    address: str = ""
+    retired: threading.Event = field(default_factory=threading.Event)  # its address left the name
 
 
+@dataclass
+class _Name:
+    """A configured URL whose host is a name: the addresses it has now, each a queue."""
+
+    url: str
+    host: str
+    port: int
+    addresses: tuple[str, ...] = ()
+    error: str | None = None
 
 
 class Notifier:
-    def __init__(self, cfg: AlertmanagerConfig, generator_url: str, clock: Callable[[], float] = time.time):
+    def __init__(self, cfg: AlertmanagerConfig, generator_url: str, clock: Callable[[], float] = time.time,
+                 resolve: Lookup = lookup):
         self.cfg = cfg
         self.generator_url = generator_url
         self.clock = clock
-        self.queues = [_Queue(u.rstrip("/") + "/api/v2/alerts") for u in cfg.urls]
-        for q in self.queues:
-            q.endpoint = Endpoint(q.url, cfg.ca_file)
+        # replaced whole under self.lock, never changed in place: a reader iterates its own copy
+        self.queues: list[_Queue] = []
+        self.names: list[_Name] = []
+        for url in cfg.urls:
+            parts = urlsplit(url)
+            if is_address(parts.hostname or ""):
+                self.queues.append(self._queue(url))
+            else:
+                self.names.append(_Name(url, parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)))
+        self.lookup = BoundedLookup(resolve, min(cfg.timeout, RESOLVE_TIMEOUT))
+        self.recently_resolved: dict = {}  # key -> (payload, resolved at), for queues that appear
+        self._resolver: threading.Thread | None = None
+        self._started = False
         self.lock = threading.Lock()
         self.headers = {"Content-Type": "application/json"}
         if cfg.username:
@@ -91,6 +121,62 @@ class Notifier:
             self.headers["Authorization"] = f"Bearer {cfg.bearer_token}"
         self._stop = threading.Event()
 
+    def _queue(self, url: str, name: _Name | None = None, address: str = "") -> _Queue:
+        """The queue of one Alertmanager: `url` itself, or the address of a name (connected to
+        by address, spoken to, TLS included, by the name)."""
+        target = url.rstrip("/") + "/api/v2/alerts"
+        q = _Queue(url_for(target, address) if address else target, name=name, address=address)
+        q.endpoint = Endpoint(target, self.cfg.ca_file, connect_to=address or None)
+        return q
+
+    # --- the names' addresses ------------------------------------------------------------
+    def refresh_names(self) -> bool:
+        """Resolve every name once (each at most the lookup's timeout); True when an
+        Alertmanager came or went. A failure keeps the name's last addresses."""
+        changed = False
+        for name in self.names:
+            try:
+                found = tuple(ordered(self.lookup(name.host, name.port)))
+            except ResolveError as exc:
+                if name.error != str(exc):
+                    log.warning("alertmanager %s: %s; keeping its %d address(es)", redact_url(name.url), exc, len(name.addresses))
+                name.error = str(exc)
+                continue
+            name.error = None
+            if found != name.addresses:
+                log.info("alertmanager %s: %d address(es)%s", redact_url(name.url), len(found), f": {', '.join(found)}" if found else "")
+                self._set_addresses(name, found)
+                changed = True
+        return changed
+
+    def _set_addresses(self, name: _Name, found: tuple[str, ...]) -> None:
+        with self.lock:
+            gone = [q for q in self.queues if q.name is name and q.address not in found]
+            new = [self._queue(name.url, name, a) for a in found if a not in name.addresses]
+            for q in new:  # a new Alertmanager learns the recent resolutions; firing alerts come with the next resend
+                q.resolved = {key: (body, at, -math.inf) for key, (body, at) in self.recently_resolved.items()}
+            self.queues = [q for q in self.queues if q not in gone] + new
+            name.addresses = found
+            started = self._started
+        for q in gone:
+            q.retired.set()
+            q.wake.set()
+        if started:
+            for q in new:
+                self._start_sender(q)
+
+    def _resolve_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.refresh_names()
+            except Exception:  # noqa: BLE001 - the resolver must outlive any bug
+                log.exception("resolving the Alertmanagers failed")
+            self._stop.wait(self.cfg.refresh_interval)
+
+    def discovered(self) -> int | None:
+        """How many Alertmanagers get alerts now; None when none is configured."""
+        return len(self.queues) if self.cfg.urls else None
+
     # --- input, from the evaluation job --------------------------------------------------
     def transitions(self, transitions: Sequence[Transition]) -> None:
         now = self.clock()
@@ -98,11 +184,13 @@ class Notifier:
             for tr in transitions:
                 key = alert_key(tr.alert)
                 if tr.state == FIRING:
+                    self.recently_resolved.pop(key, None)
                     for q in self.queues:
                         q.resolved.pop(key, None)
                     self._put(key, payload(tr.alert, now, self.cfg.resend_interval, self.generator_url), now, firing=True)
                 elif tr.state == RESOLVED:
                     body = payload(tr.alert, now, self.cfg.resend_interval, self.generator_url, resolved=True)
+                    self.recently_resolved[key] = (body, now)
                     for q in self.queues:
                         q.resolved[key] = (body, now, now)
                     self._put(key, body, now, firing=False)
@@ -112,6 +200,9 @@ class Notifier:
         """Queue a fresh copy of every firing alert not queued for a resend interval."""
         now = self.clock()
         with self.lock:
+            for key, (_, resolved_at) in list(self.recently_resolved.items()):
+                if now - resolved_at > RESOLVED_RESEND_FOR:
+                    del self.recently_resolved[key]
             for q in self.queues:
                 for a in firing:
                     key = alert_key(a)
@@ -146,23 +237,36 @@ class Notifier:
 
     # --- delivery ------------------------------------------------------------------------
     def start(self) -> "Notifier":
-        for q in self.queues:
-            q.thread = threading.Thread(target=self._run, args=(q,), name=f"alertmanager {redact_url(q.url)}", daemon=True)
-            q.thread.start()
+        with self.lock:
+            self._started = True
+            queues = list(self.queues)
+        for q in queues:
+            self._start_sender(q)
+        if self.names:
+            # the names are resolved on a thread of their own, from now on: neither start-up
+            # nor a send nor a stop waits on a resolver (a daemon: SIGTERM never joins it)
+            self._resolver = threading.Thread(target=self._resolve_loop, name="alertmanager resolver", daemon=True)
+            self._resolver.start()
         return self
+
+    def _start_sender(self, q: _Queue) -> None:
+        q.thread = threading.Thread(target=self._run, args=(q,), name=f"alertmanager {redact_url(q.url)}", daemon=True)
+        q.thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Deliver what is pending, to every Alertmanager at once, for at most `timeout`
         seconds in all, then stop: one that hangs costs its own alerts, never the others'
-        or the shutdown's."""
+        or the shutdown's. A name's lookup in flight is not waited for."""
         deadline = time.monotonic() + timeout
         self._stop.set()
         self._wake_all()
+        with self.lock:
+            queues = list(self.queues)
         flushers = [threading.Thread(target=self._flush, args=(q, deadline), name="alertmanager flush", daemon=True)
-                    for q in self.queues]
+                    for q in queues]
         for f in flushers:
             f.start()
-        for thread in flushers + [q.thread for q in self.queues if q.thread is not None]:
+        for thread in flushers + [q.thread for q in queues if q.thread is not None]:
             thread.join(max(0.0, deadline - time.monotonic()))
 
     def _flush(self, q: _Queue, deadline: float) -> None:
@@ -171,7 +275,7 @@ class Notifier:
                 return
 
     def _run(self, q: _Queue) -> None:
-        while not self._stop.is_set():
+        while not self._stop.is_set() and not q.retired.is_set():
             try:
                 self._deliver_queue(q, None)
             except Exception:  # noqa: BLE001 - the sender must outlive any bug
@@ -182,7 +286,7 @@ class Notifier:
     def deliver_once(self, deadline: float | None = None) -> None:
         """One batch to each Alertmanager, one after the other (the threads of start() send
         to each on its own)."""
-        for q in self.queues:
+        for q in list(self.queues):
             self._deliver_queue(q, deadline)
 
     def _deliver_queue(self, q: _Queue, deadline: float | None) -> bool:

@@ -1,7 +1,7 @@
 """A prefix-aware router's own metrics, as the parser reads them from its /metrics body: cumulative counters per
 model, before any window. The rule that compares them with the engines is exporter/alerting/router.py.
 
-What each router gives (names in exporter/parse/vllm_metrics.py):
+What each router gives (names in exporter/parse/names.py):
 - EPP: a per-request histogram of predicted hit ratios (no labels), and of predicted hit
   bytes (matched blocks x block size x 4 bytes a token), with per-model input tokens
   (usage.prompt_tokens of the responses): token-weighted where both exist, else the

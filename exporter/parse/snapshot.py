@@ -79,6 +79,7 @@ class Snapshot:
     rejected: tuple[tuple[str, int], ...] = ()  # reason -> samples refused (non-finite or negative counters)
     warnings_dropped: int = 0  # warnings past the MAX_WARNINGS kept in `warnings`
     router: RouterSnapshot | None = None  # a prefix-aware router's predictions (exporter/parse/router_metrics.py)
+    over_series_limit: bool = False  # parsing stopped at the series limit: `series` is the body's first ones only
 
     @property
     def model_names(self) -> tuple[str, ...]:

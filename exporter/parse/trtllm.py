@@ -1,5 +1,5 @@
 """TensorRT-LLM's KV-cache block counters -> the token pair the windows judge. The
-upstream names live in exporter/parse/vllm_metrics.py's table; callers pass them for warnings."""
+upstream names live in exporter/parse/names.py's table; callers pass them for warnings."""
 from __future__ import annotations
 
 from .snapshot import CounterPair

@@ -1,207 +1,104 @@
 """vLLM's /metrics text -> Snapshot.
 
-This module holds the one table of upstream vLLM metric names (every generation, each
-entry noting the versions that export it) and a parser that reads only the lines named in it. Reading
-only what we need is what makes it fast: a current vLLM payload is mostly histogram
-buckets we never look at.
+A parser that reads only the lines named in the one table of upstream names
+(exporter/parse/names.py). Reading only what we need is what makes it fast: a current
+vLLM payload is mostly histogram buckets we never look at.
 """
 from __future__ import annotations
 
 import math
+import re
 
 # what the parser builds; the types live in snapshot.py, which their users import
-from . import cacheconfig, exposition, tiers, trtllm
+from . import cacheconfig, tiers, trtllm
+from .names import (BY_SOURCE, CACHED_BY_SOURCE, DECLARED_FAMILY, ENGINE_PREFIXES, GPU_PREFIX_HITS, GPU_PREFIX_QUERIES, ROLE_BY_NAME,
+                    SGLANG_CACHED_TOKENS, SLEEP_STATES, TRTLLM_MISSED_BLOCKS, TRTLLM_REUSED_BLOCKS, TRTLLM_TOKENS_PER_BLOCK,
+                    TRTLLM_ZERO_WHEN_DECLARED, UNIT_FROM_HELP)
 from .router_metrics import RouterBuilder
 from .snapshot import MAX_WARNINGS, CounterPair, Histogram, SeriesSnapshot, Snapshot
-
-# --- the one table of upstream names ------------------------------------------------
-# Each entry: exposition name -> (role, field). Roles tell the parser how to file the
-# sample; the field is where it lands on SeriesSnapshot or Snapshot.
-V0_GPU_HIT_RATE = "vllm:gpu_prefix_cache_hit_rate"
-V0_CPU_HIT_RATE = "vllm:cpu_prefix_cache_hit_rate"
-PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
-PREFIX_HITS = "vllm:prefix_cache_hits_total"
-GPU_PREFIX_QUERIES = "vllm:gpu_prefix_cache_queries_total"  # deprecated 0.9.2, gone 0.12
-GPU_PREFIX_HITS = "vllm:gpu_prefix_cache_hits_total"
-EXTERNAL_QUERIES = "vllm:external_prefix_cache_queries_total"
-EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
-TTFT = "vllm:time_to_first_token_seconds"
-KV_USAGE = "vllm:kv_cache_usage_perc"  # 0.9.2 on
-GPU_CACHE_USAGE = "vllm:gpu_cache_usage_perc"  # V0 and V1 up to 0.10.x
-PREEMPTIONS = "vllm:num_preemptions_total"
-PROMPT_TOKENS = "vllm:prompt_tokens_total"
-PROMPT_TOKENS_CACHED = "vllm:prompt_tokens_cached_total"  # 0.16 on
-GENERATION_TOKENS = "vllm:generation_tokens_total"
-REQUESTS_RUNNING = "vllm:num_requests_running"
-REQUESTS_WAITING = "vllm:num_requests_waiting"
-# sleep mode (--enable-sleep-mode): 1 on the engine's state, 0 on the others; both sleep
-# levels discard the KV cache while the process lives on
-ENGINE_SLEEP_STATE = "vllm:engine_sleep_state"  # sleep_state=awake|weights_offloaded (level 1)|discard_all (level 2)
-CACHE_CONFIG_INFO = "vllm:cache_config_info"
-LORA_REQUESTS_INFO = "vllm:lora_requests_info"
-PROCESS_START_TIME = "process_start_time_seconds"
-# admitted prefill (0.16 on): each request counted once, when its first token is out
-PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"  # source=local_compute|local_cache_hit|external_kv_transfer
-PROMPT_TOKENS_RECOMPUTED = "vllm:prompt_tokens_recomputed_total"  # 0.16-0.19 only
-# 0.33 on: cached prompt tokens by tier; `p2p` is KV sent by another replica (P/D), not a hit
-PROMPT_TOKENS_CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"  # source=device|host|p2p|disk|external_unspecified
-PREFILL_KV_COMPUTED = "vllm:request_prefill_kv_computed_tokens"  # histogram, 0.13 on
-# KV residency (0.12 on, with --kv-cache-metrics; sampled blocks, observed at eviction)
-KV_IDLE_BEFORE_EVICT = "vllm:kv_block_idle_before_evict_seconds"  # last access -> eviction
-KV_REUSE_GAP = "vllm:kv_block_reuse_gap_seconds"  # between accesses of one block
-# SGLang (--enable-metrics): tokenizer counters count at request finish; label model_name
-# (old builds: name); sums over cache_source / is_streaming / engine_type
-SGLANG_PROMPT_TOKENS = "sglang:prompt_tokens_total"
-SGLANG_CACHED_TOKENS = "sglang:cached_tokens_total"  # 0.4.4 on
-SGLANG_TTFT = "sglang:time_to_first_token_seconds"
-SGLANG_TOKEN_USAGE = "sglang:token_usage"
-SGLANG_QUEUE = "sglang:num_queue_reqs"
-SGLANG_RUNNING = "sglang:num_running_reqs"
-SGLANG_CACHE_HIT_RATE = "sglang:cache_hit_rate"  # the last prefill batch: exported, never a windowed rate
-# LMCache inside vLLM's /metrics (multiprocess mode): one series per TP worker, each
-# counting the same tokens, so workers are combined with max, never summed
-LMCACHE_REQUESTED = "lmcache:num_requested_tokens_total"
-LMCACHE_HIT = "lmcache:num_hit_tokens_total"
-LMCACHE_LOOKUP_REQUESTS = "lmcache:num_lookup_requests_total"
-LMCACHE_LOOKUP_TOKENS = "lmcache:num_lookup_tokens_total"
-LMCACHE_LOOKUP_HITS = "lmcache:num_lookup_hits_total"
-# TensorRT-LLM `trtllm-serve` (/prometheus/metrics, with return_perf_metrics and
-# enable_iter_perf_stats): labels model_name, engine_type. The block counters are
-# labelled children created at their first increment, so a declared family with no
-# sample yet counts 0 (see _TRTLLM_ZERO_WHEN_DECLARED).
-TRTLLM_REUSED_BLOCKS = "trtllm_kv_cache_reused_blocks_total"
-TRTLLM_MISSED_BLOCKS = "trtllm_kv_cache_missed_blocks_total"
-TRTLLM_TOKENS_PER_BLOCK = "trtllm_kv_cache_tokens_per_block"  # blocks -> tokens; KvCacheConfig default 32
-TRTLLM_HIT_RATE = "trtllm_kv_cache_hit_rate"  # reused/(reused+missed) since start: exported, never a windowed rate
-TRTLLM_TTFT = "trtllm_time_to_first_token_seconds"
-TRTLLM_KV_UTILIZATION = "trtllm_kv_cache_utilization"  # used/max blocks, 0-1
-TRTLLM_PROMPT_TOKENS = "trtllm_prompt_tokens_total"
-TRTLLM_GENERATION_TOKENS = "trtllm_generation_tokens_total"
-TRTLLM_RUNNING = "trtllm_num_requests_running"
-TRTLLM_WAITING = "trtllm_num_requests_waiting"
-TRTLLM_CACHE_HIT_TOKENS = "trtllm_prompt_cache_hit_tokens_total"  # by cache_level and cache_tier (gpu, host, disk...)
-# Routers (exporter/alerting/router.py): what a prefix-aware router predicted it would hit.
-# The EPP (GIE v0.4.0+; llm-d-router v0.9.0+ adds llm_d_epp_* twins of the same values)
-# observes its predicted match once per request, with no labels.
-EPP_HIT_RATIO = "inference_extension_prefix_indexer_hit_ratio"  # histogram of ratios
-EPP_HIT_BYTES = "inference_extension_prefix_indexer_hit_bytes"  # histogram: matched blocks x block tokens x 4
-LLMD_HIT_RATIO = "llm_d_epp_prefix_indexer_hit_ratio"
-LLMD_HIT_BYTES = "llm_d_epp_prefix_indexer_hit_bytes"
-EPP_INPUT_TOKENS = "inference_objective_input_tokens"  # histogram, model_name/target_model_name: usage.prompt_tokens
-LLMD_INPUT_TOKENS = "llm_d_epp_request_input_tokens"
-EPP_MODEL_INPUT_TOKENS = "inference_model_input_tokens"  # the same, before InferenceModel became InferenceObjective
-# Dynamo's frontend: predicted overlap per routed request; newer builds count tokens per `model` and `phase`
-DYNAMO_KV_HIT_RATE = "dynamo_component_router_kv_hit_rate"  # histogram, buckets linear(0, 0.05, 21)
-DYNAMO_SELECTED_TOKENS = "dynamo_component_router_kv_selected_cached_prefix_tokens_total"
-DYNAMO_INPUT_TOKENS = "dynamo_component_router_input_sequence_tokens"  # histogram
-
-# Counters whose `<name>_created` sample marks when the series began: a changed value
-# is a restart. The queries counters move on every request, so they are the ones read.
-CREATED_OF = {
-    "vllm:prefix_cache_queries_created": "new",
-    "vllm:gpu_prefix_cache_queries_created": "deprecated",
-}
-
-_ROLE_BY_NAME: dict[str, tuple[str, str]] = {
-    V0_GPU_HIT_RATE: ("gauge", "v0_gpu_hit_rate"),
-    V0_CPU_HIT_RATE: ("gauge", "v0_cpu_hit_rate"),
-    PREFIX_QUERIES: ("counter", "queries"),
-    PREFIX_HITS: ("counter", "hits"),
-    GPU_PREFIX_QUERIES: ("counter", "gpu_queries"),
-    GPU_PREFIX_HITS: ("counter", "gpu_hits"),
-    EXTERNAL_QUERIES: ("counter", "external_queries"),
-    EXTERNAL_HITS: ("counter", "external_hits"),
-    TTFT + "_bucket": ("bucket", "ttft"),
-    TTFT + "_sum": ("counter", "ttft_sum"),
-    TTFT + "_count": ("counter", "ttft_count"),
-    KV_USAGE: ("gauge", "kv_usage"),
-    GPU_CACHE_USAGE: ("gauge", "gpu_cache_usage"),
-    PREEMPTIONS: ("counter", "preemptions"),
-    PROMPT_TOKENS: ("counter", "prompt_tokens"),
-    PROMPT_TOKENS_CACHED: ("counter", "prompt_tokens_cached"),
-    GENERATION_TOKENS: ("counter", "generation_tokens"),
-    REQUESTS_RUNNING: ("gauge", "requests_running"),
-    REQUESTS_WAITING: ("gauge", "requests_waiting"),
-    ENGINE_SLEEP_STATE: ("by_sleep_state", "sleep_"),
-    CACHE_CONFIG_INFO: ("info", "cache_config"),
-    LORA_REQUESTS_INFO: ("info", "lora"),
-    PROCESS_START_TIME: ("process", "process_start_time"),
-    **{name: ("created", kind) for name, kind in CREATED_OF.items()},
-    PROMPT_TOKENS_BY_SOURCE: ("by_source", "source_"),
-    PROMPT_TOKENS_CACHED_BY_SOURCE: ("by_cached_source", "cached_source_"),
-    PROMPT_TOKENS_RECOMPUTED: ("counter", "prompt_tokens_recomputed"),
-    KV_IDLE_BEFORE_EVICT + "_bucket": ("hist_bucket", "idle_before_evict"),
-    KV_IDLE_BEFORE_EVICT + "_sum": ("counter", "idle_before_evict_sum"),
-    KV_IDLE_BEFORE_EVICT + "_count": ("counter", "idle_before_evict_count"),
-    KV_REUSE_GAP + "_bucket": ("hist_bucket", "reuse_gap"),
-    KV_REUSE_GAP + "_sum": ("counter", "reuse_gap_sum"),
-    KV_REUSE_GAP + "_count": ("counter", "reuse_gap_count"),
-    PREFILL_KV_COMPUTED + "_sum": ("counter", "prefill_kv_computed_sum"),
-    PREFILL_KV_COMPUTED + "_count": ("counter", "prefill_kv_computed_count"),
-    SGLANG_PROMPT_TOKENS: ("sum", "sglang_prompt_tokens"),
-    SGLANG_CACHED_TOKENS: ("sum", "sglang_cached_tokens"),
-    SGLANG_TTFT + "_bucket": ("bucket_sum", "ttft"),
-    SGLANG_TTFT + "_sum": ("sum", "ttft_sum"),
-    SGLANG_TTFT + "_count": ("sum", "ttft_count"),
-    SGLANG_TOKEN_USAGE: ("gauge_max", "kv_usage"),
-    SGLANG_QUEUE: ("sum", "requests_waiting"),
-    SGLANG_RUNNING: ("sum", "requests_running"),
-    SGLANG_CACHE_HIT_RATE: ("gauge_max", "engine_hit_rate"),
-    LMCACHE_REQUESTED: ("max", "lmcache_requested"),
-    LMCACHE_HIT: ("max", "lmcache_hit"),
-    LMCACHE_LOOKUP_REQUESTS: ("max", "lmcache_lookup_requests"),
-    LMCACHE_LOOKUP_TOKENS: ("max", "lmcache_lookup_tokens"),
-    LMCACHE_LOOKUP_HITS: ("max", "lmcache_lookup_hits"),
-    TRTLLM_REUSED_BLOCKS: ("sum", "trtllm_reused"),
-    TRTLLM_MISSED_BLOCKS: ("sum", "trtllm_missed"),
-    TRTLLM_TOKENS_PER_BLOCK: ("gauge_max", "trtllm_tokens_per_block"),
-    TRTLLM_HIT_RATE: ("gauge_max", "engine_hit_rate"),
-    TRTLLM_TTFT + "_bucket": ("bucket_sum", "ttft"),
-    TRTLLM_TTFT + "_sum": ("sum", "ttft_sum"),
-    TRTLLM_TTFT + "_count": ("sum", "ttft_count"),
-    TRTLLM_KV_UTILIZATION: ("gauge_max", "kv_usage"),
-    TRTLLM_PROMPT_TOKENS: ("sum", "prompt_tokens"),
-    TRTLLM_GENERATION_TOKENS: ("sum", "generation_tokens"),
-    TRTLLM_RUNNING: ("sum", "requests_running"),
-    TRTLLM_WAITING: ("sum", "requests_waiting"),
-    TRTLLM_CACHE_HIT_TOKENS: ("tier", "cache_tier"),
-    EPP_HIT_RATIO + "_sum": ("router", "epp.ratio_sum.old"),
-    EPP_HIT_RATIO + "_count": ("router", "epp.ratio_count.old"),
-    EPP_HIT_BYTES + "_sum": ("router", "epp.predicted_bytes.old"),
-    LLMD_HIT_RATIO + "_sum": ("router", "epp.ratio_sum.new"),
-    LLMD_HIT_RATIO + "_count": ("router", "epp.ratio_count.new"),
-    LLMD_HIT_BYTES + "_sum": ("router", "epp.predicted_bytes.new"),
-    EPP_INPUT_TOKENS + "_sum": ("router", "epp.input_tokens.old"),
-    LLMD_INPUT_TOKENS + "_sum": ("router", "epp.input_tokens.new"),
-    EPP_MODEL_INPUT_TOKENS + "_sum": ("router", "epp.input_tokens.older"),
-    DYNAMO_KV_HIT_RATE + "_sum": ("router", "dynamo.ratio_sum.new"),
-    DYNAMO_KV_HIT_RATE + "_count": ("router", "dynamo.ratio_count.new"),
-    DYNAMO_SELECTED_TOKENS: ("router", "dynamo.predicted_tokens.new"),
-    DYNAMO_INPUT_TOKENS + "_sum": ("router", "dynamo.input_tokens.new"),
-}
-ENGINE_PREFIXES = {"vllm:": "vllm", "sglang:": "sglang", "trtllm_": "trtllm"}
-# A family declared by `# TYPE` but without a sample yet has counted nothing: TRT-LLM
-# creates these children at their first increment (no hit yet: no reused sample).
-_TRTLLM_ZERO_WHEN_DECLARED = {"trtllm_kv_cache_reused_blocks": "trtllm_reused", "trtllm_kv_cache_missed_blocks": "trtllm_missed"}
-_DECLARED_FAMILY = {n: n for n in _TRTLLM_ZERO_WHEN_DECLARED} | {n + "_total": n for n in _TRTLLM_ZERO_WHEN_DECLARED}  # TYPE names either
-BY_SOURCE = ("local_compute", "local_cache_hit", "external_kv_transfer")
-CACHED_BY_SOURCE = ("device", "host", "p2p", "disk", "external_unspecified")
-SLEEP_STATES = {"awake": 0, "weights_offloaded": 1, "discard_all": 2}  # the sleep level each state means
-# HELP lines are read for these only: the 0.7.3-0.8.x `gpu_` pair counts blocks, the
-# 0.9.x pair counts tokens, and HELP is the only place the text says which.
-_UNIT_FROM_HELP = {GPU_PREFIX_QUERIES, GPU_PREFIX_HITS}
-
 
 # Why a sample is refused (counted per target): the parser refuses counters of +Inf, NaN
 # or below zero, and start times (process_start_time_seconds, `_created`) that are not a
 # finite time; the window refuses a counter that steps back a little without a restart,
 # and the restart detector start times that flap between processes behind one URL.
-REJECT_REASONS = ("non_finite_counter", "negative_counter", "non_finite_start_time", "counter_step_back", "flapping_start_time")
+REJECT_REASONS = ("non_finite_counter", "negative_counter", "non_finite_start_time", "counter_step_back", "flapping_start_time",
+                  "label_value_too_long")
+# A label value we key on and export (a model name, an engine, a cache setting) longer than
+# this is refused with its sample: four 1.9 MB model names made our /metrics 144 MB.
+MAX_LABEL_VALUE = 1024
 
 
 # --- the parser ----------------------------------------------------------------------
+_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(,|$)')
+_UNESCAPE = re.compile(r"\\(.)")
+_UNESCAPED = {"n": "\n", "\\": "\\", '"': '"'}
+
+
+def _labels(text: str) -> dict[str, str] | None:
+    """Label text between the braces -> dict, or None when it is not well formed."""
+    out: dict[str, str] = {}
+    pos = 0
+    end = len(text)
+    while pos < end:
+        m = _LABEL.match(text, pos)
+        if m is None:
+            return None
+        value = m.group(2)
+        if "\\" in value:
+            value = _UNESCAPE.sub(lambda e: _UNESCAPED.get(e.group(1), "\\" + e.group(1)), value)
+        if m.group(1) in out:  # a label twice: Prometheus refuses the sample, so do we
+            return None
+        out[m.group(1)] = value
+        pos = m.end()
+        if m.group(3) == "" and pos < end:
+            return None
+    return out
+
+
+def _sample(line: str, brace: int) -> tuple[dict[str, str] | None, str] | None:
+    """One sample line -> (labels or None if malformed, value text), or None."""
+    if brace == -1:
+        rest = line.split()
+        if len(rest) not in (2, 3):
+            return None
+        return {}, rest[1]
+    close = line.rfind("}")
+    if close < brace:
+        return None
+    rest = line[close + 1:].split()
+    if len(rest) not in (1, 2):
+        return None
+    text = line[brace + 1:close]
+    if "\\" in text:
+        return _labels(text), rest[0]
+    # without a backslash no value can hold a quote, so '",' only separates labels
+    parts = text.split('",')
+    last = parts[-1]
+    if last.endswith('"'):
+        parts[-1] = last[:-1]
+    elif not last.strip():
+        parts.pop()  # a trailing comma
+    else:
+        return None, rest[0]
+    labels = {}
+    for part in parts:
+        key, sep, value = part.partition('="')
+        key = key.strip()
+        if not sep or not key or '"' in value or not (key[0].isalpha() or key[0] == "_") or key in labels:
+            return None, rest[0]
+        labels[key] = value
+    return labels, rest[0]
+
+
+def _le(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 # A `# TYPE` line names a family; families we never read are skipped whole.
-_WANTED_FAMILIES = {n for name in _ROLE_BY_NAME for n in (name, name.removesuffix("_total"), name.removesuffix("_bucket"),
+_WANTED_FAMILIES = {n for name in ROLE_BY_NAME for n in (name, name.removesuffix("_total"), name.removesuffix("_bucket"),
                                                            name.removesuffix("_sum"), name.removesuffix("_count"))}
 
 
@@ -256,8 +153,10 @@ class _Warnings:
             self.kept.append(warning)
 
 
-def parse(text: str) -> Snapshot:
-    """Parse one /metrics body. Never raises: what cannot be read becomes a warning."""
+def parse(text: str, series_limit: int = 0) -> Snapshot:
+    """Parse one /metrics body. Never raises: what cannot be read becomes a warning. With
+    `series_limit`, parsing stops at the first (model, engine) series past it: a body of
+    236,000 series is refused after the limit's worth, not read whole first."""
     warnings = _Warnings()
     series: dict[tuple[str, str | None], _SeriesBuilder] = {}
     infos: dict[str, list[dict[str, str]]] = {}
@@ -268,7 +167,8 @@ def parse(text: str) -> Snapshot:
     declared: set[str] = set()  # TRT-LLM block-counter families with a `# TYPE` line
     trtllm_keys: set[tuple[str, str | None]] = set()
     router = RouterBuilder()
-    roles = _ROLE_BY_NAME
+    roles = ROLE_BY_NAME
+    over_series_limit = False
 
     for lineno, line in _lines(text):
         if not line:
@@ -276,12 +176,12 @@ def parse(text: str) -> Snapshot:
         if line[0] == "#":
             if line.startswith("# HELP "):
                 name, _, help_text = line[7:].partition(" ")
-                if name in _UNIT_FROM_HELP:
+                if name in UNIT_FROM_HELP:
                     helps[name] = help_text
             elif line.startswith("# TYPE "):
                 family = line[7:].partition(" ")[0]
-                if family in _DECLARED_FAMILY:
-                    declared.add(_DECLARED_FAMILY[family])
+                if family in DECLARED_FAMILY:
+                    declared.add(DECLARED_FAMILY[family])
             continue
         brace = line.find("{")
         space = line.find(" ")
@@ -290,13 +190,17 @@ def parse(text: str) -> Snapshot:
         role = roles.get(name)
         if role is None:
             continue
-        parsed = exposition.sample(line, cut if cut == brace else -1)
+        parsed = _sample(line, cut if cut == brace else -1)
         if parsed is None:
             warnings.append(f"line {lineno}: malformed sample for {name}")
             continue
         labels, value_text = parsed
         if labels is None:
-            warnings.append(f"line {lineno}: malformed labels for {name}")
+            warnings.append(f"line {lineno}: malformed labels for {name} (bad syntax or a label twice)")
+            continue
+        if any(len(v) > MAX_LABEL_VALUE for v in labels.values()):
+            rejected["label_value_too_long"] = rejected.get("label_value_too_long", 0) + 1
+            warnings.append(f"line {lineno}: {name} has a label value over {MAX_LABEL_VALUE} characters; sample dropped")
             continue
         try:
             value = float(value_text)
@@ -336,11 +240,14 @@ def parse(text: str) -> Snapshot:
         key = (model, labels.get("engine") if name.startswith("vllm:") else None)
         builder = series.get(key)
         if builder is None:
+            if series_limit and len(series) >= series_limit:
+                over_series_limit = True
+                break
             builder = series[key] = _SeriesBuilder()
         if name.startswith("trtllm_"):
             trtllm_keys.add(key)
         if kind in ("bucket", "bucket_sum"):
-            le = exposition.le(labels.get("le", ""))
+            le = _le(labels.get("le", ""))
             if le is None:
                 warnings.append(f"line {lineno}: {name} has a bad le label")
                 continue
@@ -354,7 +261,7 @@ def parse(text: str) -> Snapshot:
             tier = tiers.of_trtllm(labels.get(field_name))
             builder.tiers[tier] = builder.tiers.get(tier, 0.0) + value
         elif kind == "hist_bucket":
-            le = exposition.le(labels.get("le", ""))
+            le = _le(labels.get("le", ""))
             if le is None:
                 warnings.append(f"line {lineno}: {name} has a bad le label")
                 continue
@@ -394,8 +301,8 @@ def parse(text: str) -> Snapshot:
     gpu_unit = _gpu_pair_unit(helps)
     for key in trtllm_keys:
         values = series[key].values
-        if any(f in values for f in _TRTLLM_ZERO_WHEN_DECLARED.values()):
-            for family, field_name in _TRTLLM_ZERO_WHEN_DECLARED.items():
+        if any(f in values for f in TRTLLM_ZERO_WHEN_DECLARED.values()):
+            for family, field_name in TRTLLM_ZERO_WHEN_DECLARED.items():
                 if family in declared:
                     values.setdefault(field_name, 0.0)
     # LMCache's tokens stand in for vLLM's external counters only where those are missing
@@ -424,6 +331,7 @@ def parse(text: str) -> Snapshot:
         rejected=tuple(sorted(rejected.items())),
         engine_kind=_engine_kind(kinds),
         router=router.build(),
+        over_series_limit=over_series_limit,
     )
 
 

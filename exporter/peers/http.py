@@ -121,16 +121,17 @@ class _Connection(http.client.HTTPConnection):
 
 
 class _TLSConnection(http.client.HTTPSConnection):
-    def __init__(self, host, port, deadline, connect_timeout, idle, context):
+    def __init__(self, host, port, deadline, connect_timeout, idle, context, server_name=None):
         super().__init__(host, port, context=context)
         self.deadline, self.connect_timeout, self.idle = deadline, connect_timeout, idle
         self.tls_context = context
+        self.server_name = server_name or host  # the name the certificate must carry
 
     def connect(self):
         raw = _connect(self.host, self.port, self.deadline, self.connect_timeout, self.idle)
         try:
             raw.settimeout(_remaining(self.deadline, self.connect_timeout))
-            sock = self.tls_context.wrap_socket(raw, server_hostname=self.host)
+            sock = self.tls_context.wrap_socket(raw, server_hostname=self.server_name)
         except BaseException:
             raw.close()
             raise
@@ -149,13 +150,16 @@ def basic_auth(username: str, password: str) -> str:
 
 
 class Endpoint:
-    """One URL, parsed once: host, port, path, and the basic auth its userinfo carries."""
+    """One URL, parsed once: host, port, path, and the basic auth its userinfo carries.
+    `connect_to`: an address the URL's name resolved to, connected to without asking the
+    resolver again; the Host header and TLS (SNI, the certificate's name) stay the name's."""
 
-    def __init__(self, url: str, ca_file: str = ""):
+    def __init__(self, url: str, ca_file: str = "", connect_to: str | None = None):
         parts = urlsplit(url)
         self.url = url
         self.https = parts.scheme == "https"
         self.host = parts.hostname or ""
+        self.connect_to = connect_to or self.host
         self.port = parts.port or (443 if self.https else 80)
         self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         self.headers: dict[str, str] = {}
@@ -169,8 +173,8 @@ class Endpoint:
 
     def connection(self, deadline: float, connect_timeout: float, idle: float | None) -> http.client.HTTPConnection:
         if self.https:
-            return _TLSConnection(self.host, self.port, deadline, connect_timeout, idle, self.context)
-        return _Connection(self.host, self.port, deadline, connect_timeout, idle)
+            return _TLSConnection(self.connect_to, self.port, deadline, connect_timeout, idle, self.context, self.host)
+        return _Connection(self.connect_to, self.port, deadline, connect_timeout, idle)
 
 
 def exchange(endpoint: Endpoint, method: str = "GET", *, timeout: float, size_limit: int, path: str | None = None,

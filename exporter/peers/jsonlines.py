@@ -1,19 +1,16 @@
 """Reading JSON from files a user hands the command line (recordings, request samples,
 chat requests, lint inputs): every line and every file has a bound, and whatever is in
-them becomes a counted bad line or a clear error, never a traceback.
+them becomes a counted bad line or a clear error, never a traceback (a whole file is read
+by exporter/peers/files.py).
 
 Python's json module accepts NaN and Infinity, turns 1e400 into inf, and recurses once
 per nesting level (a line of 100,000 `[` raises RecursionError); files may hold bytes
-that are not UTF-8, lines of any length, or be a FIFO nobody writes to. Pure but for
-`read_regular_file`, which opens without blocking.
+that are not UTF-8, lines of any length, or be a FIFO nobody writes to. Pure.
 """
 from __future__ import annotations
 
-import errno
 import json
 import math
-import os
-import stat
 from typing import IO, Iterable, Iterator
 
 # deeper than any request or recording line we read; far under Python's recursion limit,
@@ -111,23 +108,3 @@ def lines(stream: IO[bytes] | Iterable, max_bytes: int = MAX_LINE_BYTES) -> Iter
             yield n, raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             yield n, JSONInputError(f"not UTF-8 at byte {exc.start}")
-
-
-def read_regular_file(path: str, max_bytes: int = MAX_FILE_BYTES) -> str:
-    """The text of a regular file of at most `max_bytes`. Opening does not block (a FIFO
-    with no writer, a device): anything but a regular file is an OSError whose strerror says why."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file (a FIFO or a device is never read)")
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            data = fh.read(max_bytes + 1)
-    finally:
-        os.close(fd)
-    if len(data) > max_bytes:
-        raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise OSError(errno.EILSEQ, f"not UTF-8 text (byte {exc.start})") from None

@@ -95,7 +95,7 @@ class TargetPoller:
         if result.result != SUCCESS:
             self._publish_failure(now, result.result, result.error, result.duration)
             return
-        snapshot = parse(result.body or "")
+        snapshot = parse(result.body or "", self.series_limit)
         if snapshot.warnings != self._warned:
             for w in snapshot.warnings[:10]:
                 log.warning("target=%s parse: %s", self.target.name, w)
@@ -154,8 +154,8 @@ class TargetPoller:
                 self.engine.set_fleet_baseline(self.target.name, model, ratio, at)
 
     def _over_limit(self, snapshot) -> str:
-        if self.series_limit and len(snapshot.series) > self.series_limit:
-            return f"{len(snapshot.series)} series exceed global.series_limit={self.series_limit}"
+        if snapshot.over_series_limit:  # parsing stopped there: the rest of the body was never read
+            return f"more than {self.series_limit} series exceed global.series_limit={self.series_limit}"
         models = len({s.model_name for s in snapshot.series})
         if self.model_limit and models > self.model_limit:
             return f"{models} models exceed global.model_limit={self.model_limit}"

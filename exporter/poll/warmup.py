@@ -1,22 +1,32 @@
 """Warm-up after a (re)start: send configured chat requests (max_tokens 1) to the local
 vLLM so the common prompt prefixes are cached before traffic arrives, and hold
-`/-/ready` at not-ready until that is done, so Kubernetes routes nothing to a cold pod."""
+`/-/ready` at not-ready until that is done, so Kubernetes routes nothing to a cold pod.
+
+Done means every request was answered since the last start: a request that failed is
+sent again (after 1 s, doubling to 30 s) and the gate stays closed meanwhile, since a
+warm-up whose requests all failed warmed nothing; a restart of vLLM while a warm-up
+runs discards what it cached so far, so the warm-up begins again from its first request.
+The requests go through the one peer HTTP client (exporter/peers/http.py): a total
+deadline each, a size cap on the answer.
+"""
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-import requests
-
 from ..config.sections import WarmupConfig
+from ..peers.http import Endpoint, PeerConnectionError, PeerError, PeerTimeout, exchange
 from ..serve.state import WarmupStatus
 
 log = logging.getLogger(__name__)
 
-
+SUCCESS, HTTP_ERROR, TIMEOUT, CONNECTION_ERROR, CANCELLED = "success", "http_error", "timeout", "connection_error", "cancelled"
+MAX_ANSWER_BYTES = 1024 * 1024  # one token's completion
+FIRST_RETRY_SECONDS, LAST_RETRY_SECONDS = 1.0, 30.0
 
 
 def request_body(body: dict) -> dict:
@@ -34,18 +44,24 @@ class Warmer:
         self.clock = clock
         self.status = WarmupStatus()
         self.lock = threading.Lock()
-        self.session = requests.Session()
+        self.endpoint = Endpoint(cfg.url)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._restarted = False  # vLLM (re)started while a warm-up ran: what it warmed is gone
 
     def trigger(self, reason: str) -> bool:
-        """Start a warm-up in the background unless one is running. Returns whether it started."""
+        """Start a warm-up in the background, or, while one runs, have it begin again.
+        Returns whether a new warm-up started."""
         if not self.cfg.enabled:
             return False
         with self.lock:
             if self.status.running:
+                self._restarted = True
+                self._wake.set()
+                log.info("warm-up: %s while warming up; warming up again from the first request", reason)
                 return False
-            self.status.running, self.status.done = True, False
+            self.status.running, self.status.done, self._restarted = True, False, False
         log.info("warm-up: starting %d request(s) after %s", len(self.cfg.requests), reason)
         self._thread = threading.Thread(target=self._run, name="warmup", daemon=True)
         self._thread.start()
@@ -53,32 +69,53 @@ class Warmer:
 
     def _run(self) -> None:
         start = time.monotonic()
-        failed = 0
+        remaining, retry_in = list(self.cfg.requests), FIRST_RETRY_SECONDS
         try:
-            with ThreadPoolExecutor(max_workers=max(1, self.cfg.concurrency)) as pool:
-                for result in pool.map(self._send, self.cfg.requests):
-                    with self.lock:
+            while not self._stop.is_set():
+                with self.lock:
+                    if self._restarted:
+                        remaining, retry_in, self._restarted = list(self.cfg.requests), FIRST_RETRY_SECONDS, False
+                with ThreadPoolExecutor(max_workers=max(1, self.cfg.concurrency)) as pool:
+                    results = list(pool.map(self._send, remaining))
+                with self.lock:
+                    for result in results:
                         self.status.results[result] = self.status.results.get(result, 0) + 1
-                    failed += result != "success"
+                    self.status.last_failed = sum(r != SUCCESS for r in results)
+                    if self._restarted:
+                        continue
+                    remaining = [body for body, result in zip(remaining, results) if result != SUCCESS]
+                    if not remaining:
+                        self.status.done = True
+                        self.status.runs += 1
+                        self.status.last_duration = time.monotonic() - start
+                        self.status.last_finished = self.clock()
+                        break
+                failures = ", ".join(sorted({r for r in results if r != SUCCESS}))
+                log.warning("warm-up: %d of %d request(s) failed (%s); /-/ready waits, sending them again in %gs",
+                            len(remaining), len(results), failures, retry_in)
+                self._wake.wait(retry_in)  # a restart or a stop ends the wait
+                self._wake.clear()
+                retry_in = min(LAST_RETRY_SECONDS, retry_in * 2)
         finally:
             with self.lock:
-                self.status.running, self.status.done = False, True
-                self.status.runs += 1
-                self.status.last_duration = time.monotonic() - start
-                self.status.last_finished = self.clock()
-                self.status.last_failed = failed
-            log.info("warm-up: finished %d request(s) in %.1fs, %d failed", len(self.cfg.requests), time.monotonic() - start, failed)
+                self.status.running = False
+        if self.status.done:
+            log.info("warm-up: finished %d request(s) in %.1fs", len(self.cfg.requests), time.monotonic() - start)
 
     def _send(self, body: dict) -> str:
         if self._stop.is_set():
-            return "cancelled"
+            return CANCELLED
         try:
-            resp = self.session.post(self.cfg.url, json=request_body(body), timeout=(min(5.0, self.cfg.timeout), self.cfg.timeout))
-        except requests.Timeout:
-            return "timeout"
-        except requests.RequestException:
-            return "connection_error"
-        return "success" if resp.status_code == 200 else "http_error"
+            answer = exchange(self.endpoint, "POST", timeout=self.cfg.timeout, size_limit=MAX_ANSWER_BYTES,
+                              connect_timeout=min(5.0, self.cfg.timeout), headers={"Content-Type": "application/json"},
+                              body=json.dumps(request_body(body)).encode())
+        except PeerTimeout:
+            return TIMEOUT
+        except PeerConnectionError:
+            return CONNECTION_ERROR
+        except PeerError:  # an answer too large or not decodable: vLLM answered, but not as asked
+            return HTTP_ERROR
+        return SUCCESS if answer.status == 200 else HTTP_ERROR
 
     def ready(self) -> tuple[bool, str]:
         if not (self.cfg.enabled and self.cfg.gate_readiness):
@@ -86,7 +123,10 @@ class Warmer:
         with self.lock:
             if self.status.done:
                 return True, ""
-            return False, "warm-up running" if self.status.running else "waiting for vLLM to start before warming up"
+            if not self.status.running:
+                return False, "waiting for vLLM to start before warming up"
+            failing = f"; {self.status.last_failed} request(s) failed, sending them again" if self.status.last_failed else ""
+            return False, "warm-up running" + failing
 
     def snapshot(self) -> WarmupStatus:
         with self.lock:
@@ -95,6 +135,6 @@ class Warmer:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        self.session.close()

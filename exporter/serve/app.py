@@ -1,4 +1,4 @@
-"""The WSGI app (/metrics, health, landing page, status API); the threaded server it runs under is httpserver.py."""
+"""The WSGI app (/metrics, health, landing page, status API); the threaded server it runs under is server.py."""
 from __future__ import annotations
 
 import gzip
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[dict], tuple[int, str, bytes]]  # environ -> (status, content type, body)
 
-_STATUS = {200: "200 OK", 202: "202 Accepted", 204: "204 No Content", 400: "400 Bad Request", 401: "401 Unauthorized",
+_STATUS = {200: "200 OK", 202: "202 Accepted", 204: "204 No Content", 400: "400 Bad Request", 401: "401 Unauthorized", 403: "403 Forbidden",
            404: "404 Not Found", 405: "405 Method Not Allowed", 409: "409 Conflict", 411: "411 Length Required", 413: "413 Payload Too Large",
            415: "415 Unsupported Media Type", 500: "500 Internal Server Error", 503: "503 Service Unavailable"}
 
@@ -108,7 +108,8 @@ class App:
         self.exposition = Exposition(state, registry, render_interval)
         self.status_page = StatusPage(state, render_interval)
         self.ready_check = ready or (lambda: (state.ready(), "every target polled at least once"))
-        self.basic_auth = BasicAuth(security.users) if security is not None and security.basic_auth else None
+        self.basic_auth: BasicAuth | None = None
+        self.secure(security)
         self.deploy_api_open = deploy_api_open
         # Routes that check their own credentials instead of basic auth, each while its
         # callable says so: asked on every request, so a reload that drops the deploy
@@ -121,6 +122,10 @@ class App:
         self.route("GET", "/", self._landing)
         self.route("GET", "/api/v1/status", self._status)
 
+    def secure(self, security: WebSecurity | None) -> None:
+        """The web config's users, from the next request on: a reload that removes a user shuts it out at once."""
+        self.basic_auth = BasicAuth(security.users) if security is not None and security.basic_auth else None
+
     def route(self, method: str, path: str, handler: Handler) -> None:
         self.routes[(method, path)] = handler
         if method == "GET":
@@ -129,8 +134,9 @@ class App:
     def __call__(self, environ: dict, start_response) -> Iterable[bytes]:
         method, path = environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "/") or "/"
         handler = self.routes.get((method, path))
-        if self.basic_auth is not None and not self._skips_basic_auth(method, path) \
-                and not self.basic_auth.check(environ.get("HTTP_AUTHORIZATION", "")):
+        basic_auth = self.basic_auth  # once: a reload swaps it
+        if basic_auth is not None and not self._skips_basic_auth(method, path) \
+                and not basic_auth.check(environ.get("HTTP_AUTHORIZATION", "")):
             status, ctype, body = _error(path, 401, "Unauthorized")
             start_response(_STATUS[401], [("Content-Type", ctype), ("WWW-Authenticate", 'Basic realm="vllm-prefix-cache-exporter"'),
                                           ("Content-Length", str(len(body)))])
@@ -175,7 +181,7 @@ class App:
         links = [p for m, p in sorted(self.routes) if m == "GET"]
         warning = ""
         if self.deploy_api_open is not None and self.deploy_api_open():
-            warning = ("POST /api/v1/deploys is open: no deploys.api_token is configured, "
+            warning = ("POST /api/v1/deploys is open: deploys.api_open is set and no deploys.api_token, "
                        "so anyone who reaches this port can announce deploys.")
         return 200, "text/html; charset=utf-8", self.status_page.get(links, __version__, warning)
 
@@ -186,12 +192,23 @@ class App:
 MAX_DEPLOY_BODY = 64 * 1024
 
 
+# An announcement re-anchors every baseline it names: from anyone who reaches the port, it
+# would hide an unannounced prompt change behind a "deploy". Closed without a token.
+DEPLOY_API_CLOSED = ("the deploy API is closed: no deploys.api_token is configured "
+                     "(deploys.api_open: true opens it without one, on purpose)")
+
+
 def deploy_handlers(state: State, add_event: Callable[[DeployEvent], None], token: Callable[[], str],
-                    targets: Callable[[], set[str]], clock: Callable[[], float]) -> tuple[Handler, Handler]:
-    """POST /api/v1/deploys (announce a deploy) and GET /api/v1/deploys (recent events)."""
+                    targets: Callable[[], set[str]], clock: Callable[[], float],
+                    is_open: Callable[[], bool] = lambda: False) -> tuple[Handler, Handler]:
+    """POST /api/v1/deploys (announce a deploy: the bearer token when one is configured, else
+    403 unless `is_open()`) and GET /api/v1/deploys (recent events). Both asked per request:
+    a reload changes them."""
 
     def post(environ) -> tuple[int, str, bytes]:
         expected = token()
+        if not expected and not is_open():
+            return json_response(403, {"error": DEPLOY_API_CLOSED})
         if expected:
             scheme, _, given = environ.get("HTTP_AUTHORIZATION", "").strip().partition(" ")
             # the scheme is case-insensitive (RFC 9110); the token is compared in constant time

@@ -60,7 +60,7 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("last_scrape_success_timestamp_seconds", "gauge", "Unix time of the last successful poll of the target.", "target"),
     _m("scrapes", "counter", f"Polls of the vLLM target by result ({', '.join(POLL_RESULTS)}).", "target", "result"),
     _m("parse_warnings", "gauge", "Warnings about the last /metrics body: lines the parser could not use, counters stepping back (the log and status page show the first 100).", "target"),
-    _m("rejected_samples", "counter", "Samples of the target refused, by `reason`: non_finite_counter, negative_counter (a counter of +Inf, NaN or below zero would poison every window), non_finite_start_time (a NaN start time would be a restart every poll), counter_step_back (a counter a little below its last value with no restart: held, never a reset), flapping_start_time (start times that go back or change every few polls: one URL in front of several processes; not restarts, no cold-start grace).", "target", "reason"),
+    _m("rejected_samples", "counter", "Samples of the target refused, by `reason`: non_finite_counter, negative_counter (a counter of +Inf, NaN or below zero would poison every window), non_finite_start_time (a NaN start time would be a restart every poll), counter_step_back (a counter a little below its last value with no restart: held, never a reset), flapping_start_time (start times that go back or change every few polls: one URL in front of several processes; not restarts, no cold-start grace), label_value_too_long (a label value over 1024 characters, which would be one of our labels).", "target", "reason"),
     _m("collect_errors", "counter", "Renders of this /metrics that failed (the request got HTTP 500; see the log)."),
     _m("rule_evaluation_errors", "counter", "Rule evaluations that failed with an internal error (see the log)."),
     _m("clock_steps_back", "counter", "Polls that saw the wall clock step back (NTP, VM migration); logged."),
@@ -115,6 +115,7 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("alertmanager_queue_length", "gauge", "Alerts waiting for delivery to the Alertmanager (latest state per alert).", "alertmanager"),
     _m("alertmanager_dropped_alerts", "counter", "Alerts dropped because the delivery queue was full.", "alertmanager"),
     _m("alertmanager_last_success_timestamp_seconds", "gauge", "Unix time of the last successful delivery to the Alertmanager.", "alertmanager"),
+    _m("alertmanagers_discovered", "gauge", "Alertmanagers that get our alerts: each configured URL whose host is an address, and every address of a URL's name (re-resolved every alertmanager.refresh_interval); absent without alertmanager.urls. 0: every alert waits."),
     # service discovery (central mode)
     _m("polled_targets", "gauge", "Targets this process polls: static and discovered, in its shard."),
     _m("discovery_targets", "gauge", "Targets the discovery `source` (prometheus, file_sd) gave; its last good list while it fails.", "source"),
@@ -212,6 +213,8 @@ class PrefixCacheCollector(Collector):
                 for window, (predicted, delivered) in by_window.items():
                     f.add("prefixcache_predicted_hit_ratio", (model, window, predicted.weighting), predicted.ratio, target=router_target)
                     f.add_present("prefixcache_router_delivered_hit_ratio", (model, window), delivered.ratio, target=router_target)
+        if p.alertmanagers_discovered is not None:
+            f.add("prefixcache_alertmanagers_discovered", (), p.alertmanagers_discovered, target=None)
         for q in p.alertmanager:
             url = redact_url(q.url)
             f.add("prefixcache_alertmanager_notifications", (url, "success"), q.notifications_ok, target=None)

@@ -84,6 +84,7 @@ class Published:
     deploys: Deploys | None = None  # None until the engine first published
     discovery: tuple[SourceState, ...] = ()  # one per discovery source
     alertmanager: tuple[QueueStats, ...] = ()
+    alertmanagers_discovered: int | None = None  # None while no alertmanager.urls is configured
     warmup: WarmupStatus | None = None  # None while warm-up is off
 
 

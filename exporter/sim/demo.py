@@ -3,6 +3,7 @@ replicas against a real sidecar, with the alerts, a diagnose and a what-if of th
 from __future__ import annotations
 
 import json
+import secrets
 import sys
 import time
 import urllib.request
@@ -37,13 +38,15 @@ def demo_config(fleet: Fleet, names: Sequence[str], listen: str, alertmanager_ur
         "targets": [{"name": n, "url": fleet.metrics_url(n)} for n in names],
         "alertmanager": {"urls": list(alertmanager_urls), "resend_interval": "10s"},
         "rules": DEMO_RULES,
+        # the demo announces its deploys itself, with a token of its own: the API is closed without one
+        "deploys": {"api_token": secrets.token_hex(16)},
     })
 
 
 def _post_deploy(sidecar: Sidecar, version: str, description: str) -> None:
     body = json.dumps({"version": version, "description": description}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{sidecar.server.port}/api/v1/deploys", data=body,
-                                 headers={"Content-Type": "application/json"}, method="POST")
+    req = urllib.request.Request(f"http://127.0.0.1:{sidecar.server.port}/api/v1/deploys", data=body, method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {sidecar.config.deploys.api_token}"})
     with urllib.request.urlopen(req, timeout=5) as resp:
         resp.read()
 

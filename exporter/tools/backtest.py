@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import sys
 
-from ..config import sections as config_mod
+from ..config.load import load_file
 from ..config.sections import Config
 from ..exitcodes import EXIT_ERROR, EXIT_OK
 from ..monitor.recording import write_line
 from ..monitor.replay import backtest
+from ..peers import files
 
 
 def command(args) -> int:
     """`backtest RECORDING`: the recording through the rules, each alert transition a JSON line on stdout."""
-    cfg = config_mod.load_file(args.config_file) if args.config_file else Config()
+    cfg = load_file(args.config_file) if args.config_file else Config()
     try:
-        # bytes: a line that is not UTF-8 is one bad line, not the end of the replay
-        source = sys.stdin.buffer if args.recording == "-" else open(args.recording, "rb")
+        # bytes: a line that is not UTF-8 is one bad line, not the end of the replay; a file is
+        # regular (a FIFO is never waited on, /dev/zero never read forever), stdin what the user pipes
+        source = sys.stdin.buffer if args.recording == "-" else files.open_regular(args.recording)
     except OSError as exc:
-        print(f"error: cannot read {args.recording}: {exc.strerror}", file=sys.stderr)
+        print(f"error: cannot read {args.recording}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_ERROR
     tally = {"bad": 0, "records": 0}
 

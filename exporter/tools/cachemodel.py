@@ -10,13 +10,21 @@ capacity, the least recently used blocks are evicted (requests are replayed one 
 the other, so every block is unreferenced between requests). A finished request gives
 its blocks back tail first, as vLLM's KV-cache manager frees them, so its last block is
 evicted before its first: a prompt's cached blocks stay a prefix of it.
+
+Prefill takes time: with a prefill rate, a request's blocks become reusable only when its
+prefill ends, at its arrival plus its uncached tokens over the rate (no queueing), so
+requests that arrive meanwhile with the same new prefix all miss it (a cache stampede).
+With an infinite rate a request's blocks are reusable the moment it arrives.
 """
 from __future__ import annotations
 
+import heapq
+import math
 import random
 import zlib
 from bisect import bisect_left
 from collections import OrderedDict
+from itertools import groupby, repeat
 from typing import Sequence
 
 ROUND_ROBIN, RANDOM, SESSION, PREFIX_HASH, OBSERVED = "round_robin", "random", "session", "prefix_hash", "observed"
@@ -46,41 +54,70 @@ def cacheable_blocks(n_tokens: int, block_size: int) -> int:
 
 
 class BlockPool:
-    """One replica's cached blocks: unlimited (a set) or LRU with `capacity` blocks."""
+    """One replica's cached blocks: unlimited (a set) or LRU with `capacity` blocks.
 
-    __slots__ = ("capacity", "_lru", "_set")
+    `chained`: the hashes chain (each stands for its block and every one before it), so
+    the pool holds a prefix of any prompt's blocks (blocks are stored a whole prompt at a
+    time and given back tail first) and the matched run is found by bisection."""
 
-    def __init__(self, capacity: int | None = None):
+    __slots__ = ("capacity", "chained", "_lru", "_set")
+
+    def __init__(self, capacity: int | None = None, chained: bool = False):
         self.capacity = capacity
+        self.chained = chained
         self._lru: OrderedDict[int, None] | None = OrderedDict() if capacity is not None else None
         self._set: set[int] | None = set() if capacity is None else None
 
     def serve(self, hashes: Sequence[int], n_tokens: int, block_size: int) -> int:
         """Look the request up, cache its blocks, and return its hit tokens."""
-        limit = cacheable_blocks(n_tokens, block_size)
+        matched = self.matched(hashes)
+        self.store(hashes, matched)
+        return min(matched, cacheable_blocks(n_tokens, block_size)) * block_size
+
+    def lookup(self, hashes: Sequence[int], n_tokens: int, block_size: int) -> int:
+        """The request's hit tokens: its leading blocks held, never its last token."""
+        return min(self.matched(hashes), cacheable_blocks(n_tokens, block_size)) * block_size
+
+    def matched(self, hashes: Sequence[int]) -> int:
+        """How many leading blocks of the prompt the pool holds."""
+        pool = self._set if self._set is not None else self._lru
+        if self.chained:
+            # held blocks are a prefix: bisect it (a pool of millions misses the CPU cache on every
+            # look-up), after the two commonest answers, nothing and everything
+            if not hashes or hashes[0] not in pool:
+                return 0
+            if hashes[-1] in pool:
+                return len(hashes)
+            low, high = 1, len(hashes) - 1
+            while low < high:
+                mid = (low + high) // 2
+                if hashes[mid] in pool:
+                    low = mid + 1
+                else:
+                    high = mid
+            return low
         matched = 0
+        for h in hashes:
+            if h not in pool:
+                break
+            matched += 1
+        return matched
+
+    def store(self, hashes: Sequence[int], held: int = 0) -> None:
+        """The request's blocks, computed or reused, given back to the pool; `held`: its
+        leading blocks the pool held at its look-up (an unlimited pool still holds them)."""
         if self._set is not None:
-            pool = self._set
-            for h in hashes:
-                if h not in pool:
-                    break
-                matched += 1
-            pool.update(hashes[matched:])
-        else:
-            lru = self._lru
-            for h in hashes:
-                if h not in lru:
-                    break
-                matched += 1
-            # vLLM frees a request's blocks in reverse so that the tail goes first: the
-            # first block ends up the most recently used (a block cached before but not
-            # in the matched run is computed again and counts as used now)
-            for h in reversed(hashes):
-                lru[h] = None
-                lru.move_to_end(h)
-            while len(lru) > self.capacity:
-                lru.popitem(last=False)
-        return min(matched, limit) * block_size
+            self._set.update(hashes[held:] if held else hashes)
+            return
+        lru = self._lru
+        # vLLM frees a request's blocks in reverse so that the tail goes first: the
+        # first block ends up the most recently used (a block cached before but not
+        # in the matched run is computed again and counts as used now)
+        for h in reversed(hashes):
+            lru[h] = None
+            lru.move_to_end(h)
+        while len(lru) > self.capacity:
+            lru.popitem(last=False)
 
     def __len__(self) -> int:
         return len(self._set) if self._set is not None else len(self._lru)
@@ -111,18 +148,46 @@ def replay(requests: Sequence[tuple], block_size: int, policy: str,
     """(hit tokens, prompt tokens) of the requests, in order, through `replicas` pools
     of `cache_blocks` each under `policy`. A request is (block hashes, prompt tokens,
     session, observed replica index[, counted]): one not counted only warms the caches."""
-    pools = [BlockPool(cache_blocks) for _ in range(replicas)]
+    hits = replay_each(requests, block_size, policy, replicas, cache_blocks, seed)
+    hit = total = 0
+    for request, h in zip(requests, hits):
+        if len(request) < 5 or request[4]:
+            hit += h
+            total += request[1]
+    return float(hit), float(total)
+
+
+def replay_each(requests: Sequence[tuple], block_size: int, policy: str, replicas: int, cache_blocks: int | None,
+                seed: int = 0, arrivals: Sequence[float] | None = None, prefill_tokens_per_s: float = math.inf,
+                chained: bool = False) -> list[int]:
+    """The hit tokens of each request (counted or not), as `replay` serves them. With
+    `arrivals` (seconds, in the requests' order) and a finite `prefill_tokens_per_s`, a
+    request's blocks become reusable when its prefill ends: arrival + uncached tokens / rate.
+    `chained`: the hashes chain (BlockPool), which makes look-ups faster."""
+    pools = [BlockPool(cache_blocks, chained) for _ in range(replicas)]
     rng = random.Random(seed)
-    hits = total = 0
+    hits = [0] * len(requests)
+    if arrivals is None or prefill_tokens_per_s == math.inf:
+        for i, request in enumerate(requests):
+            hashes, n, session, observed = request[:4]
+            hits[i] = pools[route(policy, i, replicas, session, hashes, rng, observed)].serve(hashes, n, block_size)
+        return hits
+    # per replica, the requests still in prefill: (when it ends, index, blocks, blocks held at
+    # its look-up); a pool only changes when its own requests end, so each replica catches up
+    # before its next look-up
+    in_prefill: list[list[tuple[float, int, Sequence[int], int]]] = [[] for _ in range(replicas)]
     for i, request in enumerate(requests):
         hashes, n, session, observed = request[:4]
-        pool = pools[route(policy, i, replicas, session, hashes, rng, observed)]
-        hit = pool.serve(hashes, n, block_size)
-        if len(request) < 5 or request[4]:
-            hits += hit
-            total += n
-    return float(hits), float(total)
-
+        replica = route(policy, i, replicas, session, hashes, rng, observed)
+        pool, pending, now = pools[replica], in_prefill[replica], arrivals[i]
+        while pending and pending[0][0] <= now:
+            _, _, done, held = heapq.heappop(pending)
+            pool.store(done, held)
+        matched = pool.matched(hashes)
+        hit = min(matched, cacheable_blocks(n, block_size)) * block_size
+        hits[i] = hit
+        heapq.heappush(pending, (now + (n - hit) / prefill_tokens_per_s, i, hashes, matched))
+    return hits
 
 
 def chained(requests: Sequence[tuple]) -> bool:
@@ -173,6 +238,7 @@ def hits_by_capacity(requests: Sequence[tuple], block_size: int, policy: str, re
     finite = sorted((c, k) for k, c in enumerate(capacities) if c is not None)
     unlimited = [k for k, c in enumerate(capacities) if c is None]
     hits = [0] * len(capacities)
+    from_here = [0] * len(finite)  # hit tokens of every size from the j-th smallest up
     for request, replica in zip(requests, routes):
         hashes, n = request[0], request[1]
         tree, start, last = trees[replica], starts[replica], newest[replica]
@@ -183,12 +249,10 @@ def hits_by_capacity(requests: Sequence[tuple], block_size: int, policy: str, re
         matched = owners.index(None) if None in owners else len(owners)
         depths: list[int] = []
         i = 0
-        while i < matched:
-            owner = owners[i]
-            run = i + 1
-            while run < matched and owners[run] == owner:
-                run += 1
-            c = run - i
+        # the matched blocks in runs of one owner: a prompt's blocks come from a few requests, so
+        # the runs are few and are found in C (a prompt of a real trace has a hundred blocks)
+        for owner, run in groupby(owners[:matched]):
+            c = len(list(run))
             s, k = 0, owner + 1
             while k > 0:
                 s += tree[k]
@@ -200,17 +264,25 @@ def hits_by_capacity(requests: Sequence[tuple], block_size: int, policy: str, re
             while k <= size:
                 tree[k] -= c
                 k += k & -k
-            i = run
+            i += c
         k = me + 1
         while k <= size:
             tree[k] += len(hashes)
             k += k & -k
         held[replica] += len(hashes) - matched
-        last.update(dict.fromkeys(hashes, me))
+        last.update(zip(hashes, repeat(me)))
         if matched and (len(request) < 5 or request[4]):
-            limit = cacheable_blocks(n, block_size)
-            for cap, k in finite:
-                hits[k] += min(bisect_left(depths, cap), limit) * block_size
+            top = min(matched, cacheable_blocks(n, block_size))
+            for j, (cap, k) in enumerate(finite):
+                reach = bisect_left(depths, cap)
+                if reach >= top:  # this size and every larger one hit all they can: added once, below
+                    from_here[j] += top * block_size
+                    break
+                hits[k] += reach * block_size
             for k in unlimited:
-                hits[k] += min(matched, limit) * block_size
+                hits[k] += top * block_size
+    running = 0
+    for j, (_, k) in enumerate(finite):
+        running += from_here[j]
+        hits[k] += running
     return [float(h) for h in hits]

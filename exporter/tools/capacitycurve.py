@@ -18,13 +18,14 @@ REACH = 0.9  # the size that gets this share of the unlimited ratio is the one t
 
 
 def sweep(prepared: Sequence[tuple], block_size: int, policies: Sequence[str], replicas: int,
-          configured_blocks: int | None = None, sizes_tokens: Sequence[int] = SIZES_TOKENS) -> dict:
+          configured_blocks: int | None = None, sizes_tokens: Sequence[int] = SIZES_TOKENS, chained: bool | None = None) -> dict:
     """The curve as JSON: `sizes_tokens` (per replica, the last null: unlimited), the
     token-weighted hit ratio at each per policy, and the smallest size reaching 90% of
-    the policy's unlimited ratio (null when the unlimited ratio is 0)."""
+    the policy's unlimited ratio (null when the unlimited ratio is 0). `chained`: whether
+    the hashes chain, when the caller knows (else it is checked)."""
     capacities: list[int | None] = [t // block_size for t in sizes_tokens] + [None]
     total = sum(p[1] for p in prepared if len(p) < 5 or p[4])
-    one_pass = cachemodel.chained(prepared)
+    one_pass = cachemodel.chained(prepared) if chained is None else chained
     ratios: dict[str, list[float]] = {}
     for policy in policies:
         if one_pass:

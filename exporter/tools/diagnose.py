@@ -6,7 +6,7 @@ import json
 import sys
 
 from ..exitcodes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
-from ..peers import jsonlines
+from ..peers import files, jsonlines
 from ..series.hitratio import tokens_per_block
 from . import divergence
 from .vllm_client import VLLMClient, VLLMError
@@ -14,7 +14,7 @@ from .vllm_client import VLLMClient, VLLMError
 
 def read_request(path: str) -> dict:
     try:
-        data = jsonlines.loads(jsonlines.read_regular_file(path))
+        data = jsonlines.loads(files.read_text(path, jsonlines.MAX_FILE_BYTES))
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
     except jsonlines.JSONInputError as exc:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from ..config import sections as config_mod
+from ..config.load import load_file
 from ..exitcodes import EXIT_OK, EXIT_USAGE
-from ..peers import jsonlines
+from ..peers import files, jsonlines
 from .lint import allowed, lint
 
 
@@ -14,11 +14,11 @@ def command(args) -> int:
     """`lint FILE...`: findings on stdout, exit 1 when there are any, 2 when a file cannot be read."""
     allow: tuple[str, ...] = ()
     if args.config_file:
-        allow = config_mod.load_file(args.config_file).lint_allow
+        allow = load_file(args.config_file).lint_allow
     findings, broken = [], False
     for path in args.files:
         try:
-            text = jsonlines.read_regular_file(path)  # a FIFO or a device is refused, never waited on
+            text = files.read_text(path, jsonlines.MAX_FILE_BYTES)  # a FIFO or a device is refused, never waited on
             findings += [f for f in lint(path, text) if not allowed(f, allow)]
         except OSError as exc:
             print(f"error: cannot read {path}: {exc.strerror or exc}", file=sys.stderr)

@@ -2,6 +2,7 @@
 size limit and UTF-8 rule the sidecar applies to a scrape."""
 from __future__ import annotations
 
+import errno
 import json
 import math
 import sys
@@ -9,6 +10,7 @@ import sys
 from ..config import sections as config_mod
 from ..exitcodes import EXIT_ERROR, EXIT_OK
 from ..parse.vllm_metrics import parse
+from ..peers import files
 
 
 def command(args) -> int:
@@ -16,17 +18,15 @@ def command(args) -> int:
     # bytes as the sidecar gets them: lines end at \n only (text mode would also end them at
     # a bare \r), the body must be UTF-8, and no larger than the sidecar's default limit
     limit = config_mod.GlobalConfig.body_size_limit
+    too_large = f"error: {args.file} is larger than {limit} bytes, which the sidecar refuses as too_large"
     try:
-        if args.file == "-":
-            raw = sys.stdin.buffer.read(limit + 1)
-        else:
-            with open(args.file, "rb") as fh:
-                raw = fh.read(limit + 1)
+        # a file: regular, never waited on (a FIFO), bounded (/dev/zero); stdin is what the user pipes
+        raw = sys.stdin.buffer.read(limit + 1) if args.file == "-" else files.read_bytes(args.file, limit)
     except OSError as exc:
-        print(f"error: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
+        print(too_large if exc.errno == errno.EFBIG else f"error: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_ERROR
     if len(raw) > limit:
-        print(f"error: {args.file} is larger than {limit} bytes, which the sidecar refuses as too_large", file=sys.stderr)
+        print(too_large, file=sys.stderr)
         return EXIT_ERROR
     try:
         text = raw.decode("utf-8")

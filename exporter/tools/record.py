@@ -8,8 +8,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from ..config import sections as config_mod
 from ..config.discovery import ShardConfig
+from ..config.load import load_file
 from ..config.sections import Target
 from ..discovery.sources import Discovery
 from ..discovery.targets import polled
@@ -29,7 +29,7 @@ def command(args) -> int:
         return EXIT_USAGE
     discovery = None
     if args.config_file:
-        cfg = config_mod.load_file(args.config_file)
+        cfg = load_file(args.config_file)
         discovery = Discovery(cfg.discovery, time.time) if cfg.discovery.enabled else None
         static = cfg.targets
     else:
@@ -49,32 +49,40 @@ def command(args) -> int:
     scrapers: dict[Target, Scraper] = {}
     count = answered = 0
     refreshed, discovered = -math.inf, []
-    with out, ThreadPoolExecutor(max_workers=16) as pool:
-        while not stop.is_set() and time.monotonic() < deadline:
-            if discovery is not None and time.monotonic() - refreshed >= cfg.discovery.refresh_interval:
-                discovered, refreshed = discovery.refresh(), time.monotonic()
-            targets, _ = polled(static, discovered, cfg.discovery.shard if discovery is not None else ShardConfig())
-            for gone in set(scrapers) - set(targets):
-                scrapers.pop(gone).close()
-            for t in targets:
-                scrapers.setdefault(t, Scraper(t.url, 2.0, max(1.0, args.interval), 16 * 1024 * 1024))
-            started = time.time()
-            for t, res in zip(targets, pool.map(lambda t: scrapers[t].scrape(), targets)):
-                line = {"t": started, "target": t.name}
-                if discovery is not None:
-                    line["labels"] = dict(t.labels)
-                if res.result == SUCCESS:
-                    answered += 1
-                    line["body"] = res.body
-                else:
-                    line["error"] = res.error or res.result
-                    print(f"warning: scrape of {t.name} failed: {line['error']}", file=sys.stderr)
-                write_line(out, line)
-                count += 1
-            out.flush()
-            stop.wait(max(0.0, min(args.interval - (time.time() - started), deadline - time.monotonic())))
-    for scraper in scrapers.values():
-        scraper.close()
+    failed: OSError | None = None
+    try:
+        with out, ThreadPoolExecutor(max_workers=16) as pool:
+            while not stop.is_set() and time.monotonic() < deadline:
+                if discovery is not None and time.monotonic() - refreshed >= cfg.discovery.refresh_interval:
+                    discovered, refreshed = discovery.refresh(), time.monotonic()
+                targets, _ = polled(static, discovered, cfg.discovery.shard if discovery is not None else ShardConfig())
+                for gone in set(scrapers) - set(targets):
+                    scrapers.pop(gone).close()
+                for t in targets:
+                    scrapers.setdefault(t, Scraper(t.url, 2.0, max(1.0, args.interval), 16 * 1024 * 1024))
+                started = time.time()
+                for t, res in zip(targets, pool.map(lambda t: scrapers[t].scrape(), targets)):
+                    line = {"t": started, "target": t.name}
+                    if discovery is not None:
+                        line["labels"] = dict(t.labels)
+                    if res.result == SUCCESS:
+                        answered += 1
+                        line["body"] = res.body
+                    else:
+                        line["error"] = res.error or res.result
+                        print(f"warning: scrape of {t.name} failed: {line['error']}", file=sys.stderr)
+                    write_line(out, line)
+                    count += 1
+                out.flush()
+                stop.wait(max(0.0, min(args.interval - (time.time() - started), deadline - time.monotonic())))
+    except OSError as exc:  # a full disk, a closed pipe: what was written stays, nothing more can be
+        failed = exc
+    finally:
+        for scraper in scrapers.values():
+            scraper.close()
+    if failed is not None:
+        print(f"error: cannot write {args.out}: {failed.strerror or failed}; recording stopped", file=sys.stderr)
+        return EXIT_ERROR
     what = redact_url(args.target) if args.target else f"the targets of {args.config_file}"
     print(f"recorded {count} scrape(s) of {what} to {args.out}, {answered} answered", file=sys.stderr)
     if count and not answered:

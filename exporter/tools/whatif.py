@@ -1,9 +1,10 @@
 """Where did the hit rate go: a what-if analysis of a request sample. Pure.
 
 Requests (token ids, chat bodies or prompt text, in arrival order), or the lines of a
-block-hash trace (hashtrace.py, in timestamp order), are replayed through vLLM's
-block-hash cache model (cachemodel.py) under each routing policy, and the points
-of token-weighted hit ratio the sample misses are split into a waterfall:
+block-hash trace (hashtrace.py: Mooncake's or Qwen-Bailian's, in timestamp order), are
+replayed through vLLM's block-hash cache model (cachemodel.py) under each routing
+policy, and the points of token-weighted hit ratio the sample misses are split into a
+waterfall:
 
   ideal        1 replica, unlimited cache, volatile content after the static part,
                history kept between turns (text input only)
@@ -12,175 +13,26 @@ of token-weighted hit ratio the sample misses are split into a waterfall:
   = ceiling    1 replica, unlimited cache, the sample as it is
   - capacity   the fleet's blocks as one cache
   - routing    N replicas under the policy, each with its own cache
+  - stampede   blocks still in another request's prefill (with a prefill rate)
   = what the sample gets
 
-and `fixed`: volatile content moved after the static part, the best routing policy.
+and `fixed`: volatile content moved after the static part, the best routing policy; then
+the requests by their first block, and by type and turn where a trace says them
+(whatif_groups.py).
 Tokenizers are passed in; reading files and calling servers is the caller's business.
 """
 from __future__ import annotations
 
-import ast
+import math
 import re
 import zlib
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Sequence
 
-from ..peers import jsonlines
-from . import cachemodel, capacitycurve, hashtrace
+from . import cachemodel, capacitycurve, hashtrace, whatif_groups
 from .divergence import render
 from .lint import MIN_STATIC_AFTER, _LITERALS as VOLATILE_PATTERNS
-
-
-class SampleError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class Request:
-    line: int
-    t: float | None = None
-    session: str | None = None
-    replica: str | None = None
-    tokens: tuple[int, ...] | None = None
-    prompt: str | None = None
-    body: dict | None = None
-    lora: str | None = None
-    salt: str | None = None
-    hash_ids: tuple[int, ...] | None = None  # a block-hash trace's line (hashtrace.py)
-    input_length: int | None = None
-
-    @property
-    def is_text(self) -> bool:
-        return self.tokens is None and self.hash_ids is None
-
-    @property
-    def is_hashes(self) -> bool:
-        return self.hash_ids is not None
-
-
-# --- input -------------------------------------------------------------------------------
-_LOG_REQUEST = re.compile(r"Received request (?P<id>\S+?): prompt: (?P<rest>.*)$")
-_LOG_TIME = re.compile(r"^\w+\s+(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})")
-_LORA_NAME = re.compile(r"lora_name='([^']*)'")
-
-
-def read_requests(lines: Iterable[str]) -> Iterator[Request | SampleError]:
-    """Each non-blank line: a JSON request record, or a line of vLLM's request log
-    (`--enable-log-requests`); anything else is a SampleError naming the line."""
-    for n, line in enumerate(lines, 1):
-        text = line.strip()
-        if not text:
-            continue
-        if text.startswith("{"):
-            yield _from_json(n, text)
-        elif "Received request " in text:
-            yield _from_log(n, text)
-        else:
-            yield SampleError(f"line {n}: neither a JSON request nor a vLLM request-log line")
-
-
-def _from_json(n: int, text: str) -> Request | SampleError:
-    try:
-        obj = jsonlines.loads(text)
-    except jsonlines.JSONInputError as exc:
-        return SampleError(f"line {n}: not JSON ({exc})")
-    if not isinstance(obj, dict):
-        return SampleError(f"line {n}: a JSON object is required")
-    t = obj.get("t")
-    if t is not None and jsonlines.finite_number(t) is None:
-        return SampleError(f"line {n}: `t` must be a number, and finite")
-    for key in ("session", "replica", "lora", "cache_salt"):
-        if obj.get(key) is not None and not isinstance(obj[key], (str, int)):
-            return SampleError(f"line {n}: `{key}` must be a string")
-    common = dict(line=n, t=None if t is None else float(t), session=_text(obj.get("session")), replica=_text(obj.get("replica")),
-                  lora=_text(obj.get("lora")), salt=_text(obj.get("cache_salt")))
-    if hashtrace.is_record(obj):
-        try:
-            stamp, ids, length = hashtrace.fields(obj)
-        except ValueError as exc:
-            return SampleError(f"line {n}: {exc}")
-        if common["t"] is None and stamp is not None:
-            common["t"] = stamp / 1000
-        return Request(hash_ids=ids, input_length=length, **common)
-    if "prompt_token_ids" in obj:
-        ids = obj["prompt_token_ids"]
-        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            return SampleError(f"line {n}: `prompt_token_ids` must be a non-empty list of integers")
-        return Request(tokens=tuple(ids), **common)
-    if "body" in obj:
-        body = obj["body"]
-        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
-            return SampleError(f"line {n}: `body` must be a chat-completions request with a non-empty `messages` list")
-        salt = common.pop("salt") or _text(body.get("cache_salt"))
-        return Request(body=body, salt=salt, **common)
-    if "prompt" in obj:
-        if not isinstance(obj["prompt"], str) or not obj["prompt"]:
-            return SampleError(f"line {n}: `prompt` must be a non-empty string")
-        return Request(prompt=obj["prompt"], **common)
-    return SampleError(f"line {n}: one of `prompt_token_ids`, `body`, `prompt` or `hash_ids` with `input_length` is required")
-
-
-def _text(value) -> str | None:
-    return None if value is None else str(value)
-
-
-def _from_log(n: int, text: str) -> Request | SampleError:
-    """`Received request ID: prompt: 'text', params: ..., prompt_token_ids: [1, 2], ...
-    lora_request: ...` as vLLM's request logger prints it (the params are called
-    `sampling_params` in older versions, and newer ones add `prompt_embeds shape`)."""
-    m = _LOG_REQUEST.search(text)
-    if m is None:
-        return SampleError(f"line {n}: a vLLM request-log line without `Received request ID: prompt:`")
-    rest = m.group("rest")
-    prompt, rest = _leading_literal(rest)
-    ids = None
-    at = rest.find("prompt_token_ids: ")
-    if at >= 0:
-        raw, _ = _leading_literal(rest[at + len("prompt_token_ids: "):])
-        if isinstance(raw, list) and raw:
-            if not all(isinstance(i, int) and not isinstance(i, bool) for i in raw):
-                return SampleError(f"line {n}: prompt_token_ids must be a list of integers")
-            ids = tuple(raw)
-    lora = _LORA_NAME.search(rest)
-    if ids is None and not isinstance(prompt, str):
-        return SampleError(f"line {n}: the log line has neither prompt text nor prompt_token_ids (raise --max-log-len?)")
-    return Request(line=n, t=_log_time(text), session=None, tokens=ids, prompt=prompt if ids is None else None,
-                   lora=lora.group(1) if lora else None)
-
-
-def _leading_literal(text: str):
-    """The Python literal (a repr'd string, a list, None) at the start of `text`, and the rest."""
-    text = text.lstrip()
-    if text.startswith("None"):
-        return None, text[4:]
-    if text[:1] in ("'", '"'):
-        quote, i = text[0], 1
-        while i < len(text):
-            if text[i] == "\\":
-                i += 2
-                continue
-            if text[i] == quote:
-                break
-            i += 1
-        try:
-            return ast.literal_eval(text[: i + 1]), text[i + 1:]
-        except (ValueError, SyntaxError, RecursionError, MemoryError):
-            return None, text
-    if text.startswith("["):
-        end = text.find("]")
-        try:
-            return ast.literal_eval(text[: end + 1]), text[end + 1:]
-        except (ValueError, SyntaxError, RecursionError, MemoryError):  # a hostile line: `[[[[...` nests deeper than the parser goes
-            return None, text
-    return None, text
-
-
-def _log_time(text: str) -> float | None:
-    m = _LOG_TIME.match(text)
-    if not m:
-        return None
-    month, day, hh, mm, ss = (int(x) for x in m.groups())
-    return float(((month * 31 + day) * 24 + hh) * 3600 + mm * 60 + ss)  # ordering only: the log has no year
+from .whatif_input import Request, SampleError, read_requests  # noqa: F401 - callers read samples through this module
 
 
 # --- tokenizers ----------------------------------------------------------------------------
@@ -295,6 +147,16 @@ def _with_history_kept(requests: Sequence[Request]) -> tuple[list[Request], list
 
 
 # --- the analysis ----------------------------------------------------------------------------
+# The command's default prefill rate: the order of what one data-centre GPU prefills for a
+# model of about 8B parameters. Measure yours from a replica's prefill time of long prompts
+# that miss the cache (uncached prompt tokens / prefill seconds) and give it.
+DEFAULT_PREFILL_TOKENS_PER_S = 8000.0
+STAMPEDE_FIX = ("a gateway that holds the followers of an in-flight prefix until its prefill ends, "
+                "or a warm-up request of each new prefix before its traffic")
+NOT_AVAILABLE = "needs prompt text, which a block-hash trace does not have"
+NO_ARRIVALS = "needs the arrival time of every request (`t`, or a trace's `timestamp`)"
+
+
 @dataclass
 class Analysis:
     requests: int
@@ -315,19 +177,34 @@ class Analysis:
     exact: bool = True
     notes: list[str] = field(default_factory=list)
     hash_trace: bool = False
+    trace_format: str | None = None  # hashtrace.MOONCAKE or hashtrace.BAILIAN
     curve: dict | None = None  # capacitycurve.sweep, when asked for
+    prefill_tokens_per_s: float = math.inf
+    prefix_groups: dict | None = None  # whatif_groups.groups by first block
+    by_type: dict | None = None  # by the request type a trace gives
+    by_turn: dict | None = None
 
     def to_json(self) -> dict:
         out = {"requests": self.requests, "prompt_tokens": self.prompt_tokens, "block_size": self.block_size,
                "replicas": self.replicas, "cache_blocks": self.cache_blocks, "policies": self.policies,
                "ceiling": self.ceiling, "capacity": self.capacity, "losses": self.losses, "fixed": self.fixed,
-               "best_policy": self.best_policy, "ideal": self.ideal, "policy": self.policy, "tokenizer": self.tokenizer, "exact": self.exact}
+               "best_policy": self.best_policy, "ideal": self.ideal, "policy": self.policy, "tokenizer": self.tokenizer, "exact": self.exact,
+               # JSON has no infinity: null is a prefill that is not timed (blocks reusable on arrival)
+               "prefill_tokens_per_s": None if self.prefill_tokens_per_s == math.inf else self.prefill_tokens_per_s}
+        if self.prefix_groups is not None:
+            out["prefix_groups"] = self.prefix_groups["groups"]
+            out["prefix_groups_rest"] = self.prefix_groups["rest"]
+            out["prefix_groups_count"] = self.prefix_groups["count"]
+        for key, grouped in (("by_type", self.by_type), ("by_turn", self.by_turn)):
+            if grouped is not None:
+                out[key] = grouped["groups"]
         if self.observed is not None:
             out["observed"] = self.observed
         if self.notes:
             out["notes"] = self.notes
         if self.hash_trace:
             out["input"] = "block_hashes"
+            out["trace_format"] = self.trace_format
         if self.curve is not None:
             out["capacity_curve"] = self.curve
         return out
@@ -342,53 +219,108 @@ def _encode(r: Request, tok: Tokenizer) -> list[int]:
 
 
 def _prepared(requests: Sequence[Request], tok: Tokenizer | None, block_size: int, replica_index: dict[str, int],
-              measure_from: float | None = None):
-    out = []
-    for r in requests:
-        counted = measure_from is None or (r.t is not None and r.t >= measure_from)
-        observed = replica_index.get(r.replica) if r.replica is not None else None
-        if r.hash_ids is not None:
-            out.append((hashtrace.full_blocks(r.hash_ids, r.input_length, block_size), r.input_length, r.session, observed, counted))
-            continue
-        ids = _encode(r, tok) if tok is not None else list(r.tokens or ())
-        out.append((cachemodel.block_hashes(ids, block_size, r.lora, r.salt), len(ids), r.session, observed, counted))
-    return out
+              measure_from: float | None, sessions: Sequence[str | None]):
+    """(chained block hashes, prompt tokens, session, observed replica, counted) per request."""
+    if requests and requests[0].is_hashes:
+        blocks = hashtrace.prefix_ids([hashtrace.full_blocks(r.hash_ids, r.input_length, block_size) for r in requests])
+        lengths = [r.input_length for r in requests]
+    else:
+        encoded = [_encode(r, tok) if tok is not None else list(r.tokens or ()) for r in requests]
+        blocks = [cachemodel.block_hashes(ids, block_size, r.lora, r.salt) for r, ids in zip(requests, encoded)]
+        lengths = [len(ids) for ids in encoded]
+    return [(b, n, session, replica_index.get(r.replica) if r.replica is not None else None,
+             measure_from is None or (r.t is not None and r.t >= measure_from))
+            for r, b, n, session in zip(requests, blocks, lengths, sessions)]
 
 
 def _hash_trace(requests: Sequence[Request]) -> bool:
-    """Whether the sample is a block-hash trace; a sample of both kinds cannot be replayed."""
-    first = requests[0].is_hashes
-    odd = next((r for r in requests if r.is_hashes != first), None)
+    """Whether the sample is a block-hash trace; a sample of both kinds, or of two trace
+    formats (their time units and block sizes differ), cannot be replayed."""
+    first = requests[0]
+    odd = next((r for r in requests if r.is_hashes != first.is_hashes), None)
     if odd is not None:
         kinds = ("token ids or text", "block hashes")
-        raise SampleError(f"line {odd.line}: {kinds[odd.is_hashes]} in a sample of {kinds[first]} (line {requests[0].line}): "
+        raise SampleError(f"line {odd.line}: {kinds[odd.is_hashes]} in a sample of {kinds[first.is_hashes]} (line {first.line}): "
                           "a block-hash trace and requests cannot be replayed together")
-    return first
+    odd = next((r for r in requests if r.trace != first.trace), None)
+    if odd is not None:
+        raise SampleError(f"line {odd.line}: a line in {hashtrace.FORMAT_NAMES[odd.trace]} in a trace in "
+                          f"{hashtrace.FORMAT_NAMES[first.trace]} (line {first.line}): one trace, one format")
+    return first.is_hashes
 
 
-NOT_AVAILABLE = "needs prompt text, which a block-hash trace does not have"
+def _conversations(requests: Sequence[Request]) -> tuple[list[str], int]:
+    """A Qwen-Bailian request's session key is its conversation: the root of its chat_id chain."""
+    roots = hashtrace.conversation_roots([(r.chat_id, r.parent_chat_id) for r in requests])
+    return [r.session or str(root) for r, root in zip(requests, roots)], len(set(roots))
 
 
-def _ratio(prepared, block_size: int, policy: str, replicas: int, cache_blocks: int | None) -> float:
-    hits, total = cachemodel.replay(prepared, block_size, policy, replicas, cache_blocks)
-    return hits / total if total else 0.0
+def _arrivals(requests: Sequence[Request], prefill_tokens_per_s: float) -> list[float] | None:
+    """Arrival times for a timed prefill; None when it is not timed or a request has no time."""
+    if prefill_tokens_per_s == math.inf or any(r.t is None for r in requests):
+        return None
+    out, last = [], -math.inf
+    for r in requests:
+        last = max(last, r.t)  # the sample is in arrival order: a clock stepping back does not make a request earlier
+        out.append(last)
+    return out
+
+
+def _share(prepared, hits: Sequence[int]) -> float:
+    """Token-weighted hit ratio of the counted requests."""
+    hit = total = 0
+    for p, h in zip(prepared, hits):
+        if p[4]:
+            hit += h
+            total += p[1]
+    return hit / total if total else 0.0
+
+
+def _first_block(r: Request, shorter: bool) -> str:
+    """A group's name: its first request's first block, as the user can find it."""
+    if shorter:
+        return "prompts shorter than one block"
+    if r.hash_ids is not None:
+        return f"hash id {r.hash_ids[0]}"
+    if r.tokens is not None:
+        name = "tokens " + " ".join(map(str, r.tokens[:6])) + " ..."
+    else:
+        name = repr(" ".join((r.prompt if r.prompt is not None else render(r.body)).split())[:40])
+    return name + "".join(f" ({key} {value})" for key, value in (("lora", r.lora), ("cache_salt", r.salt)) if value)
+
+
+def _stampede_example(requests: Sequence[Request], prepared, instant: Sequence[int], timed: Sequence[int]) -> str:
+    lost = [(i - t, k) for k, (i, t, p) in enumerate(zip(instant, timed, prepared)) if p[4] and i > t]
+    if not lost:
+        return "no request arrived while blocks it would reuse were still in prefill"
+    worst, k = max(lost, key=lambda x: (x[0], -x[1]))
+    return (f"{len(lost)} request(s) arrived while blocks they would reuse were still in another request's prefill; "
+            f"the most: line {requests[k].line}, {worst} tokens")
 
 
 def analyze(requests: Sequence[Request], replicas: int = 1, policies: Sequence[str] = (cachemodel.ROUND_ROBIN,),
             cache_blocks: int | None = None, block_size: int | None = 16, tokenizer: Tokenizer | None = None,
-            measure_from: float | None = None, cache_tokens: int | None = None, curve: bool = False) -> Analysis:
+            measure_from: float | None = None, cache_tokens: int | None = None, curve: bool = False,
+            prefill_tokens_per_s: float = math.inf) -> Analysis:
     """`measure_from`: requests before this `t` only warm the caches, as the traffic
-    before a sample warms a live server's. `block_size` None: 16 for requests, while a
-    block-hash trace must be told. `cache_tokens`: per replica, instead of `cache_blocks`.
-    `curve`: sweep the cache size per replica (capacitycurve.py)."""
+    before a sample warms a live server's. `block_size` None: 16 for requests and the
+    Qwen-Bailian format, while a Mooncake trace must be told. `cache_tokens`: per replica,
+    instead of `cache_blocks`. `curve`: sweep the cache size per replica
+    (capacitycurve.py). `prefill_tokens_per_s`: a request's blocks become reusable when
+    its prefill ends (infinite: when it arrives; the command's default is
+    DEFAULT_PREFILL_TOKENS_PER_S)."""
     if not requests:
         raise SampleError("no requests to analyse")
+    rate = prefill_tokens_per_s
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or math.isnan(rate) or rate <= 0:
+        raise SampleError(f"the prefill rate must be a positive number of tokens a second, or inf (not {rate!r})")
     hashes = _hash_trace(requests)
+    trace = requests[0].trace
     if block_size is None:
-        if hashes:
+        if hashes and trace == hashtrace.MOONCAKE:
             raise SampleError("a block-hash trace needs --block-size, the tokens each hash id stands for "
                               f"(Mooncake's FAST'25 traces use {hashtrace.MOONCAKE_BLOCK_SIZE})")
-        block_size = 16
+        block_size = hashtrace.BAILIAN_BLOCK_SIZE if hashes else 16
     if block_size <= 0:
         raise SampleError("the block size must be positive")
     if cache_tokens is not None:
@@ -398,43 +330,65 @@ def analyze(requests: Sequence[Request], replicas: int = 1, policies: Sequence[s
             raise SampleError(f"a cache of {cache_tokens} tokens holds no block of {block_size}")
         cache_blocks = cache_tokens // block_size
     notes: list[str] = []
+    if hashes and all(r.t is not None for r in requests):
+        requests = sorted(requests, key=lambda r: r.t)  # the trace's timestamps order the replay
+    sessions = [r.session for r in requests]
     if hashes:
-        if all(r.t is not None for r in requests):
-            requests = sorted(requests, key=lambda r: r.t)  # the trace's timestamps order the replay
+        if trace == hashtrace.BAILIAN:
+            sessions, conversations = _conversations(requests)
+            notes.append(f"sessions: {conversations} conversation(s), each the root of its chat_id chain")
         misfit, first_misfit = hashtrace.misfits([(r.line, r.hash_ids, r.input_length) for r in requests], block_size)
         if misfit:
             notes.append(f"warning: {misfit} line(s) (the first: line {first_misfit}) hold a number of hash ids that does not "
                          f"fit input_length at {block_size} tokens a hash id: is --block-size right?")
-        if not all(r.session for r in requests):
+        if not all(sessions):
             if cachemodel.SESSION in policies:
                 raise SampleError("session routing needs a session key, which a block-hash trace does not have")
             notes.append("session routing left out: a block-hash trace has no session key")
     if any(r.is_text for r in requests) and tokenizer is None:
         raise SampleError("the sample holds text: a tokenizer is needed (--target, --tokenizer, or the approximation)")
+    arrivals = _arrivals(requests, rate)
+    if rate != math.inf and arrivals is None:
+        notes.append(f"stampede not measured: it {NO_ARRIVALS}; blocks are reusable on arrival")
     names = sorted({r.replica for r in requests if r.replica is not None})
     replica_index = {name: i for i, name in enumerate(names)}
     observable = bool(names) and all(r.replica is not None for r in requests)
-    _prep = lambda reqs: _prepared(reqs, tokenizer, block_size, replica_index, measure_from)
-    as_is = _prep(requests)
-    prompt_tokens = sum(p[1] for p in as_is if p[4])
-    ceiling = _ratio(as_is, block_size, cachemodel.ROUND_ROBIN, 1, None)
-    capacity = _ratio(as_is, block_size, cachemodel.ROUND_ROBIN, 1, cache_blocks * replicas) if cache_blocks else ceiling
     if cachemodel.OBSERVED in policies and not observable:
         raise SampleError("observed routing needs a `replica` on every request")
-    observed = _ratio(as_is, block_size, cachemodel.OBSERVED, len(names), cache_blocks) if observable else None
-    results = {p: (observed if p == cachemodel.OBSERVED else _ratio(as_is, block_size, p, replicas, cache_blocks)) for p in policies}
+    # the text fixes keep the requests' order, and so their sessions
+    _prep = lambda reqs: _prepared(reqs, tokenizer, block_size, replica_index, measure_from, sessions)
+    spread = lambda policy: len(names) if policy == cachemodel.OBSERVED else replicas
+
+    def hits(prepared, policy: str, n_replicas: int, blocks: int | None, timed: bool = True) -> list[int]:
+        return cachemodel.replay_each(prepared, block_size, policy, n_replicas, blocks, arrivals=arrivals if timed else None,
+                                      prefill_tokens_per_s=rate, chained=True)  # _prepared's hashes chain
+
+    as_is = _prep(requests)
+    prompt_tokens = sum(p[1] for p in as_is if p[4])
+    ceiling_hits = hits(as_is, cachemodel.ROUND_ROBIN, 1, None, timed=False)
+    ceiling = _share(as_is, ceiling_hits)
+    capacity = _share(as_is, hits(as_is, cachemodel.ROUND_ROBIN, 1, cache_blocks * replicas, timed=False)) if cache_blocks else ceiling
+    by_policy = {p: hits(as_is, p, spread(p), cache_blocks) for p in policies}
+    results = {p: _share(as_is, h) for p, h in by_policy.items()}
+    observed = results.get(cachemodel.OBSERVED)
+    if observed is None and observable:
+        observed = _share(as_is, hits(as_is, cachemodel.OBSERVED, len(names), cache_blocks))
     main = policies[0]
+    instant_main = by_policy[main] if arrivals is None else hits(as_is, main, spread(main), cache_blocks, timed=False)
     analysis = Analysis(sum(1 for p in as_is if p[4]), prompt_tokens, block_size, replicas, cache_blocks, results, ceiling, capacity,
                         observed=observed, tokenizer=tokenizer.name if tokenizer else "token ids",
-                        exact=tokenizer.exact if tokenizer and any(r.is_text for r in requests) else True)
+                        exact=tokenizer.exact if tokenizer and any(r.is_text for r in requests) else True,
+                        prefill_tokens_per_s=rate)
     analysis.notes = notes
     losses = []
     candidates = [p for p in cachemodel.POLICIES if p != cachemodel.OBSERVED
-                  and not (p == cachemodel.SESSION and hashes and not all(r.session for r in requests))]
+                  and not (p == cachemodel.SESSION and hashes and not all(sessions))]
     volatile_fixed_reqs = requests
     if hashes:
-        analysis.hash_trace = True
-        analysis.tokenizer = f"block hashes, {block_size} tokens a hash id (--block-size; Mooncake's FAST'25 traces use {hashtrace.MOONCAKE_BLOCK_SIZE})"
+        analysis.hash_trace, analysis.trace_format = True, trace
+        stated = "the format's" if trace == hashtrace.BAILIAN and block_size == hashtrace.BAILIAN_BLOCK_SIZE else "--block-size"
+        analysis.tokenizer = (f"block hashes in {hashtrace.FORMAT_NAMES[trace]}, {block_size} tokens a hash id ({stated}; "
+                              f"Mooncake's FAST'25 traces use {hashtrace.MOONCAKE_BLOCK_SIZE}, Qwen-Bailian's {hashtrace.BAILIAN_BLOCK_SIZE})")
         # the text fixes cannot be measured without text: unknown, which is not zero
         losses.append({"kind": "volatile_content", "points": None, "available": False, "example": None, "why": NOT_AVAILABLE})
         losses.append({"kind": "history_rewritten", "points": None, "available": False, "example": None, "why": NOT_AVAILABLE})
@@ -442,8 +396,9 @@ def analyze(requests: Sequence[Request], replicas: int = 1, policies: Sequence[s
         kept, history_examples = _with_history_kept(requests)
         moved_all = [_with_volatile_moved(r) for r in kept]
         moved_as_is = [_with_volatile_moved(r) for r in requests]
-        ideal = _ratio(_prep([r for r, _ in moved_all]), block_size, cachemodel.ROUND_ROBIN, 1, None)
-        history_only = _ratio(_prep(kept), block_size, cachemodel.ROUND_ROBIN, 1, None)
+        ideal_prepared, kept_prepared = _prep([r for r, _ in moved_all]), _prep(kept)
+        ideal = _share(ideal_prepared, hits(ideal_prepared, cachemodel.ROUND_ROBIN, 1, None, timed=False))
+        history_only = _share(kept_prepared, hits(kept_prepared, cachemodel.ROUND_ROBIN, 1, None, timed=False))
         volatile_examples = [f"{kind} {span!r} (line {r.line})" for (r, spans) in zip(requests, (s for _, s in moved_as_is)) for kind, span in spans[:1]]
         losses.append({"kind": "volatile_content", "points": round((ideal - history_only) * 100, 2),
                        "example": volatile_examples[0] if volatile_examples else None})
@@ -453,20 +408,49 @@ def analyze(requests: Sequence[Request], replicas: int = 1, policies: Sequence[s
         volatile_fixed_reqs = [r for r, _ in moved_as_is]
     losses.append({"kind": "capacity", "points": round((ceiling - capacity) * 100, 2),
                    "example": f"{replicas} x {cache_blocks} blocks as one cache" if cache_blocks else "unlimited cache"})
-    spread = len(names) if main == cachemodel.OBSERVED else replicas
-    losses.append({"kind": "routing", "points": round((capacity - results[main]) * 100, 2),
-                   "example": f"{main} over {spread} replica(s), each with its own cache"})
+    losses.append({"kind": "routing", "points": round((capacity - _share(as_is, instant_main)) * 100, 2),
+                   "example": f"{main} over {spread(main)} replica(s), each with its own cache"})
+    if rate == math.inf:
+        losses.append({"kind": "stampede", "points": 0.0, "fix": None,
+                       "example": "prefill not timed (--prefill-tokens-per-s inf): a request's blocks are reusable the moment it arrives"})
+    elif arrivals is None:
+        losses.append({"kind": "stampede", "points": None, "available": False, "example": None, "fix": STAMPEDE_FIX, "why": NO_ARRIVALS})
+    else:
+        losses.append({"kind": "stampede", "points": round((_share(as_is, instant_main) - results[main]) * 100, 2), "fix": STAMPEDE_FIX,
+                       "example": _stampede_example(requests, as_is, instant_main, by_policy[main])})
     analysis.policy = main
     analysis.losses = losses
     fixed_prepared = _prep(volatile_fixed_reqs) if volatile_fixed_reqs is not requests else as_is
-    fixed = {p: (results[p] if fixed_prepared is as_is and p in results else _ratio(fixed_prepared, block_size, p, replicas, cache_blocks))
+    fixed = {p: (results[p] if fixed_prepared is as_is and p in results else _share(fixed_prepared, hits(fixed_prepared, p, replicas, cache_blocks)))
              for p in candidates}
     analysis.best_policy = max(fixed, key=lambda p: (fixed[p], p == main))
     analysis.fixed = fixed[analysis.best_policy]
+    _group(analysis, requests, as_is, ceiling_hits, by_policy)
     if curve:
         swept = [p for p in policies if p != cachemodel.OBSERVED] or [cachemodel.ROUND_ROBIN]
-        analysis.curve = capacitycurve.sweep(as_is, block_size, swept, replicas, cache_blocks)
+        analysis.curve = capacitycurve.sweep(as_is, block_size, swept, replicas, cache_blocks, chained=True)
+        analysis.curve["stampede_included"] = False  # blocks reusable on arrival: the stampede's fix is not cache
     return analysis
+
+
+def _group(a: Analysis, requests: Sequence[Request], prepared, ceiling_hits: Sequence[int], by_policy: dict[str, list[int]]) -> None:
+    """The requests by first block, and by the type and turn a trace gives."""
+    tokens, counted = [p[1] for p in prepared], [p[4] for p in prepared]
+    keys = [p[0][0] if p[0] else None for p in prepared]
+    # a trace's types: the format's four, any other "other", so a hostile trace cannot make a table of thousands
+    kinds = [None if r.request_type is None else r.request_type if r.request_type in hashtrace.REQUEST_TYPES else "other"
+             for r in requests]
+    tagged = any(k is not None for k in kinds)
+    a.prefix_groups = whatif_groups.groups(
+        keys, tokens, counted, ceiling_hits, by_policy,
+        lambda i: {"first_block": _first_block(requests[i], keys[i] is None), "example_line": requests[i].line},
+        tags=kinds if tagged else None)
+    if tagged:
+        named = [k or "unknown" for k in kinds]
+        a.by_type = whatif_groups.groups(named, tokens, counted, ceiling_hits, by_policy, lambda i: {"type": named[i]}, top=None)
+    if any(r.turn is not None for r in requests):
+        turns = [whatif_groups.turn_bucket(r.turn) or "unknown" for r in requests]
+        a.by_turn = whatif_groups.groups(turns, tokens, counted, ceiling_hits, by_policy, lambda i: {"turns": turns[i]}, top=None)
 
 
 def report(a: Analysis) -> str:
@@ -476,6 +460,8 @@ def report(a: Analysis) -> str:
              f"{a.replicas} replica(s), {cache} per replica; tokens: {a.tokenizer}"]
     if not a.exact:
         lines.append("APPROXIMATION: text was tokenized without the model's tokenizer; give --target or --tokenizer for exact ids")
+    lines.append("prefill: not timed, a request's blocks are reusable the moment it arrives" if a.prefill_tokens_per_s == math.inf else
+                 f"prefill: {a.prefill_tokens_per_s:g} tokens/s, a request's blocks are reusable when its prefill ends (no queueing)")
     lines += a.notes
     lines.append("hit ratio by routing policy: " + "  ".join(f"{p} {pct(v)}" for p, v in a.policies.items()))
     lines.append("waterfall (points of token-weighted hit ratio):")
@@ -492,6 +478,11 @@ def report(a: Analysis) -> str:
     for kind, label in (("capacity", "capacity"), ("routing", "routing")):
         l = losses[kind]
         lines.append(f"  - {label:<44} {-l['points']:+6.1f}  {l['example']}")
+    l, label = losses["stampede"], "stampede (blocks still in another's prefill)"
+    if l["points"] is None:
+        lines.append(f"  - {label:<44} not available: {l['why']}")
+    else:
+        lines.append(f"  - {label:<44} {-l['points']:+6.1f}  {l['example']}" + (f"; fix: {l['fix']}" if l["fix"] and l["points"] else ""))
     lines.append(f"  = this sample gets ({a.policy}){'':<24} {pct(a.policies[a.policy])}")
     if a.observed is not None:
         lines.append(f"observed routing (the replicas in the sample): {pct(a.observed)}")
@@ -499,6 +490,17 @@ def report(a: Analysis) -> str:
         lines.append(f"fixed (volatile content moved after the static part, routing {a.best_policy}): {pct(a.fixed)}")
     else:
         lines.append(f"best routing ({a.best_policy}): {pct(a.fixed)}; moving volatile content {NOT_AVAILABLE.replace('needs', 'needs the')}")
+    if a.prefix_groups is not None:
+        count = a.prefix_groups["count"]
+        lines += whatif_groups.report_lines(
+            f"prefix groups: the requests by their first block ({count} group(s), the top {min(count, whatif_groups.TOP_GROUPS)} by "
+            "prompt tokens); hit ratio and points lost from the group's own ceiling:", a.prefix_groups,
+            lambda g: f"line {g['example_line']}: {g['first_block']}", a.policy)
+    for title, grouped, key in (("by request type:", a.by_type, "type"), ("by turn:", a.by_turn, "turns")):
+        if grouped is not None:
+            lines += whatif_groups.report_lines(title, grouped, lambda g, key=key: str(g[key]), a.policy)
     if a.curve is not None:
         lines += capacitycurve.report_lines(a.curve)
+        if a.prefill_tokens_per_s != math.inf:
+            lines.append("  (the curve replays blocks reusable on arrival: the stampede is left out, its fix is not cache)")
     return "\n".join(lines)

@@ -2,11 +2,15 @@
 a tokenizer.json, else an approximation), runs the what-if analysis and prints it, drawing the capacity curve on request."""
 from __future__ import annotations
 
+import argparse
+import gc
 import json
+import math
 import os
 import sys
 
 from ..exitcodes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from ..peers import files
 from ..peers.urls import redact_url
 from . import divergence, whatif
 from .cachemodel import OBSERVED, POLICIES, SESSION
@@ -33,12 +37,46 @@ def _tokenizer(args) -> whatif.Tokenizer:
     return whatif.approximate_tokenizer()
 
 
+def prefill_rate(text: str) -> float:
+    """`--prefill-tokens-per-s`: a positive number of tokens a second, or `inf` (blocks
+    reusable on arrival, the replay without prefill time); argparse exits 2 on anything else."""
+    try:
+        rate = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of tokens a second (or inf)") from None
+    if math.isnan(rate) or rate <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the prefill rate must be a positive number of tokens a second, or inf")
+    return rate
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags `whatif` owns beyond those exporter/cli.py declares; the parser there calls this."""
+    parser.add_argument("--prefill-tokens-per-s", dest="prefill_tokens_per_s", type=prefill_rate,
+                        default=whatif.DEFAULT_PREFILL_TOKENS_PER_S, metavar="R",
+                        help="a request's computed blocks become reusable when its prefill ends, at its arrival plus its "
+                             "uncached tokens / R (no queueing); inf: on arrival")
+
+
 def command(args) -> int:
     """`whatif REQUESTS`: the sample through the cache model, per routing policy; bad lines are skipped and counted."""
+    # a trace of 100,000 requests is some 12 million ints in lists, and more in the replay's
+    # pools: the cycle collector would walk them again and again while they are built (a sixth
+    # of the run), and they hold no cycle to collect
+    collecting = gc.isenabled()
+    gc.disable()
     try:
-        source = sys.stdin if args.requests == "-" else open(args.requests, encoding="utf-8", errors="replace")
+        return _command(args)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _command(args) -> int:
+    try:
+        # a file is regular (a FIFO is never waited on, /dev/zero never read into memory); lines are bounded
+        source = sys.stdin.buffer if args.requests == "-" else files.open_regular(args.requests)
     except OSError as exc:
-        print(f"error: cannot read {args.requests}: {exc.strerror}", file=sys.stderr)
+        print(f"error: cannot read {args.requests}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_ERROR
     requests_, bad = [], 0
     with source:
@@ -55,8 +93,10 @@ def command(args) -> int:
         tokenizer = _tokenizer(args) if any(r.is_text for r in requests_) else None
         policies = tuple(dict.fromkeys(args.routing)) if args.routing else default_policies(requests_)
         replicas = args.replicas or len({r.replica for r in requests_ if r.replica}) or 1
+        # a parser that does not call add_arguments (yet) gets the flag's default
+        rate = getattr(args, "prefill_tokens_per_s", whatif.DEFAULT_PREFILL_TOKENS_PER_S)
         analysis = whatif.analyze(requests_, replicas, policies, args.cache_blocks, args.block_size, tokenizer, args.measure_from,
-                                      cache_tokens=args.cache_tokens, curve=args.capacity_curve or bool(args.svg))
+                                  cache_tokens=args.cache_tokens, curve=args.capacity_curve or bool(args.svg), prefill_tokens_per_s=rate)
     except (whatif.SampleError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -78,7 +118,7 @@ def command(args) -> int:
 
 def default_policies(requests_) -> tuple[str, ...]:
     """Every policy; `observed` first when the sample says which replica served each request."""
-    # a block-hash trace has no session key: session routing would be round robin by another name
-    sessionless = any(r.is_hashes for r in requests_) and not all(r.session for r in requests_)
+    # a Mooncake trace has no session key: session routing would be round robin by another name
+    sessionless = any(r.is_hashes for r in requests_) and not all(r.has_session_key for r in requests_)
     rest = tuple(p for p in POLICIES if p != OBSERVED and not (p == SESSION and sessionless))
     return ((OBSERVED,) + rest) if all(r.replica for r in requests_) else rest
