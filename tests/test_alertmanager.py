@@ -80,6 +80,25 @@ def test_firing_then_resend_then_resolved(am):
     n.stop(1.0)
 
 
+def test_a_wall_clock_stepped_back_keeps_the_resends_going_so_alertmanager_never_resolves_by_itself(am):
+    """NTP steps the wall clock back 10 minutes: the resends follow the ticker (monotonic),
+    so the alert's endsAt keeps moving ahead of Alertmanager's clock; before, no resend came
+    for 10 minutes and Alertmanager resolved the alert at its endsAt (4 resend intervals)."""
+    wall, ticker = Clock(), Clock()
+    n = Notifier(AlertmanagerConfig(urls=(am.base,), resend_interval=60.0, timeout=2.0), "http://sidecar:9464/", wall, ticker=ticker)
+    n.transitions([Transition(1000.0, alert(), FIRING)])
+    n.deliver_once()
+    wall.t -= 600.0  # stepped back
+    for _ in range(5):
+        wall.t += 61.0
+        ticker.t += 61.0
+        n.resend([alert()])
+        n.deliver_once()
+    assert len(am.bodies) == 6
+    assert am.bodies[-1][0]["endsAt"] == rfc3339(wall.t + 240.0)  # Alertmanager's time: the wall clock's
+    n.stop(1.0)
+
+
 def test_an_outage_loses_no_transition_and_backs_off():
     clock = Clock()
     receiver = Receiver(status=503)

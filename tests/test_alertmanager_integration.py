@@ -108,8 +108,7 @@ def _attached_config(tmp_path, monkeypatch, pod, namespace):
     the downward API named `pod` in `namespace`."""
     import yaml
 
-    from exporter.config.sections import load
-    from test_manifests import RECIPES, USER_VLLM, build_overlay
+    from test_manifests import RECIPES, USER_VLLM, build_overlay, load
     tmp_path.mkdir()
     docs = build_overlay(tmp_path, own=(str(USER_VLLM),), namespace=namespace, **RECIPES["five-minutes-attach-sidecar"])
     (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and "config.yml" in d.get("data", {})]

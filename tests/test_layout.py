@@ -69,7 +69,8 @@ IO_MODULES = {"socket", "ssl", "requests", "urllib3", "urllib.request", "http.cl
               "concurrent.futures", "subprocess", "select", "selectors", "asyncio", "cheroot", "apscheduler", "time"}
 # ...and what opens, reads, writes or lists files
 FILE_CALLS = {"open", "fdopen", "read_text", "read_bytes", "write_text", "write_bytes", "listdir", "scandir", "glob", "iglob",
-              "stat", "lstat", "mkfifo", "unlink", "remove", "rmdir", "mkdir", "makedirs"}
+              "stat", "lstat", "mkfifo", "unlink", "remove", "rmdir", "mkdir", "makedirs", "exists", "lexists", "isfile", "isdir",
+              "access", "readlink"}
 
 
 def core_modules(package: Path = PACKAGE) -> list[str]:

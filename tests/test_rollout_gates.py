@@ -230,8 +230,8 @@ def test_the_central_variants_engine_answers_a_version_no_pod_runs_with_an_error
     hands them over (pod name, namespace, version label), an engine fed simulated scrapes,
     and the live server wired as `run` wires it: the gate never passes a version that no
     pod runs."""
-    from exporter.config.sections import load
     from exporter.monitor.engine import Engine
+    from test_manifests import load  # the config as the pod reads it, its token file included
     from exporter.sim.simulator import Replica, Scenario
     from exporter.parse.vllm_metrics import parse
     data = yaml.safe_load((EXAMPLES.parent / "central" / "config.yml").read_text())

@@ -63,7 +63,7 @@ def payload(alert: Alert, now: float, resend_interval: float, generator_url: str
 class _Queue:
     url: str
     pending: "OrderedDict[tuple, dict]" = field(default_factory=OrderedDict)
-    queued_at: dict = field(default_factory=dict)  # key -> when a firing alert was last queued
+    queued_at: dict = field(default_factory=dict)  # key -> when a firing alert was last queued (the ticker's time)
     resolved: dict = field(default_factory=dict)  # key -> (payload, resolved at, last queued) for 15 minutes
     failures: int = 0
     retry_at: float = 0.0
@@ -96,10 +96,14 @@ class _Name:
 
 class Notifier:
     def __init__(self, cfg: AlertmanagerConfig, generator_url: str, clock: Callable[[], float] = time.time,
-                 resolve: Lookup = lookup):
+                 resolve: Lookup = lookup, ticker: Callable[[], float] | None = None):
         self.cfg = cfg
         self.generator_url = generator_url
-        self.clock = clock
+        self.clock = clock  # the wall clock: startsAt and endsAt, which Alertmanager compares with its own
+        # the resend and retry cadence: a wall clock stepped back 10 minutes (NTP, a VM migration)
+        # stopped the resends, and Alertmanager resolved a firing alert at its endsAt; an
+        # injected clock (tests, a replay) is its own ticker
+        self.ticker = ticker or (time.monotonic if clock is time.time else clock)
         # replaced whole under self.lock, never changed in place: a reader iterates its own copy
         self.queues: list[_Queue] = []
         self.names: list[_Name] = []
@@ -110,7 +114,7 @@ class Notifier:
             else:
                 self.names.append(_Name(url, parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)))
         self.lookup = BoundedLookup(resolve, min(cfg.timeout, RESOLVE_TIMEOUT))
-        self.recently_resolved: dict = {}  # key -> (payload, resolved at), for queues that appear
+        self.recently_resolved: dict = {}  # key -> (payload, resolved at by the ticker), for queues that appear
         self._resolver: threading.Thread | None = None
         self._started = False
         self.lock = threading.Lock()
@@ -179,7 +183,7 @@ class Notifier:
 
     # --- input, from the evaluation job --------------------------------------------------
     def transitions(self, transitions: Sequence[Transition]) -> None:
-        now = self.clock()
+        now, tick = self.clock(), self.ticker()
         with self.lock:
             for tr in transitions:
                 key = alert_key(tr.alert)
@@ -187,48 +191,48 @@ class Notifier:
                     self.recently_resolved.pop(key, None)
                     for q in self.queues:
                         q.resolved.pop(key, None)
-                    self._put(key, payload(tr.alert, now, self.cfg.resend_interval, self.generator_url), now, firing=True)
+                    self._put(key, payload(tr.alert, now, self.cfg.resend_interval, self.generator_url), tick, firing=True)
                 elif tr.state == RESOLVED:
                     body = payload(tr.alert, now, self.cfg.resend_interval, self.generator_url, resolved=True)
-                    self.recently_resolved[key] = (body, now)
+                    self.recently_resolved[key] = (body, tick)
                     for q in self.queues:
-                        q.resolved[key] = (body, now, now)
-                    self._put(key, body, now, firing=False)
+                        q.resolved[key] = (body, tick, tick)
+                    self._put(key, body, tick, firing=False)
         self._wake_all()
 
     def resend(self, firing: Sequence[Alert]) -> None:
         """Queue a fresh copy of every firing alert not queued for a resend interval."""
-        now = self.clock()
+        now, tick = self.clock(), self.ticker()
         with self.lock:
             for key, (_, resolved_at) in list(self.recently_resolved.items()):
-                if now - resolved_at > RESOLVED_RESEND_FOR:
+                if tick - resolved_at > RESOLVED_RESEND_FOR:
                     del self.recently_resolved[key]
             for q in self.queues:
                 for a in firing:
                     key = alert_key(a)
-                    if a.state == FIRING and now - q.queued_at.get(key, -1e18) >= self.cfg.resend_interval:
-                        self._put_one(q, key, payload(a, now, self.cfg.resend_interval, self.generator_url), now, True)
+                    if a.state == FIRING and tick - q.queued_at.get(key, -1e18) >= self.cfg.resend_interval:
+                        self._put_one(q, key, payload(a, now, self.cfg.resend_interval, self.generator_url), tick, True)
                 for key, (body, resolved_at, queued) in list(q.resolved.items()):
-                    if now - resolved_at > RESOLVED_RESEND_FOR:
+                    if tick - resolved_at > RESOLVED_RESEND_FOR:
                         del q.resolved[key]
-                    elif now - queued >= self.cfg.resend_interval and key not in q.pending:
-                        q.resolved[key] = (body, resolved_at, now)
-                        self._put_one(q, key, body, now, False)
+                    elif tick - queued >= self.cfg.resend_interval and key not in q.pending:
+                        q.resolved[key] = (body, resolved_at, tick)
+                        self._put_one(q, key, body, tick, False)
         self._wake_all()
 
     def _wake_all(self) -> None:
         for q in self.queues:
             q.wake.set()
 
-    def _put(self, key, body: dict, now: float, firing: bool) -> None:
+    def _put(self, key, body: dict, tick: float, firing: bool) -> None:
         for q in self.queues:
-            self._put_one(q, key, body, now, firing)
+            self._put_one(q, key, body, tick, firing)
 
-    def _put_one(self, q: _Queue, key, body: dict, now: float, firing: bool) -> None:
+    def _put_one(self, q: _Queue, key, body: dict, tick: float, firing: bool) -> None:
         q.pending.pop(key, None)
         q.pending[key] = body
         if firing:
-            q.queued_at[key] = now
+            q.queued_at[key] = tick
         else:
             q.queued_at.pop(key, None)
         while len(q.pending) > self.cfg.queue_capacity:
@@ -301,9 +305,8 @@ class Notifier:
         return True
 
     def _deliver(self, q: _Queue, deadline: float | None) -> None:
-        now = self.clock()
         with self.lock:
-            if not q.pending or now < q.retry_at:
+            if not q.pending or self.ticker() < q.retry_at:
                 return
             batch = list(q.pending.items())[:_BATCH]
         timeout = self.cfg.timeout if deadline is None else max(0.1, min(self.cfg.timeout, deadline - time.monotonic()))
@@ -332,7 +335,7 @@ class Notifier:
             else:
                 q.failed += 1
                 q.failures += 1
-                q.retry_at = self.clock() + min(_MAX_BACKOFF, 0.5 * 2 ** (q.failures - 1))
+                q.retry_at = self.ticker() + min(_MAX_BACKOFF, 0.5 * 2 ** (q.failures - 1))
                 if q.last_error != error:
                     log.warning("alertmanager %s: %s; %d alert(s) kept for retry", redact_url(q.url), error, len(q.pending))
                 q.last_error = error
