@@ -152,3 +152,14 @@ def test_one_version_and_no_rollout_is_the_steady_state_and_reads_nothing():
     def members_of(model, window):
         raise AssertionError("no replica needs reading")
     assert observe({}, 2000.0, {"m": {"v41": 0.0}, "n": {"v7": 5.0}}, members_of, {}, GATE) == ({}, [])
+
+
+def test_the_gate_weighs_a_block_counting_target_in_tokens():
+    """A 0.8.x target counts 16-token blocks: 2,000 of them are 32,000 tokens, over the
+    gate's 20,000-token floor (it compared the block count and stayed inconclusive)."""
+    def blocks(hits, queries):
+        return ws(hits, queries)._replace(unit="blocks", block_size=16)
+    old = [Member("old-0", "v41", blocks(1_800, 2_000))]
+    v = analyze(old + [Member("new-0", "v42", blocks(60, 2_000))], "m", "v42", min_query_tokens=20_000)
+    assert v.verdict == FAIL and (v.query_tokens, v.baseline_query_tokens) == (32_000, 32_000)
+    assert (v.hit_ratio, v.baseline_hit_ratio) == (0.03, 0.9)

@@ -194,6 +194,18 @@ def test_landing_page_says_when_the_deploy_api_is_open():
     assert b"is open" not in call(closed_app, "GET", "/")[2]
 
 
+def test_the_status_api_gives_query_tokens_in_tokens_also_for_a_block_counting_target():
+    """A vLLM 0.8 target counts blocks: `query_tokens` were its block counts (`unit`
+    says what the engine counts in)."""
+    state = simulated_state(generation="v0.8")
+    data = json.loads(call(App(state, CollectorRegistry()), "GET", "/api/v1/status")[2])
+    (up,) = [t for t in data["targets"] if t["name"] == "vllm-0"]
+    window = up["models"]["demo/llama-3-8b"]["5m"]
+    ws = state.targets()[0].stats["demo/llama-3-8b"]["5m"]
+    assert window["unit"] == "blocks" and window["query_tokens"] == ws.query_increase * 16 > 0
+    assert window["hit_tokens"] == ws.hit_increase * 16 and window["effective_hit_ratio"] == ws.effective_hit_ratio
+
+
 def test_credentials_in_target_urls_never_reach_the_status_api():
     from dataclasses import replace
     state = simulated_state()

@@ -69,3 +69,77 @@ def test_the_look_back_and_grace_are_the_configured_ones_only():
     assert classify(evidence(events=(ev("api", 1200),)), short)[0] == causes.UNKNOWN
     with pytest.raises(TypeError):  # the values come from the config, not from here
         causes.Settings()
+
+
+# --- causes that are not deploys: a lost tier, a grown fleet, a wake, evicted blocks --------------
+def fleet(ago, was=2, now=6, ratio_before=0.56):
+    return DeployEvent(NOW - ago, None, f"replicas:{was}->{now}", "replicas", model="m", replicas=(was, now),
+                       ratio_before=ratio_before)
+
+
+TWO_TIERS = (("device", 0.30), ("external", 0.58))
+
+
+@pytest.mark.parametrize("kw, cause", [
+    pytest.param(dict(ratio=0.3, baseline=0.88, tiers=(("device", 0.30), ("external", 0.0)), baseline_tiers=TWO_TIERS),
+                 causes.CACHE_TIER_LOST, id="the-connector-stopped-the-gpu-held"),
+    pytest.param(dict(ratio=0.3, events=(ev("change_point", 20),), tiers=(("device", 0.30), ("external", 0.0)),
+                      baseline_tiers=TWO_TIERS), causes.CACHE_TIER_LOST, id="a-change-point-that-is-a-lost-tier"),
+    pytest.param(dict(ratio=0.03, events=(ev("api", 20),), tiers=(("device", 0.02), ("external", 0.01)),
+                      baseline_tiers=TWO_TIERS), causes.PROMPT_PREFIX_CHANGE, id="every-tier-fell-a-prompt-change"),
+    pytest.param(dict(ratio=0.8, tiers=(("device", 0.30), ("external", 0.5)), baseline_tiers=TWO_TIERS),
+                 causes.UNKNOWN, id="a-wobble-of-a-tier-is-no-loss"),
+    pytest.param(dict(ratio=0.3, tiers=(("device", 0.3),), baseline_tiers=(("device", 0.85),)),
+                 causes.UNKNOWN, id="one-tier-only-is-no-tier-lost"),
+    pytest.param(dict(ratio=0.3, events=(fleet(200),), per_request=(700.0, 2580.0), per_request_before_fleet=(1500.0, 2580.0)),
+                 causes.REPLICAS_CHANGED, id="more-replicas-fewer-hits-per-request"),
+    pytest.param(dict(ratio=0.3, events=(fleet(200),)), causes.REPLICAS_CHANGED, id="a-new-pod-of-the-grown-fleet"),
+    pytest.param(dict(ratio=0.03, events=(fleet(200),)), causes.UNKNOWN, id="deeper-than-the-fleet-explains"),
+    pytest.param(dict(ratio=0.3, events=(fleet(200),), per_request=(700.0, 5000.0), per_request_before_fleet=(1500.0, 2580.0)),
+                 causes.UNKNOWN, id="the-requests-changed-not-only-where-they-go"),
+    pytest.param(dict(ratio=0.3, events=(fleet(200, was=6, now=2),)), causes.UNKNOWN, id="fewer-replicas-explain-no-fall"),
+    pytest.param(dict(ratio=0.03, events=(fleet(600), ev("api", 20))), causes.PROMPT_PREFIX_CHANGE,
+                 id="a-deploy-after-the-scale-out-is-a-deploy"),
+    pytest.param(dict(ratio=0.3, events=(fleet(200),), kv_usage_max=0.97), causes.EVICTION_PRESSURE,
+                 id="a-full-kv-cache-is-pressure-whatever-the-fleet"),
+    pytest.param(dict(ratio=0.3, evicted_before_reuse=True), causes.EVICTION_PRESSURE, id="blocks-evicted-before-reuse"),
+    pytest.param(dict(events=(ev("api", 20),), evicted_before_reuse=True), causes.PROMPT_PREFIX_CHANGE,
+                 id="residency-alone-never-outranks-a-deploy"),
+    pytest.param(dict(events=(ev("wake", 60),), ratio=0.4, ratio_earlier=0.2), causes.COLD_START, id="a-wake-is-a-cold-start"),
+])
+def test_classify_the_causes_that_are_not_deploys(kw, cause):
+    got, why = classify(evidence(**kw))
+    assert got == cause and why
+
+
+def test_a_lost_tier_names_itself_and_its_shares():
+    _, why = classify(evidence(ratio=0.3, tiers=(("device", 0.30), ("external", 0.0)), baseline_tiers=TWO_TIERS))
+    assert why.startswith("the external cache tier served 58% of prompt tokens and serves 0% now, while the others hold "
+                          "(device 30%): it carried 66% of the cached tokens")
+
+
+def test_a_grown_fleet_says_when_and_what_routing_gets_it_back():
+    _, why = classify(evidence(ratio=0.3, events=(fleet(200),)))
+    assert "6 replicas since" in why and "(was 2)" in why and "the model hit 56% before" in why
+    assert "prefix-hash or session-affinity routing" in why and "whatif --routing" in why
+
+
+def test_a_lost_tier_says_how_much_of_the_cache_it_carried():
+    """No cause changes a severity (one alert name, one severity): a tier whose loss
+    takes the ratio the drop rule's distance down pages as the drop, a smaller one warns."""
+    minor = evidence(ratio=0.7, tiers=(("device", 0.70), ("external", 0.0)), baseline_tiers=(("device", 0.70), ("external", 0.18)))
+    got, why = classify(minor)
+    assert got == causes.CACHE_TIER_LOST and "it carried 20% of the cached tokens" in why
+
+
+def test_a_traffic_mix_needs_enough_requests_to_be_more_than_chance():
+    rates = dict(ratio=0.45, token_rates=(5600.0, 12500.0), baseline_token_rates=(5800.0, 6500.0))
+    assert classify(evidence(**rates, requests=300.0))[0] == causes.TRAFFIC_MIX
+    assert classify(evidence(**rates, requests=40.0))[0] == causes.UNKNOWN
+
+
+def test_a_scale_out_seen_in_steps_is_one_change_from_the_first_count():
+    steps = (fleet(300, was=2, now=4, ratio_before=0.56), fleet(280, was=4, now=6, ratio_before=0.40))
+    got, why = classify(evidence(ratio=0.3, events=steps))
+    assert got == causes.REPLICAS_CHANGED and "(was 2)" in why and "the model hit 56% before" in why
+    assert classify(evidence(ratio=0.3, events=(fleet(300, was=6, now=2), fleet(280, was=2, now=6))))[0] == causes.UNKNOWN

@@ -41,7 +41,7 @@ def test_check_config_good_and_bad():
     assert good.returncode == 0 and "OK" in good.stdout
     bad = run_cli("check-config", str(FIXTURES / "config" / "bad.yml"))
     assert bad.returncode == 2
-    assert "targets[1].name: required" in bad.stderr and "15 error(s)" in bad.stderr
+    assert "targets[1].name: required" in bad.stderr and "17 error(s)" in bad.stderr
 
 
 def test_run_without_config_exits_2(monkeypatch):

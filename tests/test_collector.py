@@ -130,3 +130,33 @@ def test_the_sidecar_exposes_its_process_and_gc_metrics_and_no_name_twice():
 
     with pytest.raises(ValueError, match="prefixcache_target_up"):
         sidecar.registry.register(Clash())
+
+
+def test_every_tier_and_the_ratio_the_rules_judge_are_exported_beside_the_gpus_own():
+    """A KV connector (LMCache) serving most cached tokens: the GPU-local ratio alone was
+    all a dashboard had; the tiers are exported only where more than one serves."""
+    from exporter.sim import simulator
+    from exporter.sim.stories import with_connector
+    state = State()
+    state.set_targets([simulated_view_of(simulator.Replica("vllm-0", with_connector(3.0), start=0.0, seed=2), 500.0)])
+    fams = {f.name: f for f in text_string_to_metric_families(exposition(state).decode())}
+    effective = {s.labels["window"]: s.value for s in fams["prefixcache_effective_hit_ratio"].samples}
+    tiers = {(s.labels["window"], s.labels["tier"]): s.value for s in fams["prefixcache_tier_hit_ratio"].samples}
+    admitted = {s.labels["window"]: s.value for s in fams["prefixcache_admitted_hit_ratio"].samples}
+    assert 0.85 < effective["5m"] < 0.93 and 0.2 < admitted["5m"] < 0.4
+    assert set(tiers) == {("1m", "device"), ("1m", "external"), ("5m", "device"), ("5m", "external")}
+    assert tiers[("5m", "device")] + tiers[("5m", "external")] == __import__("pytest").approx(effective["5m"])
+    assert [(s.labels["engine"], s.value) for s in fams["prefixcache_engine_sleep_level"].samples] == [("0", 0.0)]
+    # (vLLM's connector counters at 0 are one tier, no tier_hit_ratio: the golden file shows none)
+
+
+def simulated_view_of(replica, seconds, step=5.0):
+    from exporter.config.sections import Target
+    from exporter.monitor.targetview import TargetView
+    from exporter.series.history import History
+    from exporter.series.window import summarize
+    from exporter.sim import simulator
+    history = History(300.0 + step)
+    snap, now = simulator.play_into(replica, history, seconds, step, start=seconds - 305.0)
+    return TargetView(target=Target(replica.name, "http://127.0.0.1:1/metrics"), up=True, polled=True, snapshot=snap,
+                      stats=summarize(history.samples(), now, WINDOWS, 1000.0, snap.block_size), samples=history.samples())

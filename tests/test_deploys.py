@@ -201,3 +201,48 @@ def test_a_first_scrape_of_a_block_counting_target_is_weighed_in_its_own_block_s
     assert SnapshotChangeDetector("r", GRACE).observe(1.0, parse(blocks_metrics(800, 400, start=None))) == []
     (e,) = SnapshotChangeDetector("r", GRACE).observe(1.0, parse(blocks_metrics(500, 250, start=None)))
     assert e.source == deploys.RESTART and "16000 query tokens" in e.description
+
+
+# --- vLLM's sleep mode: a sleep is an event, a wake a cold start without a restart ----------------
+def _sleep_fixture(state: str) -> str:
+    from pathlib import Path
+    return (Path(__file__).parent / "fixtures" / "engine-metrics" / f"vllm_loggers_connector-sleep_{state}.txt").read_text()
+
+
+def test_falling_asleep_is_an_event_and_waking_is_a_cold_start_without_a_restart():
+    awake, asleep = parse(_sleep_fixture("awake")), parse(_sleep_fixture("asleep-level-1"))
+    d = SnapshotChangeDetector("vllm-0", 600.0)
+    assert d.observe(100.0, awake) == [] and d.asleep_since is None
+    (sleep,) = d.observe(105.0, asleep)
+    assert (sleep.source, sleep.t, sleep.is_restart, sleep.is_deploy) == ("sleep", 105.0, False, False)
+    assert "level 1: weights offloaded to CPU, KV cache discarded" in sleep.description
+    assert d.observe(110.0, asleep) == [] and d.asleep_since == 105.0
+    (wake,) = d.observe(225.0, awake)
+    assert (wake.source, wake.t, wake.is_restart, wake.is_deploy) == ("wake", 225.0, True, False)
+    assert "woke after 120s asleep (level 1" in wake.description and "starts empty" in wake.description
+    assert d.asleep_since is None and d.observe(230.0, awake) == []
+
+
+def test_an_engine_asleep_at_the_first_look_wakes_as_a_cold_start_too():
+    d = SnapshotChangeDetector("vllm-0", 600.0)
+    assert d.observe(100.0, parse(_sleep_fixture("asleep-level-2"))) == [] and d.asleep_since == 100.0
+    (wake,) = d.observe(130.0, parse(_sleep_fixture("awake")))
+    assert wake.source == "wake" and "30s asleep (level 2: weights and KV cache discarded)" in wake.description
+
+
+def test_a_restart_while_asleep_is_one_restart_not_a_wake_too():
+    from dataclasses import replace
+    asleep = replace(parse(_sleep_fixture("asleep-level-1")), process_start_time=1.0)
+    d = SnapshotChangeDetector("vllm-0", 600.0)
+    d.observe(1000.0, asleep)
+    events = d.observe(1005.0, replace(parse(_sleep_fixture("awake")), process_start_time=1004.0))
+    assert [e.source for e in events] == ["restart"]
+
+
+def test_events_say_whether_they_are_deploys():
+    from exporter.alerting.deploys import DeployEvent
+    assert [DeployEvent(0, None, "v", s).is_deploy for s in deploys.SOURCES] == [True, False, True, True, True, False, False, False]
+    assert DeployEvent(0, None, "v", deploys.RECORDING).is_deploy  # a recording's announced deploys
+    fleet = DeployEvent(0, None, "replicas:2->6", deploys.REPLICAS, model="m", replicas=(2, 6))
+    assert fleet.to_json()["model"] == "m" and fleet.to_json()["replicas"] == {"before": 2, "after": 6}
+    assert "model" not in DeployEvent(0, None, "v42", deploys.API).to_json()  # the API's events as they were

@@ -340,3 +340,103 @@ def test_the_ttft_from_before_the_hits_stopped_is_kept_while_they_stand_still_an
     e.reconfigure(load({"targets": [{"name": "vllm-0", "url": "http://127.0.0.1:1/0"}]}))
     e.evaluate(START + 245)
     assert set(e.hits_references) == {("vllm-0", "demo/llama-3-8b")}
+
+
+def test_a_hits_counter_falling_40_percent_without_a_restart_is_no_prompt_change():
+    """Part of a summed counter reset (a worker of several restarted): held at its old
+    value, the hits stood still until the counter passed it again, which the change point
+    took for a sharp drop, paging critical prompt_prefix_change while the true ratio
+    stayed 0.8. Held for one poll, it counts on from its new value."""
+    e = engine_for(1)
+    queries, hits, lost = 5e9, 4e9, 0.0
+    transitions, ratios, found = [], [], []
+    for i in range(300):
+        t = START + 5.0 * i
+        queries += 20000
+        hits += 16000
+        if i == 100:
+            lost = 0.4 * hits  # from here on the counter reads 40% low, as a sum missing one worker's part
+        found += e.ingest("vllm-0", t, parse(body(queries, hits - lost, start=START - 3600)))
+        transitions += e.evaluate(t)
+        if i > 110:
+            ratios += [ws.hit_ratio for ws in e.tracks["vllm-0"].view.stats["m"].values() if ws.hit_ratio is not None]
+        if i in (100, 101):
+            assert any("hits counter" in w for w in e.tracks["vllm-0"].view.snapshot.warnings)
+    assert found == [] and transitions == []
+    assert min(ratios) > 0.7 and max(ratios) <= 0.8 + 1e-9  # one poll's hits held, then 0.8 again
+
+
+def replicas_of(engine, names, t):
+    """Every named target serving model "m" at t (its first scrape)."""
+    for name in names:
+        if name not in engine.tracks:
+            engine.reconfigure(engine.config.__class__(**{**engine.config.__dict__, "targets": engine.config.targets + (
+                engine.config.targets[0].__class__(name, f"http://127.0.0.1:1/{name}"),)}))
+        engine.ingest(name, t, parse(body(1000.0 * t, 800.0 * t, start=1.0)))
+
+
+def test_a_change_of_the_replica_count_is_an_event_of_every_replica_of_the_model_once_it_held():
+    e = engine_for(2)
+    for t in (100.0, 105.0, 110.0):
+        replicas_of(e, ["vllm-0", "vllm-1"], t)
+        e.evaluate(t)
+    assert not [ev for ev in e.events if ev.source == "replicas"]  # the first count is no change
+    replicas_of(e, ["vllm-0", "vllm-1", "vllm-2"], 115.0)
+    e.evaluate(115.0)
+    assert not [ev for ev in e.events if ev.source == "replicas"]  # seen once: a wobble so far
+    replicas_of(e, ["vllm-0", "vllm-1", "vllm-2"], 120.0)
+    e.evaluate(120.0)
+    (ev,) = [ev for ev in e.events if ev.source == "replicas"]
+    assert (ev.t, ev.target, ev.model, ev.replicas, ev.is_deploy, ev.is_restart) == (115.0, None, "m", (2, 3), False, False)
+    assert ev.ratio_before == pytest.approx(0.8)
+    assert "3 replicas of m (was 2)" in ev.description and "session affinity" in ev.description
+    # every replica of the model knows it: its change point stays quiet, its alerts see it
+    assert all(e.last_event_t[name] == 115.0 for name in ("vllm-0", "vllm-1", "vllm-2")) and "" not in e.last_event_t
+    assert e.event_counts[("", "replicas")] == 1 and e.last_deploy() == {}
+
+
+def test_a_target_of_the_model_gone_for_one_evaluation_is_a_wobble_not_an_event():
+    e = engine_for(2)
+    for t in (100.0, 105.0):
+        replicas_of(e, ["vllm-0", "vllm-1"], t)
+        e.evaluate(t)
+    cfg = e.config
+    e.reconfigure(cfg.__class__(**{**cfg.__dict__, "targets": cfg.targets[:1]}))
+    e.evaluate(110.0)
+    e.reconfigure(cfg)
+    replicas_of(e, ["vllm-0", "vllm-1"], 115.0)
+    e.evaluate(115.0)
+    replicas_of(e, ["vllm-0", "vllm-1"], 120.0)
+    e.evaluate(120.0)
+    assert not [ev for ev in e.events if ev.source == "replicas"]
+
+
+def test_a_replica_count_event_reaches_the_rules_of_its_model_only(monkeypatch):
+    import exporter.monitor.engine as engine_module
+    from exporter.alerting.deploys import REPLICAS
+    from exporter.alerting.rules import FALSE, HIT_RATE_LOW, registered
+    e = engine_for(1)
+    e.ingest("vllm-0", 100.0, parse(body(1000, 800, start=1.0) + body(1000, 800, model="other")))
+    e.add_event(DeployEvent(99.0, None, "replicas:1->3", REPLICAS, model="m", replicas=(1, 3)))
+    seen = {}
+
+    def record(facts, settings, rc):
+        seen[facts.model] = sorted(x.source for x in facts.events)
+        return FALSE
+    rule = registered(HIT_RATE_LOW)
+    monkeypatch.setattr(engine_module, "rules_to_run", lambda rc, model: [(rule.__class__(**{**rule.__dict__, "condition": record}),
+                                                                          rc.rules[HIT_RATE_LOW])] if model else [])
+    e.evaluate(100.0)
+    assert seen == {"m": ["replicas", "restart"], "other": ["restart"]}  # its first start is both models'
+
+
+def test_a_poll_interval_of_20s_still_finds_a_change_point():
+    """rules.change_point.recent (15s) holds one 20 s interval: the step needs two. Its
+    spans follow the poll interval, so a sidecar polling every 20 s still sees one."""
+    cfg = load({"targets": [{"name": "vllm-0", "url": "http://127.0.0.1:1/0"}], "global": {"poll_interval": "20s"}})
+    e = Engine(cfg)
+    cp = e._change_point_settings()
+    assert (cp.recent, cp.reference) == (40.0, 80.0)
+    transitions = drive(e, [replica(0, simulator.incident(900 + 300))], 600, step=20.0)
+    assert [ev.source for ev in e.events] == ["change_point"]
+    assert firing(transitions, "PrefixCacheHitRateDropAfterDeploy")

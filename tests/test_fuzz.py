@@ -53,6 +53,7 @@ BODIES = st.lists(st.one_of(sample_line(), st.sampled_from(REAL), st.text(max_si
 CONFIG = load({"targets": [{"name": "t", "url": "http://127.0.0.1:1/metrics", "labels": {"namespace": "llm"}}],
                "global": {"windows": ["10s", "1m"], "poll_interval": "1s", "min_query_tokens": 1, "read_timeout": "1s", "connect_timeout": "1s"},
                "rules": {"hit_rate_low": {"window": "1m"}, "hits_stuck_at_zero": {"window": "1m"}, "counters_disagree": {"window": "1m"},
+                         "router_prediction_gap": {"window": "1m"},
                          "ttft_regression": {"window": "10s", "reference": "50s"},
                          "hit_rate_drop_after_deploy": {"baseline": "30s", "after": "30s"}}})
 

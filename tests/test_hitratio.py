@@ -87,3 +87,31 @@ def test_no_other_module_converts_blocks_or_states_the_policy_again():
             if isinstance(node, ast.IfExp) and isinstance(node.body, ast.Constant) and node.body.value == 16:
                 pytest.fail(f"{path.name}:{node.lineno}: `16 if ... blocks`: use hitratio.tokens")
     assert hitratio.tokens_per_block(None) == DEFAULT_BLOCK_SIZE == 16
+
+
+def test_the_judged_ratio_counts_every_tier_a_connector_included():
+    """A GPU-local 30% beside 55% from the connector is a healthy 85%: judging the local
+    ratio alone raised alarms on a healthy fleet and none when the connector went away."""
+    lookup = window(query_increase=1000.0, hit_increase=300.0, external_hit_increase=550.0, unit="tokens")
+    assert judged_ratio(lookup) == pytest.approx(0.85) and lookup_ratio(lookup) == 0.3
+    assert hitratio.tier_shares(lookup) == pytest.approx({"device": 0.3, "external": 0.55})
+    admitted = window(query_increase=1000.0, hit_increase=300.0, unit="tokens", admitted_hit_increase=280.0,
+                      admitted_prompt_increase=1000.0, external_transfer_increase=560.0)
+    assert judged_counts(admitted) == (840.0, 1000.0) and hitratio.tier_tokens(admitted) == {"device": 280.0, "external": 560.0}
+    named = window(query_increase=1000.0, hit_increase=700.0, unit="tokens", tier_increases=(("device", 400.0), ("host", 300.0)))
+    assert judged_ratio(named) == 0.7 and hitratio.tier_shares(named) == pytest.approx({"device": 0.4, "host": 0.3})
+    assert hitratio.tiers_in_use([lookup, window(query_increase=1000.0, hit_increase=1.0, external_hit_increase=0.0, unit="tokens")]) \
+        == {"device", "external"}
+    assert hitratio.tiers_in_use([window(query_increase=1000.0, hit_increase=1.0, external_hit_increase=0.0, unit="tokens")]) \
+        == {"device"}  # vLLM declares its connector's counters at 0 without one: no second tier
+
+
+def test_every_count_for_a_floor_or_a_pool_is_in_tokens_also_of_a_target_counting_blocks():
+    """HitsStuckAtZero, CountersDisagree and the gate compared min_query_tokens with a
+    0.8.x target's block counts, 16-32x too few (issue 30)."""
+    blocks = window(query_increase=1000.0, hit_increase=250.0, unit="blocks", block_size=32)
+    assert hitratio.query_tokens(blocks) == 32000.0 and hitratio.hit_tokens(blocks) == 8000.0
+    assert judged_counts(blocks) == (8000.0, 32000.0) and judged_tokens(blocks) == 32000.0
+    assert judged_ratio(blocks) == 0.25
+    assert hitratio.query_tokens(window(query_increase=1000.0, hit_increase=250.0, unit="blocks")) == 16000.0
+    assert hitratio.query_tokens(None) == 0.0

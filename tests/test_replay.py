@@ -406,3 +406,43 @@ def test_a_drop_after_deploy_holds_past_its_look_back_while_the_ratio_stays_down
     assert [t["state"] for t in drop] == ["pending", "firing", "resolved"]
     assert drop[1]["labels"]["cause"] == "prompt_prefix_change"
     assert START + fixed < drop[2]["t"] <= START + fixed + 360
+
+
+# --- a recording made at another cadence (issue 30) -------------------------------------------
+@functools.lru_cache(maxsize=None)
+def incident_and_fix_at(interval: float):
+    """The timestamp incident, deployed at 300 s and fixed at 700 s, recorded every `interval` s."""
+    scenario = replace(simulator.incident(at(300.0), request_rate=5.0),
+                       events=(Event(at(300.0), "prompt", "timestamp"), Event(at(700.0), "prompt", "static")))
+    return run(lines(scenario, duration=1100, interval=interval, deploys=[(300.0, None, "v42"), (700.0, None, "v43")]))
+
+
+@pytest.mark.slow
+def test_a_recording_made_every_20s_fires_and_resolves_as_the_one_made_every_5s():
+    """Targets were forgotten after 3 x poll_interval (15 s): every line of a 20 s recording
+    found its target gone, and the incident gave 0 transitions (8 at 5 s)."""
+    def story(transitions):
+        return sorted((t["alertname"], t["labels"]["target"], t["state"], t["labels"]["cause"]) for t in transitions)
+    fine, _, quiet = incident_and_fix_at(5.0)
+    coarse, engine, warnings = incident_and_fix_at(20.0)
+    assert quiet == [] and story(coarse) == story(fine)
+    drop = [t for t in coarse if t["alertname"] == "PrefixCacheHitRateDropAfterDeploy"]
+    assert {t["state"] for t in drop} == {"pending", "firing", "resolved"}
+    firing_ = [t for t in drop if t["state"] == "firing"]
+    assert all(t["t"] - (START + 300) <= 60 for t in firing_)
+    assert warnings == ["target vllm-0 was recorded every 20s, global.poll_interval is 5s: replayed at the recording's "
+                        "cadence (a target is gone after 60s without a line, change points need two intervals)"]
+    assert engine.config.global_.poll_interval == 20.0 and sorted(engine.tracks) == ["vllm-0", "vllm-1"]
+
+
+def test_a_targets_cadence_is_read_from_its_own_lines_and_it_goes_after_three_of_them():
+    from exporter.monitor.replay import Cadences
+    c = Cadences(5.0)
+    c.step(0.0)
+    c.seen("a", 0.0)
+    c.step(20.0)
+    assert c.of("a") == 20.0 and c.gone_after("a") == 60.0  # the recording's step stands in before a second line
+    for t in (20.0, 40.0, 61.0, 80.0):
+        c.seen("a", t)
+    assert c.of("a") == 20.0
+    assert Cadences(5.0).gone_after("b") == 15.0

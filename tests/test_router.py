@@ -238,3 +238,17 @@ def test_dynamo_fixture_reads_prefill_routing_per_model_and_the_ratio_histogram_
     # prefill phase only: 3584 predicted of 4608 input tokens; decode's 4544 are a transfer
     assert (models["Qwen/Qwen3-0.6B"].predicted_tokens, models["Qwen/Qwen3-0.6B"].input_tokens) == (3584.0, 4608.0)
     assert (models[""].ratio_sum, models[""].ratio_count) == (2.5625, 4.0)
+
+
+def test_what_block_counting_engines_delivered_counts_in_their_tokens():
+    """A 0.8.x engine counts 16-token blocks: it was left out of what the engines
+    delivered; its tokens now weigh against the gap's token floor like any engine's."""
+    from exporter.series.window import WindowStats
+    def ws(hits, queries, unit, block_size=None):
+        return WindowStats(window="5m", seconds=300.0, query_increase=queries, hit_increase=hits, unit=unit, hit_ratio=None,
+                           query_rate=None, hit_rate=None, external_hit_ratio=None, ttft_mean=None, ttft_count_increase=None,
+                           correlation=None, ttft_per_10_points=None, prompt_token_increase=None, preemption_increase=None,
+                           kv_cache_usage_max=None, samples=60, admitted_hit_increase=None, admitted_prompt_increase=None,
+                           admitted_hit_ratio=None, block_size=block_size)
+    d = router.delivered([{"m": {"5m": ws(500.0, 1000.0, "blocks", 32)}}, {"m": {"5m": ws(8000.0, 32000.0, "tokens")}}], "m", "5m")
+    assert (d.query_tokens, d.targets) == (64000.0, 2) and d.ratio == pytest.approx((16000 + 8000) / 64000)

@@ -197,6 +197,55 @@ def test_every_setting_config_reads_is_a_field_of_rule_settings():
     assert {field for field, _ in _RULE_FIELDS.values()} == {f.name for f in dataclasses.fields(rules.RuleSettings)}
 
 
+# --- thresholds compare tokens with tokens, also on a target counting blocks (issue 30) --------
+def block_counting_run(scenario, until=600.0):
+    """A vLLM 0.8 target (its lookup counters count 16-token blocks) at half a request a
+    second: ~40,000 prompt tokens a minute, ~2,500 blocks."""
+    from exporter.sim.simulator import Replica
+    e = Engine(load({"targets": [{"name": "vllm-0", "url": "http://127.0.0.1:1/0"}]}))
+    r = Replica("vllm-0", scenario, start=9100.0, seed=3, generation="v0.8")
+    transitions, t = [], 10_000.0
+    while t <= 10_000.0 + until:
+        r.advance(t)
+        e.ingest("vllm-0", t, parse(r.render()))
+        transitions += e.evaluate(t)
+        t += 5.0
+    return e, transitions
+
+
+def test_hits_stuck_at_zero_on_a_block_counting_target_pages_within_3_minutes():
+    """It compared 20,000 (tokens) with ~2,500 blocks a minute: it never fired."""
+    from exporter.sim.simulator import Event, Scenario
+    e, transitions = block_counting_run(Scenario(request_rate=0.5, events=(Event(900 + 300, "hits_broken", True),)))
+    ws = e.tracks["vllm-0"].view.stats["demo/llama-3-8b"]["1m"]
+    assert ws.unit == "blocks" and ws.query_increase < 20000 <= ws.query_increase * 16
+    fired = [t for t in transitions if t.alert.alertname == rules.HITS_STUCK_AT_ZERO and t.state == "firing"]
+    assert fired and fired[0].t - 10_300.0 <= 180
+
+
+def test_counters_disagreeing_on_a_block_counting_target_are_said():
+    """Hits not counted while TTFT held: its 5m floor compared 20,000 with ~12,000 blocks."""
+    from exporter.sim.simulator import HITS_NOT_WIRED, Event, Scenario
+    e, transitions = block_counting_run(Scenario(request_rate=0.5, events=(Event(900 + 300, "counter_bug", HITS_NOT_WIRED),)),
+                                        until=900.0)
+    assert e.tracks["vllm-0"].view.stats["demo/llama-3-8b"]["5m"].query_increase < 20000
+    fired = [t for t in transitions if t.state == "firing"]
+    assert [t.alert.alertname for t in fired] == [rules.COUNTERS_DISAGREE]
+    assert dict(fired[0].alert.labels)["cause"] == "instrumentation"
+
+
+def test_the_token_floors_of_every_rule_read_a_block_counting_target_in_tokens():
+    from exporter.series.hitratio import query_tokens
+    from exporter.sim.simulator import Scenario
+    e, _ = block_counting_run(Scenario(request_rate=0.5), until=120.0)
+    view = e.tracks["vllm-0"].view
+    ws = view.stats["demo/llama-3-8b"]["1m"]
+    facts = rules.Facts(now=10_120.0, target="vllm-0", model="demo/llama-3-8b", up=True, down_since=None,
+                        snapshot=view.snapshot, samples=view.samples, stats=view.stats["demo/llama-3-8b"],
+                        windows={60.0: "1m", 300.0: "5m"}, events=(), block_size=view.snapshot.block_size)
+    assert facts.query_tokens(ws) == query_tokens(ws) == ws.query_increase * 16 > 20000 > ws.query_increase
+
+
 def test_an_alert_name_has_one_severity_whatever_its_cause():
     """kube-prometheus-stack inhibits `severity=warning` by `severity=critical` with equal
     namespace and alertname: a name that carried two severities (critical, and warning for
@@ -237,3 +286,25 @@ def test_hits_stuck_at_zero_waits_out_a_cold_start_and_then_pages_at_its_own_sev
     grace = load({}).rules.cold_start_grace
     assert [state for _, state, _ in seen] == ["firing", "resolved"]
     assert seen[0][0] >= grace and seen[0][2]["cause"] != "cold_start" and seen[0][2]["severity"] == "critical"
+
+
+def test_the_drop_after_a_deploy_is_not_judged_across_a_later_growth_of_the_fleet():
+    """A harmless deploy, then a scale-out under round robin: the ratio after the deploy
+    fell, but the fleet grew since (replicas_changed, a warning of the low ratio), which a
+    critical drop 'after deploy v42' would blame on the deploy."""
+    from exporter.alerting.deploys import API, REPLICAS, DeployEvent
+    e = Engine(load({"targets": [{"name": "vllm-0", "url": "http://127.0.0.1:1/0"}]}))
+    queries = hits = 0.0
+    for i in range(120):
+        t = 10_000.0 + 5.0 * i
+        queries += 20_000
+        hits += 16_000 if t < 10_300.0 else 6_000
+        e.ingest("vllm-0", t, parse("process_start_time_seconds 1\n"
+                                    f'vllm:prefix_cache_queries_total{{model_name="m",engine="0"}} {queries}\n'
+                                    f'vllm:prefix_cache_hits_total{{model_name="m",engine="0"}} {hits}\n'))
+        if t == 10_200.0:
+            e.add_event(DeployEvent(t, None, "v42", API))
+        if t == 10_295.0:
+            e.add_event(DeployEvent(t, None, "replicas:2->6", REPLICAS, model="m", replicas=(2, 6), ratio_before=0.8))
+        fired = [tr for tr in e.evaluate(t) if tr.alert.alertname == rules.DROP_AFTER_DEPLOY]
+        assert fired == [], t

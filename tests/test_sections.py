@@ -35,9 +35,11 @@ def test_every_error_is_reported_at_once_with_its_key_path():
                  "targets[1].name: required", "targets[1].lables: unknown key", "targets[2].name: duplicate",
                  # windows: [1m] keeps a minute of history: the 5m rules would silently judge less
                  "rules.hit_rate_low: window looks back 300s", "rules.ttft_regression", "rules.hit_rate_drop_after_deploy",
-                 "rules.counters_disagree"):
+                 "rules.counters_disagree",
+                 # and the rules that read one of global.windows name one it does not keep
+                 "rules.hit_rate_low.window: 5m is not one of global.windows (1m)", "rules.router_prediction_gap.window"):
         assert any(e.startswith(path) for e in errors), (path, errors)
-    assert len(errors) == 15
+    assert len(errors) == 17
 
 
 @pytest.mark.parametrize("label", ["severity", "cause", "alertname", "model_name", "reason"])
@@ -196,3 +198,51 @@ def test_the_rules_defaults_are_the_packaged_yaml():
     assert rc.cause_settings().event_lookback == rc.event_lookback == 1800.0
     assert rc.change_point.min_query_tokens == packaged["change_point"]["min_query_tokens"]
     assert rc.rules["PrefixCacheTTFTRegression"].reference == config_reader.parse_duration(packaged["ttft_regression"]["reference"])
+
+
+# --- a rule that reads one of global.windows must name one (issue 30) ----------------------------
+@pytest.mark.parametrize("rules, path", [
+    pytest.param({"router_prediction_gap": {"window": "2m"}}, "rules.router_prediction_gap.window: 2m is not one of global.windows",
+                 id="router-gap-never-ran"),
+    pytest.param({"hit_rate_low": {"window": "7m"}}, "rules.hit_rate_low.window: 7m is not one of global.windows",
+                 id="no-fleet-ratios-no-scatter"),
+])
+def test_a_rule_window_the_windows_do_not_keep_is_refused_with_its_key_path(rules, path):
+    """It loaded cleanly and the rule never ran (load_balancer_scatter could then never be
+    a cause)."""
+    with pytest.raises(ConfigError) as exc:
+        load({"rules": rules})
+    (error,) = exc.value.errors
+    assert error.startswith(path) and "(1m, 5m, 15m, 1h)" in error
+
+
+def test_a_rule_window_among_the_windows_or_a_disabled_rule_loads():
+    load({"global": {"windows": ["1m", "2m", "1h"]}, "rules": {"router_prediction_gap": {"window": "2m"},
+                                                                "hit_rate_low": {"window": "2m"}}})
+    load({"rules": {"router_prediction_gap": {"window": "2m", "enabled": False}}})
+    # the other rules compute their windows from the history: any span it keeps
+    load({"rules": {"hits_stuck_at_zero": {"window": "90s"}, "counters_disagree": {"window": "7m"}}})
+
+
+@pytest.mark.slow
+def test_check_config_and_a_reload_refuse_a_rule_window_the_windows_do_not_keep(tmp_path, caplog):
+    import subprocess
+    import sys
+    import yaml
+    from exporter.sidecar import build_sidecar
+    good = {"global": {"poll_interval": "1s", "connect_timeout": "200ms", "read_timeout": "200ms"},
+            "targets": [{"name": "vllm-0", "url": "http://127.0.0.1:1/metrics"}]}
+    bad = {**good, "rules": {"router_prediction_gap": {"window": "2m"}}}
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump(bad))
+    proc = subprocess.run([sys.executable, "-m", "exporter", "check-config", str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "rules.router_prediction_gap.window: 2m is not one of global.windows" in proc.stderr + proc.stdout
+    path.write_text(yaml.safe_dump(good))
+    sidecar = build_sidecar(load_file(str(path)), "127.0.0.1:0").start()
+    try:
+        path.write_text(yaml.safe_dump(bad))
+        assert sidecar.reload(str(path)) is False
+        assert "rules.router_prediction_gap.window: 2m is not one of global.windows" in caplog.text
+        assert sidecar.config.rules.rules["PrefixCacheRouterPredictionGap"].window == 300.0  # the old config kept
+    finally:
+        sidecar.stop()

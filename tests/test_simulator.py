@@ -98,3 +98,63 @@ def test_recording_lines_follow_the_recording_format():
     scrape = lines[0]
     assert set(scrape) == {"t", "target", "body"} and scrape["target"] == "vllm-0"
     json.dumps(lines)
+
+
+# --- the stories that are not deploys (exporter/sim/stories.py) ----------------------------------
+def counters(replica, t):
+    replica.advance(t)
+    s = parse(replica.render()).series[0]
+    return s.prefix_cache.queries, s.prefix_cache.hits, s.external_prefix_cache.hits, s.sleep_level
+
+
+def test_a_kv_connectors_store_serves_what_the_gpu_cache_has_no_room_for_until_it_goes():
+    from exporter.sim import stories
+    r = Replica("r", stories.with_connector(5.0, lost_at=600.0), start=0.0, seed=1)
+    q0, h0, e0, _ = counters(r, 300.0)
+    q1, h1, e1, _ = counters(r, 600.0)
+    assert 0.2 < (h1 - h0) / (q1 - q0) < 0.4 and 0.5 < (e1 - e0) / (q1 - q0) < 0.7  # GPU ~30%, connector ~60%
+    q2, h2, e2, _ = counters(r, 900.0)
+    assert e2 == e1 and 0.2 < (h2 - h1) / (q2 - q1) < 0.4  # the store is gone; the GPU's share holds
+    ext = parse(r.render()).series[0].external_prefix_cache
+    assert ext.queries == q2 - h2  # the connector is asked for what the GPU cache missed (vLLM PR 30522)
+
+
+def test_sleep_serves_nothing_and_the_wake_finds_the_kv_cache_empty():
+    from exporter.sim import stories
+    r = Replica("r", stories.sleeping(5.0, 300.0, asleep=120.0), start=0.0, seed=1)
+    assert counters(r, 299.0)[3] == 0
+    q0, h0, _, level0 = counters(r, 301.0)
+    q1, h1, _, level = counters(r, 419.0)
+    assert level0 == level == 1 and (q1, h1) == (q0, h0)  # asleep: nothing served, /metrics answers
+    q2, h2, _, awake = counters(r, 430.0)
+    assert awake == 0 and q2 > q1 and (h2 - h1) / (q2 - q1) < 0.5  # the first requests after the wake miss
+    q3, h3, _, _ = counters(r, 1000.0)
+    assert (h3 - h2) / (q3 - q2) > 0.8 and r.created == 0.0  # refilled, by the same process
+
+
+@pytest.mark.slow
+def test_conversation_turns_hit_their_context_on_one_replica_in_n():
+    from exporter.sim import stories
+    for n, low, high in ((2, 0.55, 0.68), (6, 0.25, 0.40)):
+        conv = simulator.Conversations(40, 2000)
+        reps = [Replica(f"r{i}", stories.conversations(4.0 / n), start=0.0, seed=i, conversations=conv) for i in range(n)]
+        for t in range(5, 300, 5):  # the replicas serve side by side, as a recording scrapes them
+            for r in reps:
+                r.advance(float(t))
+        start = [counters(r, 300.0) for r in reps]
+        for t in range(305, 600, 5):
+            for r in reps:
+                r.advance(float(t))
+        end = [counters(r, 600.0) for r in reps]
+        q = sum(b[0] - a[0] for a, b in zip(start, end))
+        h = sum(b[1] - a[1] for a, b in zip(start, end))
+        assert low < h / q < high, (n, h / q)
+
+
+def test_the_scale_out_story_adds_cold_pods_and_keeps_the_total_traffic():
+    from exporter.sim import stories
+    lines = stories.scale_out(0.0, 60.0, at=30.0, before=2, after=4)
+    assert {l["target"] for l in lines if l["t"] < 30.0} == {"vllm-0", "vllm-1"}
+    assert {l["target"] for l in lines if l["t"] >= 30.0} == {"vllm-0", "vllm-1", "vllm-2", "vllm-3"}
+    first = next(l for l in lines if l["target"] == "vllm-2")
+    assert "process_start_time_seconds 30.0" in first["body"]

@@ -370,3 +370,31 @@ def test_chromium_shows_the_firing_alert_its_cause_and_the_drop_then_the_recover
         sidecar.poller.stop()
         sidecar.server.stop()
         sim.stop()
+
+
+# --- the causes that are not deploys: an engine asleep, the tiers, a grown fleet ------------------
+def test_an_engine_asleep_is_shown_asleep_not_down():
+    view, now = played_view(seconds=600.0, incident_at=900.0)
+    sleeping = replace(view.snapshot, series=tuple(replace(s, sleep_level=1) for s in view.snapshot.series))
+    page = Page(render(PageInput((replace(view, snapshot=sleeping),)), now).decode())
+    assert "asleep (sleep level 1)" in page.all_text and "not down" in page.all_text
+    assert "1 of them asleep" in re.sub(r"\s+", " ", page.all_text)
+    assert any(t == "article" and "asleep" in a.get("class", "") for t, a in page.tags)
+    awake = Page(render(PageInput((view,)), now).decode())
+    assert "asleep (sleep level" not in awake.all_text and "of them asleep" not in awake.all_text
+
+
+def test_every_tier_is_shown_where_a_connector_serves_and_a_grown_fleet_says_what_gets_it_back():
+    from exporter.sim.stories import with_connector
+    replica = simulator.Replica("vllm-0", with_connector(5.0), start=-900.0, seed=3)
+    history = History(3600.0 + 15.0, 300.0, windows=[s for _, s in WINDOWS], mid_seconds=900.0, mid_step=30.0)
+    snap, now = simulator.play_into(replica, history, 600.0, 15.0)
+    view = TargetView(target=Target("vllm-0", "http://127.0.0.1:1/m"), up=True, polled=True, snapshot=snap,
+                      stats=summarize(history.samples(), now, WINDOWS, 1000.0, snap.block_size), samples=history.samples())
+    fleet = {"t": now - 120, "target": None, "version": "replicas:2->6", "source": "replicas", "model": MODEL,
+             "replicas": {"before": 2, "after": 6}, "description": "6 replicas of demo/llama-3-8b (was 2): prefix-hash or "
+             "session-affinity routing keeps them together (`whatif --routing` quantifies it)"}
+    text = re.sub(r"\s+", " ", Page(render(PageInput((view,), deploys=(fleet,)), now).decode()).all_text)
+    assert "hit ratio (all tiers)" in text and "· device tier" in text and "· external tier" in text
+    assert "fleet: 6 replicas of demo/llama-3-8b (was 2)" in text and "whatif --routing" in text
+    assert "last event: replicas:2->6 (replicas)" in text

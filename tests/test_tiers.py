@@ -87,3 +87,57 @@ def test_tiers_and_residency_are_exported():
     assert [s.value for s in fams["prefixcache_kv_evicted_before_reuse"].samples] == [1.0]
     counts = {s.name: s.value for s in fams["prefixcache_vllm_kv_block_reuse_gap_seconds"].samples if not s.name.endswith("_bucket")}
     assert counts["prefixcache_vllm_kv_block_reuse_gap_seconds_count"] == 60
+
+
+# --- vLLM with a KV connector, its sleep mode (fixtures rendered from upstream's stat logger) -----
+def vllm_fixture(state: str) -> str:
+    return (FIXTURES / f"vllm_loggers_connector-sleep_{state}.txt").read_text()
+
+
+@pytest.mark.parametrize("state, level", [("awake", 0), ("asleep-level-1", 1), ("asleep-level-2", 2)])
+def test_the_engine_sleep_state_is_read_as_its_level(state, level):
+    snap = parse(vllm_fixture(state))
+    (s,) = snap.series
+    assert s.sleep_level == level and snap.warnings == ()
+    assert snap.to_json()["series"][0]["sleep_level"] == level
+
+
+@pytest.mark.parametrize("lines, level", [
+    pytest.param(['sleep_state="awake"} 0'], 1, id="asleep-without-a-level-is-level-1"),
+    pytest.param([], None, id="not-said"),
+    pytest.param(['sleep_state="awake"} 1', 'sleep_state="discard_all"} 0'], 0, id="awake"),
+])
+def test_a_sleep_state_without_a_level_still_says_asleep(lines, level):
+    text = 'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 10\n' + "".join(
+        f'vllm:engine_sleep_state{{engine="0",model_name="m",{line}\n' for line in lines)
+    (s,) = parse(text).series
+    assert s.sleep_level == level
+
+
+def test_an_unknown_sleep_state_is_a_warning_not_a_level():
+    snap = parse('vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="dozing"} 1\n'
+                 'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 10\n')
+    assert snap.series[0].sleep_level is None and "unknown sleep_state 'dozing'" in snap.warnings[0]
+
+
+def test_a_connector_is_a_second_tier_of_the_judged_ratio():
+    """The GPU cache 31%, the connector 56%: the rules judge 88% (hitratio.py), each tier
+    beside it; from the admitted counters and from the lookup pairs alike."""
+    from exporter.series import hitratio
+    from exporter.series.history import History
+    from exporter.series.window import summarize
+
+    awake = vllm_fixture("awake")
+    zero = "\n".join(line if line.startswith("#") or "_created" in line or "sleep_state" in line or "_bucket" in line
+                     or "_count" in line or "_sum" in line else line.rsplit(" ", 1)[0] + " 0.0" for line in awake.splitlines())
+    h = History(3600.0)
+    h.append(10.0, parse(zero + "\n"))
+    h.append(60.0, parse(awake))
+    ws = summarize(h.samples(), 60.0, [("1m", 60.0)], 1000.0)["Qwen/Qwen3-0.6B"]["1m"]
+    assert ws.admitted_hit_ratio == pytest.approx(12800 / 40960)  # the GPU's own, as before
+    assert ws.effective_hit_ratio == pytest.approx((12800 + 23040) / 40960)
+    assert hitratio.tier_shares(ws) == pytest.approx({"device": 12800 / 40960, "external": 23040 / 40960})
+    lookup_only = ws._replace(admitted_hit_increase=None, admitted_prompt_increase=None, external_transfer_increase=None)
+    assert hitratio.judged_ratio(lookup_only) == pytest.approx((12800 + 23040) / 40960)
+    s = parse(awake).series[0]
+    assert tiers.evicted_before_reuse(s.kv_idle_before_evict, s.kv_reuse_gap) is True  # idle 2 s, reused every 30 s

@@ -299,3 +299,40 @@ def test_hits_above_queries_are_a_ratio_of_one_not_150_percent():
             assert w.hit_ratio is None or 0.0 <= w.hit_ratio <= 1.0
     ws = window_stats(h.samples(), "m", 20, "1m", 60, min_query_tokens=100)
     assert ws.hit_ratio == 1.0
+
+
+def test_a_counter_still_below_a_poll_after_its_step_back_counts_on_from_there():
+    """Part of a summed counter reset (a worker of several restarted): held for good, its
+    hits stood still until the counter passed its old value again (a 40% step of a day-old
+    counter: most of a day of hits counted as none). Held one poll, it counts on."""
+    h = History(3600.0)
+    h.append(0, snap(1e9, 8e8))
+    h.append(10, snap(1e9 + 2000, 8e8 + 1600))
+    h.append(20, snap(1e9 + 4000, 0.6 * (8e8 + 3200)))  # 40% of the hits gone
+    assert len(h.steps_back) == 1 and "held at" in h.steps_back[0]
+    h.append(30, snap(1e9 + 6000, 0.6 * (8e8 + 3200) + 1600))
+    assert len(h.steps_back) == 1 and "counts on from there" in h.steps_back[0]
+    h.append(40, snap(1e9 + 8000, 0.6 * (8e8 + 3200) + 3200))
+    assert h.steps_back == []
+    ws = window_stats(h.samples(), "m", 40, "1m", 60, min_query_tokens=100)
+    # one interval's hits (the step's) are lost, none counted twice, none negative
+    assert ws.query_increase == 8000 and ws.hit_increase == pytest.approx(1600 + 0 + 1600 + 1600)
+    ws = window_stats(h.samples(), "m", 40, "20s", 20, min_query_tokens=100)
+    assert ws.hit_ratio == pytest.approx(0.8)
+
+
+def test_the_tiers_an_engine_names_are_windowed_and_the_judged_ratio_counts_every_tier():
+    from exporter.series import hitratio
+
+    def tiered(device, host, total):
+        s = snap(total, device + host)
+        (series,) = s.series
+        from dataclasses import replace
+        return replace(s, series=(replace(series, cached_tokens_by_tier=(("device", device), ("host", host))),))
+    h = history_of([(1, tiered(0, 0, 0)), (30, tiered(3000, 6000, 10000)), (60, tiered(6000, 6000, 20000))])
+    ws = window_stats(h.samples(), "m", 60, "1m", 60, min_query_tokens=100)
+    assert dict(ws.tier_increases) == {"device": 6000, "host": 6000}
+    assert ws.effective_hit_ratio == pytest.approx(0.6)  # SGLang's pair already counts every tier
+    assert hitratio.tier_shares(ws) == pytest.approx({"device": 0.3, "host": 0.3})
+    last = window_stats(h.samples(), "m", 60, "31s", 31, min_query_tokens=100)
+    assert hitratio.tier_shares(last) == pytest.approx({"device": 0.3, "host": 0.0})  # the host tier stopped

@@ -1,9 +1,16 @@
-"""Probable cause of a low or fallen hit rate: a pure function of windows and events."""
+"""Probable cause of a low or fallen hit rate: a pure function of windows and events.
+
+A cause needs evidence that points at it: a restart or a wake for a cold start, one tier's
+hits stopping while the others hold for a lost tier, the model's replica count for a
+changed fleet, a deploy (or a change point) for a prompt change. An event nobody can
+explain is not a deploy, and a fleet that grew is not a prompt that changed.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
-from .deploys import DeployEvent
+from .deploys import REPLICAS, WAKE, DeployEvent
 
 PROMPT_PREFIX_CHANGE = "prompt_prefix_change"
 COLD_START = "cold_start"
@@ -14,8 +21,10 @@ INSTRUMENTATION = "instrumentation"  # the engine's own counters disagree: its b
 TRAFFIC_MIX = "traffic_mix"  # as many tokens hit as before; more arrive that share no prefix (a new tenant, a batch job)
 UNKNOWN = "unknown"
 ROUTING_INDEX_STALE = "routing_index_stale"  # the router predicts far more hits than the engines deliver
+CACHE_TIER_LOST = "cache_tier_lost"  # one cache tier (a KV connector, CPU offload) stopped serving while the others hold
+REPLICAS_CHANGED = "replicas_changed"  # more replicas of the model: each sees fewer of a conversation's turns
 CAUSES = (PROMPT_PREFIX_CHANGE, COLD_START, EVICTION_PRESSURE, CACHING_DISABLED, LOAD_BALANCER_SCATTER, INSTRUMENTATION,
-          TRAFFIC_MIX, UNKNOWN, ROUTING_INDEX_STALE)
+          TRAFFIC_MIX, UNKNOWN, ROUTING_INDEX_STALE, CACHE_TIER_LOST, REPLICAS_CHANGED)
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,13 @@ class Evidence:
     # (hit tokens/s, query tokens/s) since the drop and before it (the baseline's time)
     token_rates: tuple[float, float] | None = None
     baseline_token_rates: tuple[float, float] | None = None
+    # each tier's share of the queried tokens, now and before (hitratio.tier_shares)
+    tiers: tuple[tuple[str, float], ...] = ()
+    baseline_tiers: tuple[tuple[str, float], ...] = ()
+    # (hit tokens, query tokens) per request now, and before the newest change of the replica count
+    per_request: tuple[float, float] | None = None
+    per_request_before_fleet: tuple[float, float] | None = None
+    evicted_before_reuse: bool | None = None  # vLLM's KV residency: blocks evicted sooner than they are reused
 
 
 @dataclass(frozen=True)
@@ -46,12 +62,21 @@ class Settings:
 
 # thresholds of the classification itself, not configurable
 KV_USAGE_HIGH = 0.9
+# a tier that served at least TIER_MIN_SHARE of the queried tokens keeps at most
+# TIER_LOST_LEFT of its share while the other tiers keep TIER_OTHERS_HELD of theirs: that
+# tier is lost (a prompt change loses every tier at once)
+TIER_MIN_SHARE, TIER_LOST_LEFT, TIER_OTHERS_HELD = 0.1, 0.2, 0.8
+# more replicas without prefix or session affinity divide what each one can reuse by at
+# most after/before; a fall well past that (FLEET_SLACK) is not the fleet, nor are requests
+# whose size changed (a query tokens per request outside PER_REQUEST_HELD of before)
+FLEET_SLACK, PER_REQUEST_HELD = 0.8, (0.8, 1.25)
 PREEMPTED_SHARE = 0.05  # of requests preempted, for preemptions alone to be pressure
 SCATTER_LOW, SCATTER_HIGH, SCATTER_SPREAD = 0.1, 0.65, 0.15
 # hit tokens/s at least this share of before while query tokens/s grew this much: the
 # cache serves what it served, the new traffic shares no prefix (a Poisson minute of a
 # few hundred requests moves the hits by well under 20%)
 MIX_HITS_HELD, MIX_QUERIES_GREW = 0.8, 1.2
+MIX_MIN_REQUESTS = 100  # fewer requests in the window move the rates by chance as much
 
 
 def classify(e: Evidence, s: Settings) -> tuple[str, str]:
@@ -62,15 +87,24 @@ def classify(e: Evidence, s: Settings) -> tuple[str, str]:
     restarts = [ev for ev in recent if ev.is_restart and e.now - ev.t <= s.cold_start_grace]
     if restarts:
         climbing = e.ratio is not None and e.ratio_earlier is not None and e.ratio >= e.ratio_earlier
-        return COLD_START, (f"restart {e.now - restarts[-1].t:.0f}s ago ({restarts[-1].description}); "
+        what = "wake from sleep mode" if restarts[-1].source == WAKE else "restart"
+        return COLD_START, (f"{what} {e.now - restarts[-1].t:.0f}s ago ({restarts[-1].description}); "
                             f"the cache is {'refilling' if climbing else 'still cold'}")
+    lost = tier_lost(e)
+    if lost is not None:
+        return CACHE_TIER_LOST, lost.why
     kv_full = e.kv_usage_max is not None and e.kv_usage_max >= KV_USAGE_HIGH
+    deploys = [ev for ev in recent if ev.is_deploy]
+    # a grown fleet moves hits and queries per replica (its share of the traffic too):
+    # where it explains the fall, the rates are no evidence of a new traffic mix
+    fleet = replicas_changed(e, recent, deploys)
+    if fleet and not kv_full:
+        return REPLICAS_CHANGED, fleet
     mix = traffic_mix(e)
     if mix and not kv_full:  # new traffic that fills the KV cache evicts: capacity, not mix
         return TRAFFIC_MIX, mix
     preempted = _preempted_share(e)
-    pressure = kv_full or preempted >= PREEMPTED_SHARE
-    deploys = [ev for ev in recent if not ev.is_restart]
+    pressure = kv_full or preempted >= PREEMPTED_SHARE or e.evicted_before_reuse is True
     drop = (e.baseline - e.ratio) if e.baseline is not None and e.ratio is not None else None
     # Weigh the explanations by how much of the drop each can account for: evicted
     # blocks cost at most the preempted requests' share of the hits, so a preemption
@@ -85,7 +119,10 @@ def classify(e: Evidence, s: Settings) -> tuple[str, str]:
                                       "the start of the prompt probably changed between requests")
     if pressure:
         kv = "n/a" if e.kv_usage_max is None else f"{e.kv_usage_max:.0%}"
-        return EVICTION_PRESSURE, f"KV-cache usage up to {kv} and {e.preemptions or 0:.0f} preemptions: cached blocks are evicted before reuse"
+        residency = (" and sampled KV blocks sit idle for less time before their eviction than between two uses (vLLM's "
+                     "KV residency histograms)") if e.evicted_before_reuse else ""
+        return EVICTION_PRESSURE, (f"KV-cache usage up to {kv}, {e.preemptions or 0:.0f} preemptions{residency}: "
+                                   "cached blocks are evicted before reuse")
     if (e.ratio is not None and len(e.peer_ratios) >= 1 and not e.peers_had_events
             and SCATTER_LOW <= e.ratio <= SCATTER_HIGH
             and all(SCATTER_LOW <= r <= SCATTER_HIGH for r in e.peer_ratios)
@@ -96,11 +133,69 @@ def classify(e: Evidence, s: Settings) -> tuple[str, str]:
     return UNKNOWN, "no deploy, restart, eviction pressure or fleet-wide pattern explains it"
 
 
+@dataclass(frozen=True)
+class TierLoss:
+    tier: str
+    before: float  # its share of the queried tokens
+    now: float
+    carried: float  # its part of every tier's cached tokens before
+    why: str
+
+
+def tier_lost(e: Evidence) -> TierLoss | None:
+    """One tier whose hits stopped while the other tiers held, or None."""
+    before, now = dict(e.baseline_tiers), dict(e.tiers)
+    if len(before) < 2 or not now:
+        return None
+    cached_before = sum(before.values())
+    for tier, share in sorted(before.items(), key=lambda kv: -kv[1]):
+        left = now.get(tier, 0.0)
+        others_before = cached_before - share
+        others_now = sum(v for t, v in now.items() if t != tier)
+        if share < TIER_MIN_SHARE or left > TIER_LOST_LEFT * share or others_before <= 0 or \
+                others_now < TIER_OTHERS_HELD * others_before:
+            continue
+        carried = share / cached_before
+        held = ", ".join(f"{t} {now.get(t, 0.0):.0%}" for t in sorted(before) if t != tier)
+        return TierLoss(tier, share, left, carried, (
+            f"the {tier} cache tier served {share:.0%} of prompt tokens and serves {left:.0%} now, while the others hold "
+            f"({held}): it carried {carried:.0%} of the cached tokens. "
+            + ("The KV connector (LMCache, NIXL, offloading) or its store is gone or unreachable" if tier == "external"
+               else f"The {tier} tier stopped serving") + "; its tokens are prefilled again"))
+    return None
+
+
+def replicas_changed(e: Evidence, recent, deploys) -> str:
+    """Why the fall is the model's fleet growing, or "": its replica count rose (an
+    event of every replica of the model), no deploy came after it, and the fall is no
+    deeper than spreading the turns over more replicas explains, with requests of the
+    same size as before."""
+    # a scale-out seen in steps (2 -> 4 -> 6, as discovery finds the pods) is one change
+    steps = [ev for ev in recent if ev.source == REPLICAS and ev.replicas is not None]
+    if not steps or any(d.t >= steps[0].t for d in deploys):
+        return ""
+    ev = steps[0]
+    was, now = ev.replicas[0], steps[-1].replicas[1]
+    if now <= was:
+        return ""
+    if e.ratio is not None and ev.ratio_before is not None and e.ratio < ev.ratio_before * was / now * FLEET_SLACK:
+        return ""  # deeper than the fleet explains
+    if e.per_request is not None and e.per_request_before_fleet is not None and e.per_request_before_fleet[1] > 0:
+        low, high = PER_REQUEST_HELD
+        if not low <= e.per_request[1] / e.per_request_before_fleet[1] <= high:
+            return ""  # the requests changed, not only where they go
+    since = datetime.fromtimestamp(ev.t, timezone.utc).strftime("%H:%M:%S")
+    before = f" (the model hit {ev.ratio_before:.0%} before)" if ev.ratio_before is not None else ""
+    return (f"{now} replicas since {since} UTC (was {was}){before}: under routing without prefix or session affinity "
+            f"each replica sees 1/{now} of a conversation's turns and holds the rest of its context nowhere it is asked for; "
+            "prefix-hash or session-affinity routing gets the hits back (`whatif --routing` quantifies it)")
+
+
 def traffic_mix(e: Evidence) -> str:
     """Why the fall is a change of the traffic mix, or "": the cache serves as many tokens
     per second as before while only the queries grew. A broken prompt prefix or evicted
     blocks lose hits; new traffic that shares no prefix with the old only dilutes them."""
-    if e.token_rates is None or e.baseline_token_rates is None:
+    if e.token_rates is None or e.baseline_token_rates is None or (e.requests is not None and e.requests < MIX_MIN_REQUESTS):
         return ""
     (hits, queries), (hits_before, queries_before) = e.token_rates, e.baseline_token_rates
     if hits_before <= 0 or queries_before <= 0:

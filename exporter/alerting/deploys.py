@@ -23,23 +23,46 @@ CONFIG_CHANGE = "config_change"
 ANNOTATIONS = "annotations_file"
 CHANGE_POINT = "change_point"
 RECORDING = "recording"
-SOURCES = (API, RESTART, CONFIG_CHANGE, ANNOTATIONS, CHANGE_POINT)  # exported from zero; a recording adds its own
+# events that are no deploy: the engine went to sleep, woke (its KV cache discarded, a cold
+# start without a restart), or the number of replicas serving a model changed
+SLEEP = "sleep"
+WAKE = "wake"
+REPLICAS = "replicas"
+SOURCES = (API, RESTART, CONFIG_CHANGE, ANNOTATIONS, CHANGE_POINT, SLEEP, WAKE, REPLICAS)  # exported from zero; a recording adds its own
+_COLD_STARTS = (RESTART, WAKE)
+_NOT_DEPLOYS = (RESTART, WAKE, SLEEP, REPLICAS)
 
 
 @dataclass(frozen=True)
 class DeployEvent:
     t: float
-    target: str | None  # None: every target
+    target: str | None  # None: every target (of `model`, where it names one)
     version: str
     source: str
     description: str = ""
+    model: str | None = None  # an event of one model's replicas (REPLICAS), else None
+    replicas: tuple[int, int] | None = None  # REPLICAS: (before, after)
+    ratio_before: float | None = None  # REPLICAS: the model's judged ratio over its replicas before the change
 
     @property
     def is_restart(self) -> bool:
-        return self.source == RESTART
+        """The cache started empty: a restart, a first start, or a wake from sleep mode
+        (both sleep levels discard the KV cache): the cold-start grace of a restart."""
+        return self.source in _COLD_STARTS
+
+    @property
+    def is_deploy(self) -> bool:
+        """A change of what is served (announced, seen in the config, or a suspected
+        change point): what the drop rule compares before and after."""
+        return self.source not in _NOT_DEPLOYS
 
     def to_json(self) -> dict:
-        return {"t": self.t, "target": self.target, "version": self.version, "source": self.source, "description": self.description}
+        out = {"t": self.t, "target": self.target, "version": self.version, "source": self.source, "description": self.description}
+        if self.model is not None:
+            out["model"] = self.model
+        if self.replicas is not None:
+            out["replicas"] = {"before": self.replicas[0], "after": self.replicas[1]}
+        return out
 
 
 # --- restarts and configuration changes, from consecutive snapshots ------------------
@@ -51,9 +74,11 @@ class _Seen:
     cache_config: tuple | None
     models: tuple
     lora: tuple | None
+    sleep: int | None  # the deepest sleep level of the target's engines (0 all awake), None if not said
 
 
 def _seen(snap: Snapshot) -> _Seen:
+    levels = [s.sleep_level for s in snap.series if s.sleep_level is not None]
     return _Seen(
         process_start=snap.process_start_time,
         # engine is None on some series and a string on others of the same model: sort on text
@@ -62,7 +87,11 @@ def _seen(snap: Snapshot) -> _Seen:
         cache_config=snap.cache_config,
         models=snap.model_names,
         lora=snap.lora_config,
+        sleep=max(levels) if levels else None,
     )
+
+
+_LEVELS = {1: "level 1: weights offloaded to CPU, KV cache discarded", 2: "level 2: weights and KV cache discarded"}
 
 
 # A first scrape whose counters are below this many query tokens (summed over the
@@ -95,6 +124,8 @@ class SnapshotChangeDetector:
         self._flapped_at: float | None = None
         self.notes: list[str] = []  # what the last observe() refused, for the poll's warnings
         self.refused = 0  # start-time changes not taken for restarts by the last observe()
+        self.asleep_since: float | None = None  # when we saw its engines go to sleep, while they sleep
+        self._slept_at_level = 0
 
     @property
     def flapping(self) -> bool:
@@ -105,6 +136,8 @@ class SnapshotChangeDetector:
         last, self._last = self._last, seen
         self.notes, self.refused = [], 0
         if last is None:
+            if seen.sleep:
+                self.asleep_since, self._slept_at_level = t, seen.sleep  # asleep at our first look
             started, why = _cold_first_start(t, snap, self.grace)
             # the grace counts from the process start, as it does from a restart
             return [DeployEvent(started, self.target, f"start@{int(started)}", RESTART, why)] if why else []
@@ -117,7 +150,28 @@ class SnapshotChangeDetector:
                                            ("LoRA settings", last.lora, seen.lora)) if a != b and a is not None and b is not None]
         if changed:
             events.append(DeployEvent(t, self.target, f"config@{int(t)}", CONFIG_CHANGE, "changed: " + ", ".join(changed)))
+        if not why:
+            events += self._sleep_or_wake(t, last.sleep, seen.sleep)
+        elif seen.sleep == 0:
+            self.asleep_since = None
         return events
+
+    def _sleep_or_wake(self, t: float, before: int | None, now: int | None) -> list[DeployEvent]:
+        """vLLM's sleep mode: falling asleep is an event (the engine serves nothing, it is
+        not down); waking is a cold start without a restart, both levels having discarded
+        the KV cache, with the cold-start grace of a restart."""
+        if before == 0 and now:
+            self.asleep_since, self._slept_at_level = t, now
+            return [DeployEvent(t, self.target, f"sleep@{int(t)}", SLEEP, f"the engine went to sleep ({_LEVELS.get(now, now)})")]
+        if before and now == 0:
+            since, self.asleep_since = self.asleep_since, None
+            slept = f" after {t - since:.0f}s asleep" if since is not None else ""
+            level = _LEVELS.get(self._slept_at_level or before, before)
+            return [DeployEvent(t, self.target, f"wake@{int(t)}", WAKE,
+                                f"the engine woke{slept} ({level}): its prefix cache starts empty, as after a restart")]
+        if now and self.asleep_since is None:
+            self.asleep_since, self._slept_at_level = t, now  # asleep at our first look
+        return []
 
     def _restart(self, t: float, last: _Seen, seen: _Seen) -> str:
         """Why this poll is a restart, or "" (also for start times that flap)."""

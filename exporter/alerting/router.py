@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..parse.router_metrics import ALL_MODELS, RouterSnapshot
 from ..series.history import is_reset
+from ..series.hitratio import hit_tokens, query_tokens
 from .causes import ROUTING_INDEX_STALE
 from .rules_state import Condition
 
@@ -113,8 +114,9 @@ class Delivered:
 
 
 def delivered(windows_by_target, model: str, window: str) -> Delivered:
-    """Σ hits / Σ queries (tokens) of `model` (every model for ALL_MODELS) over the
-    engine targets' `window`; blocks are left out, their tokens are not known here."""
+    """Σ hits / Σ queries of `model` (every model for ALL_MODELS) over the engine
+    targets' `window`, in tokens (a block-counting target's in its block size): the GPU
+    prefix caches' lookups, what a router's index predicts."""
     hits = queries = 0.0
     targets = 0
     for stats in windows_by_target:
@@ -123,10 +125,10 @@ def delivered(windows_by_target, model: str, window: str) -> Delivered:
             if model != ALL_MODELS and m != model:
                 continue
             ws = by_window.get(window)
-            if ws is None or ws.unit != "tokens" or ws.hit_increase is None or not ws.query_increase:
+            if ws is None or ws.unit is None or ws.hit_increase is None or not ws.query_increase:
                 continue
-            hits += max(0.0, ws.hit_increase)
-            queries += ws.query_increase
+            hits += hit_tokens(ws)
+            queries += query_tokens(ws)
             counted = True
         targets += counted
     return Delivered(min(1.0, hits / queries) if queries > 0 else None, queries, targets)

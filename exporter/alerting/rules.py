@@ -14,11 +14,12 @@ from typing import Callable, Sequence
 
 from ..parse.snapshot import Snapshot
 from ..series.history import TargetSample
-from ..series.hitratio import judged_ratio, judged_tokens, lookup_ratio
+from ..series.hitratio import judged_counts, judged_ratio, judged_tokens, lookup_ratio, query_tokens, tier_shares
 from ..series.window import WindowStats, last_hit_time, stats_between
 from . import causes
 from .analysis import token_rates
-from .deploys import ChangePointSettings, DeployEvent
+from ..parse import tiers
+from .deploys import REPLICAS, ChangePointSettings, DeployEvent
 from .rules_state import FALSE, INCONCLUSIVE, Condition
 
 DROP_AFTER_DEPLOY = "PrefixCacheHitRateDropAfterDeploy"
@@ -115,7 +116,7 @@ def _in_cold_start(f: Facts, grace: float) -> DeployEvent | None:
 
 
 def rule_drop_after_deploy(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
-    deploys = [e for e in f.events if not e.is_restart and 0 <= f.now - e.t <= rc.event_lookback]
+    deploys = [e for e in f.events if e.is_deploy and 0 <= f.now - e.t <= rc.event_lookback]
     if not deploys:
         if f.fleet_baseline is not None:
             return _against_fleet(f, s, rc)
@@ -126,6 +127,9 @@ def rule_drop_after_deploy(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condit
     ev = anchored[-1] if anchored else deploys[-1]
     if any(e.is_restart and e.t >= ev.t - 1.0 for e in f.events) or _in_cold_start(f, rc.cold_start_grace):
         return FALSE  # the cache was emptied: a cold start, not a prompt change
+    if not anchored and any(e.source == REPLICAS and e.replicas is not None and e.replicas[1] > e.replicas[0] and e.t >= ev.t
+                            for e in f.events):
+        return FALSE  # the fleet grew since: before and after straddle it (the low-ratio rules judge that, replicas_changed)
     baseline = stats_between(f.samples, f.model, ev.t - s.baseline, ev.t, 0.0, f.block_size)
     edge = max((x.t for x in f.samples if x.t <= ev.t), default=ev.t)
     start = max(edge - 1e-6, f.now - s.after)
@@ -230,7 +234,7 @@ def rule_hits_stuck_at_zero(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condi
     if _in_cold_start(f, rc.cold_start_grace):
         return FALSE  # an emptied cache refilling: the grace delays, and hits that never come fire after it
     ws = f.window(s.window)
-    if ws.hit_increase != 0 or (ws.query_increase or 0) < s.min_query_tokens:
+    if ws.hit_increase != 0 or query_tokens(ws) < s.min_query_tokens:  # tokens, also of a target counting blocks
         return FALSE
     if _cache_works_by_other_evidence(f, ws, s):
         return FALSE  # the hit counter is not wired: PrefixCacheCountersDisagree says so
@@ -294,10 +298,10 @@ def rule_counters_disagree(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condit
     if admitted is not None and (ws.admitted_prompt_increase or 0) >= s.min_query_tokens:
         if lookup is None and (ws.query_increase or 0) == 0:
             why = f"the lookup counters stood still while {ws.admitted_prompt_increase:.0f} prompt tokens were admitted"
-        elif lookup is not None and (ws.query_increase or 0) >= s.min_query_tokens and abs(lookup - admitted) >= s.drop_points:
+        elif lookup is not None and query_tokens(ws) >= s.min_query_tokens and abs(lookup - admitted) >= s.drop_points:
             why = (f"lookups say {lookup:.0%} while admitted prefill says {admitted:.0%} "
                    f"({'lookups recorded again on scheduler retries under KV pressure' if lookup > admitted else 'hits not recorded by the lookup path'})")
-    elif admitted is None and (ws.query_increase or 0) >= s.min_query_tokens:
+    elif admitted is None and query_tokens(ws) >= s.min_query_tokens:
         works = _cache_works_by_other_evidence(f, ws, s)
         if works:
             why = f"prefix-cache hits stayed at zero while {works}"
@@ -371,6 +375,9 @@ class Rule:
     # alertname (kube-prometheus-stack's critical over warning) never lets one pod's critical
     # silence another pod's warning of a milder cause.
     by_cause: tuple[tuple[str, str, str], ...] = ()
+    # its `window` must be one of global.windows: it reads that window's stats as every
+    # poll keeps them (a router's predictions, the fleet's ratios), never its own span
+    global_window: bool = False
 
     @property
     def runbook_anchor(self) -> str:
@@ -398,7 +405,9 @@ SEVERITIES = ("info", "warning", "critical")  # mildest first
 REGISTRY: tuple[Rule, ...] = (
     Rule("hit_rate_drop_after_deploy", DROP_AFTER_DEPLOY, ("baseline", "after", "below", "drop_points", "min_query_tokens"),
          rule_drop_after_deploy, look_back=("baseline", "after"), by_cause=((causes.TRAFFIC_MIX, TRAFFIC_MIX_CHANGED, "warning"),)),
-    Rule("hit_rate_low", HIT_RATE_LOW, ("window", "below", "min_query_tokens"), rule_hit_rate_low, look_back=("window",)),
+    # its window's ratios of every replica of a model are the fleet's, for load_balancer_scatter
+    Rule("hit_rate_low", HIT_RATE_LOW, ("window", "below", "min_query_tokens"), rule_hit_rate_low, look_back=("window",),
+         global_window=True),
     Rule("caching_disabled", CACHING_DISABLED, (), rule_caching_disabled),
     Rule("hits_stuck_at_zero", HITS_STUCK_AT_ZERO, ("window", "min_query_tokens"), rule_hits_stuck_at_zero,
          look_back=("window",)),
@@ -409,7 +418,7 @@ REGISTRY: tuple[Rule, ...] = (
          look_back=("window",)),
     # its window is one of global.windows, read from the engines' window stats, not the history
     Rule("router_prediction_gap", ROUTER_PREDICTION_GAP, ("window", "drop_points", "min_query_tokens"), None,
-         scope=ACROSS_TARGETS),
+         scope=ACROSS_TARGETS, global_window=True),
 )
 # static views of the registry, for readers that list the alerts (the runbook's tests, the relay rules):
 # every name an alert of the sidecar is delivered under
@@ -441,18 +450,23 @@ def evidence(f: Facts, rc: RulesConfig) -> causes.Evidence:
     now_ws = f.window(short)
     earlier = stats_between(f.samples, f.model, f.now - 2 * short, f.now - short, 0.0, f.block_size)
     long_ws = f.window(max(f.windows)) if f.windows else now_ws
-    deploys = [e for e in f.events if not e.is_restart and 0 <= f.now - e.t <= rc.event_lookback]
+    recent = [e for e in f.events if 0 <= f.now - e.t <= rc.event_lookback]
+    deploys = [e for e in recent if e.is_deploy]
     baseline = None
+    drop = rc.rules[DROP_AFTER_DEPLOY]
     rates, baseline_rates = token_rates(now_ws), token_rates(long_ws)
+    before_tiers, after_tiers = long_ws, now_ws
     if deploys:
-        drop = rc.rules[DROP_AFTER_DEPLOY]
         ev = next((e for e in deploys if e.t == f.anchor), deploys[-1])
-        before = stats_between(f.samples, f.model, ev.t - drop.baseline, ev.t, 0.0, f.block_size)
+        before = before_tiers = stats_between(f.samples, f.model, ev.t - drop.baseline, ev.t, 0.0, f.block_size)
         baseline = judged_ratio(before)
         # the traffic since the event against the traffic before it, as the deploy rule compares
         edge = max((x.t for x in f.samples if x.t <= ev.t), default=ev.t)
         since = stats_between(f.samples, f.model, max(edge - 1e-6, f.now - drop.after), f.now, 0.0, f.block_size)
         rates, baseline_rates = token_rates(since), token_rates(before)
+        after_tiers = since
+    fleet = [e for e in recent if e.source == REPLICAS]
+    before_fleet = stats_between(f.samples, f.model, fleet[0].t - drop.baseline, fleet[0].t, 0.0, f.block_size) if fleet else None
     return causes.Evidence(
         now=f.now,
         caching_enabled=f.snapshot.prefix_caching_enabled if f.snapshot else None,
@@ -464,4 +478,25 @@ def evidence(f: Facts, rc: RulesConfig) -> causes.Evidence:
         events=f.events, peer_ratios=f.peer_ratios, peers_had_events=f.peers_had_events,
         requests=now_ws.ttft_count_increase,
         token_rates=rates, baseline_token_rates=baseline_rates,
+        tiers=tuple(tier_shares(after_tiers).items()), baseline_tiers=tuple(tier_shares(before_tiers).items()),
+        per_request=_per_request(now_ws), per_request_before_fleet=_per_request(before_fleet),
+        evicted_before_reuse=_evicted_before_reuse(f),
     )
+
+
+def _per_request(ws: WindowStats | None) -> tuple[float, float] | None:
+    """(hit tokens, query tokens) per request that got its first token, of the judged counters."""
+    if ws is None or not ws.ttft_count_increase:
+        return None
+    hits, queries = judged_counts(ws)
+    return (hits / ws.ttft_count_increase, queries / ws.ttft_count_increase) if queries > 0 else None
+
+
+def _evicted_before_reuse(f: Facts) -> bool | None:
+    """vLLM's KV residency histograms of the model's engines (since they started): blocks
+    evicted sooner than they are reused on any engine; None without them."""
+    if f.snapshot is None:
+        return None
+    found = [tiers.evicted_before_reuse(s.kv_idle_before_evict, s.kv_reuse_gap) for s in f.snapshot.series if s.model_name == f.model]
+    known = [x for x in found if x is not None]
+    return any(known) if known else None

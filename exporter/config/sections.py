@@ -481,18 +481,33 @@ def _fleet_baseline(r: Reader, raw: Any) -> FleetBaselineConfig:
 
 def _lookback_errors(cfg: Config) -> list[str]:
     """A rule may not look further back than the history kept (the longest window and
-    one poll): it would silently judge a shorter time than it says."""
+    one poll): it would silently judge a shorter time than it says. A rule that reads one
+    of global.windows (Rule.global_window) must name one: another would never run."""
     kept = cfg.longest_window + cfg.global_.poll_interval
     errors = []
+    names = {secs: name for name, secs in cfg.global_.windows}
     for rule in alert_rules.REGISTRY:
         s = cfg.rules.rules.get(rule.alertname)
-        if s is None or not s.enabled or not rule.look_back:
+        if s is None or not s.enabled:
+            continue
+        if rule.global_window and s.window not in names:
+            errors.append(f"rules.{rule.key}.window: {_duration(s.window)} is not one of global.windows "
+                          f"({', '.join(names.values())}); the rule reads that window as every poll keeps it, so it would "
+                          "never run: add the window to global.windows, pick one of them, or disable the rule")
+        if not rule.look_back:
             continue
         needs = rule.looks_back(s)
         if needs > kept:
             errors.append(f"rules.{rule.key}: {' + '.join(rule.look_back)} looks back {needs:g}s but global.windows keep "
                           f"{kept:g}s of history (longest window + poll_interval); add a longer window or shorten the rule")
     return errors
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 def load_text(text: str, source: str = "<config>", read_file: Callable[[str], str] = no_files) -> Config:

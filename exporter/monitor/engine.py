@@ -14,7 +14,14 @@ from dataclasses import dataclass, replace
 
 from ..alerting import analysis, causes, rollouts
 from ..alerting import router as routing
-from ..alerting.deploys import CHANGE_POINT, DeployEvent, SnapshotChangeDetector, change_point_has_traffic, detect_change_point
+from ..alerting.deploys import (
+    CHANGE_POINT,
+    REPLICAS,
+    DeployEvent,
+    SnapshotChangeDetector,
+    change_point_has_traffic,
+    detect_change_point,
+)
 from ..alerting.rules import (
     DROP_AFTER_DEPLOY,
     HIT_RATE_LOW,
@@ -31,6 +38,7 @@ from ..config.sections import Config, Target
 from ..parse import roles
 from ..parse.snapshot import Snapshot
 from ..series.history import History
+from ..series.hitratio import judged_counts, shown_ratio
 from ..series.window import WindowStats, interval_sums, recent_intervals, stats_between, summarize
 from .targetview import TargetView
 
@@ -89,6 +97,8 @@ class Engine:
         self.hits_references: dict[tuple[str, str], tuple[float, float]] = {}
         # router target -> model -> window -> (predicted, delivered), as of the last evaluation
         self.predictions: dict[str, dict[str, dict[str, tuple[routing.Prediction, routing.Delivered]]]] = {}
+        # model -> its replica count as established, and a new count seen once (count, when) waiting to be confirmed
+        self.replica_counts: dict[str, tuple[int | None, tuple[int, float] | None]] = {}
         self.reconfigure(config)
 
     # --- configuration ---------------------------------------------------------------
@@ -177,12 +187,17 @@ class Engine:
         self.events.append(event)
         key = (event.target or "", event.source)
         self.event_counts[key] = self.event_counts.get(key, 0) + 1
-        target = event.target or ""
+        # an event of one model's replicas is each of theirs (a fleet-wide one would keep
+        # the change point of every other model quiet too)
+        targets = [event.target or ""] if event.model is None or event.target else \
+            [name for name, t in list(self.tracks.items()) if event.model in t.view.stats]
         # observe() reads these two without the poller's engine lock: replaced whole, never changed in place
-        self.last_event_t = {**self.last_event_t, target: max(self.last_event_t.get(target, event.t), event.t)}
+        self.last_event_t = {**self.last_event_t, **{n: max(self.last_event_t.get(n, event.t), event.t) for n in targets}}
         if event.is_restart:
+            target = event.target or ""
             self.last_restart_t = {**self.last_restart_t, target: max(self.last_restart_t.get(target, event.t), event.t)}
-        else:
+        elif event.is_deploy:
+            target = event.target or ""
             self.last_deploy_t[target] = max(self.last_deploy_t.get(target, event.t), event.t)
 
     def _summarize(self, view: TargetView, now: float):
@@ -194,7 +209,7 @@ class Engine:
         rc = self.config.rules
         if not rc.change_point_enabled:
             return None
-        cp = rc.change_point
+        cp = self._change_point_settings()
         span = cp.recent + cp.reference + 2 * self.config.global_.poll_interval
         name = track.target.name
         if self._explained(name, now, span, found):
@@ -214,6 +229,12 @@ class Engine:
                 return DeployEvent(began, name, f"suspected@{int(began)}", CHANGE_POINT,
                                    f"hit ratio of {model} fell sharply with no deploy event")
         return None
+
+    def _change_point_settings(self):
+        """`rules.change_point`, its spans at least as long as the polls need: a step is
+        two intervals, its reference three (at a 20 s poll 15 s would never hold two)."""
+        cp, poll = self.config.rules.change_point, self.config.global_.poll_interval
+        return replace(cp, recent=max(cp.recent, 2 * poll), reference=max(cp.reference, 4 * poll))
 
     def _explained(self, target: str, now: float, span: float, found: list[DeployEvent]) -> bool:
         """An event of the target (or the fleet) within the span, or a restart within the
@@ -253,6 +274,10 @@ class Engine:
         raised before the first scrape) resolves. Reads only the tracks' views."""
         if events is None:
             events = self.take_events(now)
+        fleet = self._fleet_changes(now)
+        for ev in fleet:
+            self.add_event(ev)
+        events = tuple(events) + tuple(fleet)
         rc = self.config.rules
         transitions: list[Transition] = []
         window_names = {secs: name for name, secs in self.config.global_.windows}
@@ -273,10 +298,12 @@ class Engine:
             # a decode pod's prompt arrives as KV from prefill pods: its ratio is near zero by design
             for model in [""] + ([] if self._decode(track) else sorted(view.stats)):
                 peers = [(other, r) for other, r in by_model.get(model, ()) if other != name] if model else []
+                mine = tuple(e for e in events_of[name] if e.model is None or e.model == model)
                 base = Facts(now=now, target=name, model=model, up=view.up, down_since=view.down_since,
                              snapshot=view.snapshot, samples=view.samples, stats=view.stats.get(model, {}),
-                             windows=window_names, events=events_of[name], peer_ratios=tuple(r for _, r in peers),
-                             peers_had_events=any(events_of.get(other) for other, _ in peers),
+                             windows=window_names, events=mine, peer_ratios=tuple(r for _, r in peers),
+                             peers_had_events=any(e.model is None or e.model == model for other, _ in peers
+                                                  for e in events_of.get(other, ())),
                              block_size=view.snapshot.block_size if view.snapshot else None,
                              ever_up=view.ever_up, fleet_baseline=self.fleet_baselines.get((name, model)),
                              hits_reference=self._hits_reference(name, model, view, references) if model else None)
@@ -304,6 +331,55 @@ class Engine:
             elif alert.state == PENDING:
                 transitions.append(Transition(now, replace(alert, state=INACTIVE), INACTIVE))
         return transitions
+
+    # --- the fleet of each model ----------------------------------------------------------
+    def _fleet_changes(self, now: float) -> list[DeployEvent]:
+        """An event of every replica of a model whose replica count changed: targets that
+        serve it appeared or went (configured or discovered). A count seen at two
+        evaluations in a row is established (a wobble of one poll is not an event); the
+        first count of a model, at a start, is no change. The event keeps the model's
+        judged ratio over its replicas before, which bounds what the change can explain."""
+        counts: dict[str, list[str]] = {}
+        for name, track in list(self.tracks.items()):
+            if track.router is not None or self._decode(track):
+                continue
+            for model in track.view.stats:
+                counts.setdefault(model, []).append(name)
+        events = []
+        for model in sorted(set(counts) | set(self.replica_counts)):
+            n = len(counts.get(model, ()))
+            established, candidate = self.replica_counts.get(model, (None, None))
+            if n == 0:
+                self.replica_counts.pop(model, None)  # the model is gone: it starts afresh if it comes back
+                continue
+            if n == established:
+                self.replica_counts[model] = (established, None)
+            elif candidate is None or candidate[0] != n:
+                self.replica_counts[model] = (established, (n, now))
+            else:
+                if established is not None:
+                    events.append(self._replicas_event(model, established, n, candidate[1], counts[model]))
+                self.replica_counts[model] = (n, None)
+        return events
+
+    def _replicas_event(self, model: str, was: int, now_n: int, since: float, names: list[str]) -> DeployEvent:
+        rc = self.config.rules
+        hits = queries = 0.0
+        for name in names:  # the replicas that served before the change, over the hit-rate rule's window before it
+            view = self.tracks[name].view
+            if view.since is None or view.since >= since:
+                continue
+            block = view.snapshot.block_size if view.snapshot else None
+            h, q = judged_counts(stats_between(view.samples, model, since - rc.rules[HIT_RATE_LOW].window, since, 0.0, block))
+            hits, queries = hits + h, queries + q
+        ratio = min(1.0, hits / queries) if queries > 0 else None
+        more = now_n > was
+        why = (f"{now_n} replicas of {model} (was {was})"
+               + (": under routing without prefix or session affinity each replica sees 1/"
+                  f"{now_n} of a conversation's turns; prefix-hash or session-affinity routing keeps them together "
+                  "(`whatif --routing` quantifies it)" if more else ""))
+        return DeployEvent(since, None, f"replicas:{was}->{now_n}", REPLICAS, why, model=model, replicas=(was, now_n),
+                           ratio_before=ratio)
 
     def _hits_reference(self, name: str, model: str, view: TargetView,
                         references: dict[tuple[str, str], tuple[float, float]]) -> tuple[float, float] | None:
@@ -433,7 +509,7 @@ class Engine:
         warm = [m.stats for m in new if m.stats is not None]
         began = judged.rollout.began
         snapshots = [self.tracks[m.target].view.snapshot for m in new if m.target in self.tracks]
-        cause, why = causes.classify(causes.Evidence(
+        found = causes.Evidence(
             now=now,
             caching_enabled=False if any(s is not None and s.prefix_caching_enabled is False for s in snapshots) else None,
             ratio=v.hit_ratio, ratio_earlier=None, baseline=v.baseline_hit_ratio,
@@ -441,7 +517,8 @@ class Engine:
             preemptions=sum(w.preemption_increase or 0.0 for w in warm),
             events=(DeployEvent(began, None, v.version, "rollout", f"{v.version} replaced {v.baseline_version}"),),
             requests=sum(w.ttft_count_increase or 0.0 for w in warm) or None,
-        ), rc.cause_settings())
+        )
+        cause, why = causes.classify(found, rc.cause_settings())
         common = None
         for m in new:
             track = self.tracks.get(m.target)
@@ -459,7 +536,8 @@ class Engine:
             self.alerts[key] = new
 
     def _fleet_ratios(self) -> dict[str, list[tuple[str, float]]]:
-        """model -> [(target, hit ratio over the hit-rate rule's window)]."""
+        """model -> [(target, judged hit ratio over the hit-rate rule's window)] (config
+        refuses a window the rule names that global.windows do not keep)."""
         seconds = self.config.rules.rules[HIT_RATE_LOW].window
         name = next((n for n, s in self.config.global_.windows if s == seconds), None)
         out: dict[str, list[tuple[str, float]]] = {}
@@ -467,9 +545,9 @@ class Engine:
             if self._decode(track):
                 continue
             for model, windows in track.view.stats.items():
-                ws = windows.get(name) if name else None
-                if ws is not None and ws.hit_ratio is not None:
-                    out.setdefault(model, []).append((target, ws.hit_ratio))
+                r = shown_ratio(windows.get(name)) if name else None
+                if r is not None:
+                    out.setdefault(model, []).append((target, r))
         return out
 
     def _describe(self, alert: Alert, cond: Condition, facts: Facts) -> Alert:

@@ -24,6 +24,9 @@ PROMPT_TOKENS_CACHED = "vllm:prompt_tokens_cached_total"  # 0.16 on
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 REQUESTS_RUNNING = "vllm:num_requests_running"
 REQUESTS_WAITING = "vllm:num_requests_waiting"
+# sleep mode (--enable-sleep-mode): 1 on the engine's state, 0 on the others; both sleep
+# levels discard the KV cache while the process lives on
+ENGINE_SLEEP_STATE = "vllm:engine_sleep_state"  # sleep_state=awake|weights_offloaded (level 1)|discard_all (level 2)
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 LORA_REQUESTS_INFO = "vllm:lora_requests_info"
 PROCESS_START_TIME = "process_start_time_seconds"
@@ -109,6 +112,7 @@ ROLE_BY_NAME: dict[str, tuple[str, str]] = {
     GENERATION_TOKENS: ("counter", "generation_tokens"),
     REQUESTS_RUNNING: ("gauge", "requests_running"),
     REQUESTS_WAITING: ("gauge", "requests_waiting"),
+    ENGINE_SLEEP_STATE: ("by_sleep_state", "sleep_"),
     CACHE_CONFIG_INFO: ("info", "cache_config"),
     LORA_REQUESTS_INFO: ("info", "lora"),
     PROCESS_START_TIME: ("process", "process_start_time"),
@@ -172,6 +176,7 @@ TRTLLM_ZERO_WHEN_DECLARED = {"trtllm_kv_cache_reused_blocks": "trtllm_reused", "
 DECLARED_FAMILY = {n: n for n in TRTLLM_ZERO_WHEN_DECLARED} | {n + "_total": n for n in TRTLLM_ZERO_WHEN_DECLARED}  # TYPE names either
 BY_SOURCE = ("local_compute", "local_cache_hit", "external_kv_transfer")
 CACHED_BY_SOURCE = ("device", "host", "p2p", "disk", "external_unspecified")
+SLEEP_STATES = {"awake": 0, "weights_offloaded": 1, "discard_all": 2}  # the sleep level each state means
 # HELP lines are read for these only: the 0.7.3-0.8.x `gpu_` pair counts blocks, the
 # 0.9.x pair counts tokens, and HELP is the only place the text says which.
 UNIT_FROM_HELP = {GPU_PREFIX_QUERIES, GPU_PREFIX_HITS}

@@ -59,6 +59,7 @@ class SeriesSnapshot:
     cached_tokens_by_tier: tuple[tuple[str, float], ...] | None = None  # exporter/parse/tiers.py
     kv_idle_before_evict: Histogram | None = None  # vLLM 0.12+ with --kv-cache-metrics
     kv_reuse_gap: Histogram | None = None
+    sleep_level: int | None = None  # vllm:engine_sleep_state: 0 awake, 1 weights offloaded, 2 all discarded; None: not said
 
     @property
     def key(self) -> tuple[str, str | None]:
@@ -152,4 +153,5 @@ def _series_json(s: SeriesSnapshot) -> dict:
         "cached_tokens_by_tier": dict(s.cached_tokens_by_tier) if s.cached_tokens_by_tier is not None else None,
         "kv_idle_before_evict": {"count": s.kv_idle_before_evict.count, "sum": s.kv_idle_before_evict.sum} if s.kv_idle_before_evict else None,
         "kv_reuse_gap": {"count": s.kv_reuse_gap.count, "sum": s.kv_reuse_gap.sum} if s.kv_reuse_gap else None,
+        "sleep_level": s.sleep_level,
     }

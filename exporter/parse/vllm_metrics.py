@@ -12,7 +12,7 @@ import re
 # what the parser builds; the types live in snapshot.py, which their users import
 from . import cacheconfig, tiers, trtllm
 from .names import (BY_SOURCE, CACHED_BY_SOURCE, DECLARED_FAMILY, ENGINE_PREFIXES, GPU_PREFIX_HITS, GPU_PREFIX_QUERIES, ROLE_BY_NAME,
-                    SGLANG_CACHED_TOKENS, TRTLLM_MISSED_BLOCKS, TRTLLM_REUSED_BLOCKS, TRTLLM_TOKENS_PER_BLOCK,
+                    SGLANG_CACHED_TOKENS, SLEEP_STATES, TRTLLM_MISSED_BLOCKS, TRTLLM_REUSED_BLOCKS, TRTLLM_TOKENS_PER_BLOCK,
                     TRTLLM_ZERO_WHEN_DECLARED, UNIT_FROM_HELP)
 from .router_metrics import RouterBuilder
 from .snapshot import MAX_WARNINGS, CounterPair, Histogram, SeriesSnapshot, Snapshot
@@ -274,6 +274,12 @@ def parse(text: str, series_limit: int = 0) -> Snapshot:
                 warnings.append(f"line {lineno}: {name} has an unknown source {source!r}")
                 continue
             builder.values[field_name + source] = value
+        elif kind == "by_sleep_state":
+            state = labels.get("sleep_state")
+            if state not in SLEEP_STATES:
+                warnings.append(f"line {lineno}: {name} has an unknown sleep_state {state!r}")
+                continue
+            builder.values[field_name + state] = value
         elif kind == "by_cached_source":
             source = labels.get("source")
             if source not in CACHED_BY_SOURCE:
@@ -424,11 +430,26 @@ def _series(model: str, engine: str | None, b: _SeriesBuilder, gpu_unit: str | N
         kv_idle_before_evict=tiers.histogram(b.hists.get("idle_before_evict"), v.get("idle_before_evict_sum"), v.get("idle_before_evict_count")),
         kv_reuse_gap=tiers.histogram(b.hists.get("reuse_gap"), v.get("reuse_gap_sum"), v.get("reuse_gap_count")),
         prompt_tokens_recomputed=v.get("prompt_tokens_recomputed"),
+        sleep_level=_sleep_level(v),
         prefill_kv_computed=(v["prefill_kv_computed_sum"], v.get("prefill_kv_computed_count", 0.0)) if "prefill_kv_computed_sum" in v else None,
         engine_hit_rate=_ratio_or_none(v.get("engine_hit_rate"), what, warnings),
         lmcache_lookups=tuple(v.get(k) for k in ("lmcache_lookup_requests", "lmcache_lookup_tokens", "lmcache_lookup_hits"))
         if any(k in v for k in ("lmcache_lookup_requests", "lmcache_lookup_tokens", "lmcache_lookup_hits")) else None,
     )
+
+
+def _sleep_level(v: dict[str, float]) -> int | None:
+    """0 awake, 1 or 2 the sleep level (a sleeping engine whose level is not set: 1),
+    None where the engine does not say."""
+    states = {state: v["sleep_" + state] for state in SLEEP_STATES if "sleep_" + state in v}
+    if not states:
+        return None
+    if states.get("awake", 0.0) >= 1.0:
+        return 0
+    asleep = [level for state, level in SLEEP_STATES.items() if level and states.get(state, 0.0) >= 1.0]
+    if asleep:
+        return max(asleep)
+    return 1 if "awake" in states else None
 
 
 def _ratio_or_none(value: float | None, what: str, warnings: list[str]) -> float | None:

@@ -7,9 +7,14 @@ departure on purpose, explained at RESET_FRACTION: PromQL takes every decrease f
 reset, so a hits counter that steps back by one token adds its whole value to a window
 (a ratio of 41 where it is 50%). Here a decrease is a reset only when the process
 restarted (its start time or a `_created` changed) or the counter fell to at most
-RESET_FRACTION of its last value, as a fresh process's counters do; a smaller step back
-is held at the last value until the counter passes it again (an increase of 0, never
-negative), and listed in `History.steps_back` for the poll's warnings.
+RESET_FRACTION of its last value, as a fresh process's counters do. A smaller step back
+is held at the last value for one poll (an increase of 0, never negative): a misread
+comes back to it at the next one. One still below it a poll later lost part of its sum
+(a worker of several restarted): it counts on from its new value, never adding what it
+had counted again, and never standing still until it passes the old value (which, for a
+40% step of a counter a day old, would be most of a day of hits counted as none: a
+"drop" the change point took for a prompt change). Both are listed in
+`History.steps_back` for the poll's warnings.
 """
 from __future__ import annotations
 
@@ -42,7 +47,14 @@ def is_reset(before: float, after: float) -> bool:
 # Counters kept per series, in this order in every sample's value array.
 COUNTERS = ("queries", "hits", "external_queries", "external_hits", "ttft_sum", "ttft_count", "prompt_tokens", "preemptions",
             # admitted prefill (vLLM 0.16 on): prompt_tokens_by_source, cached, recomputed
-            "local_cache_hit", "recomputed", "prompt_cached", "external_transfer")
+            "local_cache_hit", "recomputed", "prompt_cached", "external_transfer",
+            # cached tokens by the tier the engine names (exporter/parse/tiers.py), one slot per TIER_SLOTS
+            "tier_device", "tier_host", "tier_storage", "tier_external", "tier_unattributed")
+# the engines' tier names -> the slot they are kept in: disk is storage; a transfer from
+# another replica (p2p) and any tier we do not know are what came from outside the GPU
+TIER_SLOTS = ("device", "host", "storage", "external", "unattributed")
+_TIER_OF = {"device": "device", "host": "host", "storage": "storage", "disk": "storage", "unattributed": "unattributed"}
+TIER_BASE = COUNTERS.index("tier_device")
 _GAUGES = ("kv_cache_usage",)
 _FIXED = COUNTERS + _GAUGES
 NAN = math.nan
@@ -148,6 +160,14 @@ def _raw_values(s) -> tuple[list[float], tuple[float, ...] | None, str | None]:
             fixed[8] = value
         elif source == "external_kv_transfer":
             fixed[11] = value
+    if s.cached_tokens_by_tier:
+        tiers = [None] * len(TIER_SLOTS)
+        for name, value in s.cached_tokens_by_tier:
+            k = TIER_SLOTS.index(_TIER_OF.get(name, "external"))
+            tiers[k] = (tiers[k] or 0.0) + value
+        fixed[TIER_BASE:TIER_BASE] = tiers
+    else:
+        fixed[TIER_BASE:TIER_BASE] = [None] * len(TIER_SLOTS)
     values = [NAN if v is None else float(v) for v in fixed]
     bounds = None
     if complete:
@@ -238,6 +258,7 @@ class History:
         self._prev = array("d")
         self._add = array("d")
         self._offsets = False  # whether any slot of _add is not 0: the usual poll skips adding
+        self._held: dict[int, float] = {}  # slot -> the raw value it stepped back to, held since the last poll
         self._start: float | None = None  # the process start time last seen
         self._created: dict = {}  # series key -> its `_created` last seen
         self.steps_back: list[str] = []  # the counters the last append held (see RESET_FRACTION)
@@ -278,6 +299,7 @@ class History:
 
     def _log(self, prev: TargetSample | None, cur: TargetSample) -> None:
         q_i, h_i, s_i, c_i, kv_i = _SLOT["queries"], _SLOT["hits"], _SLOT["ttft_sum"], _SLOT["ttft_count"], _SLOT["kv_cache_usage"]
+        e_i = _SLOT["external_hits"]  # a connector's hits: the log's hits are every tier's (hitratio.py)
         cur_layout, cv = cur.layout, cur.values
         # the usual poll: the same series as the one before, so one vector of differences
         same = prev is not None and prev.layout is cur_layout
@@ -293,6 +315,9 @@ class History:
                 a, b = delta[at + q_i], delta[at + h_i]
                 if a == a and b == b:
                     dq, dh = a, b
+                    e = delta[at + e_i]
+                    if e == e:
+                        dh += e
                 a, b = delta[at + s_i], delta[at + c_i]
                 if a == a and b == b:
                     ds, dc = a, b
@@ -313,6 +338,9 @@ class History:
                 if q0 == q0 and q1 == q1 and h0 == h0 and h1 == h1:
                     dq += q1 - q0
                     dh += h1 - h0
+                    e0, e1 = pv[pbase + e_i], cv[base + e_i]
+                    if e0 == e0 and e1 == e1:
+                        dh += e1 - e0
                 s0, s1, c0, c1 = pv[pbase + s_i], cv[base + s_i], pv[pbase + c_i], cv[base + c_i]
                 if s0 == s0 and s1 == s1 and c0 == c0 and c1 == c1:
                     ds += s1 - s0
@@ -347,16 +375,30 @@ class History:
         return changed
 
     def _adjusted(self, raw: array, layout: Layout, restarted: bool = False) -> array:
-        prev, add = self._prev, self._add
+        prev, add, held = self._prev, self._add, self._held
         self.steps_back = []
+        if held:  # a counter back at (or past) the value it stepped back from: that was a misread
+            for i in [i for i in held if not raw[i] < prev[i]]:
+                del held[i]
         if True in map(lt, raw, prev):  # a counter went down: a reset or a step back (rare)
             for i in [i for i, down in enumerate(map(lt, raw, prev)) if down]:
                 if restarted or is_reset(prev[i], raw[i]):
                     add[i] += prev[i]
                     self._offsets = True
+                    held.pop(i, None)
+                elif i in held:
+                    # still below a poll later: not a misread but part of a summed counter
+                    # reset (a worker of several restarted). It counts on from its new
+                    # value; held for good, its hits would stand still for as long as the
+                    # lost part took to count, read as a drop of the ratio
+                    stepped_to = min(held.pop(i), raw[i])
+                    add[i] += prev[i] - stepped_to
+                    self._offsets = True
+                    self.steps_back.append(self._describe_slot(layout, i, prev[i], stepped_to, rebased=True))
                 else:
                     self.steps_back.append(self._describe_slot(layout, i, prev[i], raw[i]))
-                    raw[i] = prev[i]  # held: the increase is 0 until the counter passes it again
+                    held[i] = raw[i]
+                    raw[i] = prev[i]  # held for this poll: a misread comes back at the next one
         # sized exactly, kept for an hour; a copy alone while no counter of the layout was reset
         flat = array("d", list(map(operator_add, raw, add))) if self._offsets else raw[:]
         new_prev = raw
@@ -371,13 +413,16 @@ class History:
         return flat
 
     @staticmethod
-    def _describe_slot(layout: Layout, pos: int, before: float, after: float) -> str:
+    def _describe_slot(layout: Layout, pos: int, before: float, after: float, rebased: bool = False) -> str:
         i = bisect_right(layout.offsets, pos) - 1
         j = pos - layout.offsets[i]
         name = COUNTERS[j] if j < len(COUNTERS) else "ttft bucket"
         model, engine = layout.keys[i]
+        if rebased:
+            return (f"model_name={model!r} engine={engine!r}: the {name} counter stayed below {before:.17g} a poll after "
+                    f"stepping back to {after:.17g}: part of a summed counter was reset; it counts on from there")
         return (f"model_name={model!r} engine={engine!r}: the {name} counter stepped back from {before:.17g} to "
-                f"{after:.17g} with no restart; held at {before:.17g}, not taken for a reset")
+                f"{after:.17g} with no restart; held at {before:.17g} for a poll, not taken for a reset")
 
     def _slots(self, layout: Layout):
         for i, key in enumerate(layout.keys):
@@ -398,6 +443,7 @@ class History:
                 self._offset[slot] = self._add[pos]
 
     def _load_adjustments(self, layout: Layout) -> None:
+        self._held = {}  # slots of another layout: a hold across a layout change stays a hold
         prev = array("d", [NAN]) * layout.size
         add = array("d", [0.0]) * layout.size
         for pos, slot in self._slots(layout):

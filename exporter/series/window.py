@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from operator import sub
 from typing import NamedTuple
 
-from .history import COUNTERS, Layout, Samples, SeriesKey, _as_samples
-from .hitratio import ratio, tokens
+from .history import COUNTERS, TIER_BASE, TIER_SLOTS, Layout, Samples, SeriesKey, _as_samples
+from .hitratio import effective_counts, ratio, tokens
 from .modellog import least_squares_fit
 from .promql import histogram_quantile, histogram_quantiles
 
@@ -46,6 +46,12 @@ class _WindowValues(NamedTuple):
     admitted_prompt_increase: float | None  # prompt tokens over the same time
     admitted_hit_ratio: float | None
     lazy_ttft: "_LazyTTFT"
+    # every tier (exporter/series/hitratio.py): what a connector brought, the engine's named tiers, the judged ratio
+    block_size: int | None = None  # the target's, for the counts in blocks
+    external_hit_increase: float | None = None  # the connector's hits (vllm:external_prefix_cache_hits)
+    external_transfer_increase: float | None = None  # the same, admitted (prompt_tokens_by_source external_kv_transfer)
+    tier_increases: tuple = ()  # ((tier, cached tokens), ...) where the engine names its tiers, else ()
+    effective_hit_ratio: float | None = None  # every tier's cached tokens / queried tokens; None under the token floor
 
 
 class _TTFTSource:
@@ -298,7 +304,7 @@ def _stats(view: Samples, model_name: str, now: float, window: str, seconds: flo
         hit_ratio = ratio(hits, queries)
     ext_q, ext_h, ttft_sum, ttft_count = increase[2], increase[3], increase[4], increase[5]
     fit, kv_max = _log_fit_and_kv(view, model_name, now, seconds, detailed) if detailed else (None, None)
-    return WindowStats(
+    return _with_tiers(WindowStats(
         ttft=ttft,
         window=window,
         seconds=seconds,
@@ -320,7 +326,23 @@ def _stats(view: Samples, model_name: str, now: float, window: str, seconds: flo
         admitted_hit_increase=admitted_hits,
         admitted_prompt_increase=admitted_prompt,
         admitted_hit_ratio=admitted_ratio,
-    )
+        block_size=block_size,
+        external_hit_increase=ext_h,
+        external_transfer_increase=increase[11],
+        tier_increases=(),
+        effective_hit_ratio=None,
+    ), increase, min_query_tokens)
+
+
+def _with_tiers(ws: WindowStats, increase: list[float | None], min_query_tokens: float) -> WindowStats:
+    """The window with the tiers the engine names and the ratio of every tier judged
+    (exporter/series/hitratio.py), None under the token floor as the other ratios are."""
+    tiers = tuple((name, v) for name, v in zip(TIER_SLOTS, increase[TIER_BASE:TIER_BASE + len(TIER_SLOTS)]) if v is not None)
+    ws = ws._replace(tier_increases=tiers) if tiers else ws
+    hits, queries = effective_counts(ws)
+    if queries > 0 and queries >= max(min_query_tokens, 1e-12):
+        ws = ws._replace(effective_hit_ratio=ratio(hits, queries))
+    return ws
 
 
 def _admitted(increase: list[float | None], min_tokens: float) -> tuple[float | None, float | None, float | None]:
@@ -391,14 +413,15 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
         else:
             fit, kv_max = _log_fit_and_kv(view, model, now, seconds, True)
         # positional, in _WindowValues' field order: the hot path of a poll
-        out[model] = tuple.__new__(WindowStats, (
+        out[model] = _with_tiers(tuple.__new__(WindowStats, (
             window, seconds, queries, hits, unit, hit_ratio,
             queries / span if queries is not None and span > 0 else None,
             hits / span if hits is not None and span > 0 else None,
             ratio(ext_h, ext_q) if ext_q and ext_h is not None else None,
             ttft_sum / ttft_count if ttft_sum is not None and ttft_count else None,
             ttft_count, fit[0] if fit else None, fit[1] * 0.1 if fit else None, prompt, preempt, kv_max, hi - lo,
-            a_hits, a_prompt, a_ratio, _LazyTTFT(source, keys)))
+            a_hits, a_prompt, a_ratio, _LazyTTFT(source, keys), block_size, ext_h, increase[11], (), None)),
+            increase, min_query_tokens)
     return out
 
 

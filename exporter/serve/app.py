@@ -18,6 +18,7 @@ from .. import __version__
 from ..alerting import analysis
 from ..alerting.deploys import API, DeployEvent
 from ..peers.urls import redact_url
+from ..series import hitratio
 from .state import State
 from .statuspage import CONTENT_SECURITY_POLICY, StatusPage
 from .webconfig import BasicAuth, WebSecurity
@@ -302,8 +303,10 @@ def status_json(state: State) -> dict:
             models[model] = {
                 w: {
                     "hit_ratio": _finite(s.hit_ratio),
-                    "query_tokens": _finite(s.query_increase),
-                    "hit_tokens": _finite(s.hit_increase),
+                    "effective_hit_ratio": _finite(s.effective_hit_ratio),
+                    # tokens also where the counters count blocks (`unit`): vLLM 0.8, TensorRT-LLM
+                    "query_tokens": _finite(hitratio.query_tokens(s)) if s.query_increase is not None else None,
+                    "hit_tokens": _finite(hitratio.hit_tokens(s)) if s.hit_increase is not None else None,
                     "unit": s.unit,
                     "ttft_seconds": {str(q): _finite(x) for q, x in sorted(s.ttft_quantiles.items())},
                     "ttft_mean_seconds": _finite(s.ttft_mean),

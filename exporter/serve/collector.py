@@ -26,6 +26,7 @@ from ..monitor.targetview import TargetView
 from ..parse import roles, tiers
 from ..parse.vllm_metrics import REJECT_REASONS
 from ..peers.urls import redact_url
+from ..series import hitratio
 from .state import Reading, State
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("vllm_kv_block_idle_before_evict_seconds", "histogram", "vLLM 0.12+ with --kv-cache-metrics: how long sampled KV blocks sat unused before eviction, as read from the target.", "target", "model_name", "engine"),
     _m("vllm_kv_block_reuse_gap_seconds", "histogram", "vLLM 0.12+ with --kv-cache-metrics: gaps between uses of one sampled KV block, as read from the target.", "target", "model_name", "engine"),
     _m("kv_evicted_before_reuse", "gauge", "1 if sampled KV blocks are evicted sooner (median idle time before eviction) than they are typically reused (median reuse gap), since the engine started: direct evidence of eviction pressure; 0 if not; absent without vLLM's residency histograms.", "target", "model_name", "engine"),
+    _m("engine_sleep_level", "gauge", "vLLM sleep mode (vllm:engine_sleep_state): 0 awake, 1 asleep with its weights offloaded, 2 asleep with its weights discarded; both levels discard the KV cache, so a wake is a cold start. An engine asleep serves nothing and is not down; absent where vLLM does not say.", "target", "model_name", "engine"),
     _m("engine_cache_hit_rate", "gauge", "The engine's own hit-rate gauge: SGLang's sglang:cache_hit_rate (the LAST prefill batch, or since start in old versions), TensorRT-LLM's trtllm_kv_cache_hit_rate (blocks since start); never a windowed rate; exported as read, never alerted on.", "target", "model_name"),
     _m("decode_target", "gauge", "1 if the target is a prefill/decode decode pod, from its `role: decode` label or its shape (90%+ of prompt tokens since start arrived as KV transfer), else 0: its transfers are not hits, and the hit-rate rules and the fleet leave it out.", "target"),
     _m("target_engine_info", "gauge", "Which engine's metric names the target serves (`engine`: vllm, sglang or trtllm); value 1.", "target", "engine"),
@@ -90,7 +92,9 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("query_tokens_per_second", "gauge", "Prefix-cache query tokens per second " + _W + " (blocks for 0.8.x targets).", "target", "model_name", "window"),
     _m("hit_tokens_per_second", "gauge", "Prefix-cache hit tokens per second " + _W + " (blocks for 0.8.x targets).", "target", "model_name", "window"),
     _m("recomputed_tokens_per_second", "gauge", "Prompt tokens per second that missed the prefix cache and were prefilled again " + _W + ".", "target", "model_name", "window"),
-    _m("admitted_hit_ratio", "gauge", "Token-weighted hit ratio from the admitted-prefill counters (vLLM 0.16+: local cache hits / prompt tokens, each request counted once when scheduled) " + _W + "; the rules judge this one where it exists.", "target", "model_name", "window"),
+    _m("admitted_hit_ratio", "gauge", "Token-weighted hit ratio from the admitted-prefill counters (vLLM 0.16+: local cache hits / prompt tokens, each request counted once when scheduled) " + _W + "; the rules judge it, with what other tiers brought, as prefixcache_effective_hit_ratio.", "target", "model_name", "window"),
+    _m("effective_hit_ratio", "gauge", "Token-weighted hit ratio of every cache tier: prompt tokens served from the GPU prefix cache or brought by a KV connector or offload tier, over the prompt tokens queried, summed over engines, " + _W + "; from the admitted-prefill counters where the engine has them; the ratio the rules judge; absent below global.min_query_tokens.", "target", "model_name", "window"),
+    _m("tier_hit_ratio", "gauge", "The share of queried prompt tokens each cache `tier` served " + _W + ": device (the GPU prefix cache), external (a KV connector: vllm:external_prefix_cache_hits or prompt_tokens_by_source external_kv_transfer; p2p and tiers of other names too), host, storage (disk too), unattributed (SGLang's cache_source=total); they add up to prefixcache_effective_hit_ratio; only where more than one tier served tokens in a window kept (a tier that stopped shows 0 until it leaves the longest window).", "target", "model_name", "window", "tier"),
     _m("hit_ratio_disagreement", "gauge", "prefixcache_hit_ratio (lookups) minus prefixcache_admitted_hit_ratio " + _W + ": far from 0, the engine's counters disagree (retry over-count, hits not recorded).", "target", "model_name", "window"),
     _m("external_hit_ratio", "gauge", "External (KV connector) prefix-cache hit ratio " + _W + ".", "target", "model_name", "window"),
     _m("ttft_seconds", "summary", "Time to first token: `quantile` is histogram_quantile over vLLM's bucket increase " + _W + "; _sum and _count are vLLM's cumulative totals, summed over engines.", "target", "model_name", "window"),
@@ -103,7 +107,7 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("router_delivered_hit_ratio", "gauge", "What the engine targets delivered for the router's model (all models for model_name \"\") " + _W + ": token-weighted hits / queries over every engine target, beside prefixcache_predicted_hit_ratio.", "target", "model_name", "window"),
     # rules and deploys
     _m("alert_state", "gauge", "1 for each alert of ours that is not inactive, by `state` (pending, firing, inconclusive: too few tokens to judge); `version` names the version a fleet alert judges (target is then empty).", "alertname", "target", "model_name", "cause", "severity", "state", "version", target_labels=False),
-    _m("deploy_events", "counter", "Deploy events by `source` (api, annotations_file, config_change, restart, change_point), with the target's labels; target is empty for fleet-wide events.", "target", "source"),
+    _m("deploy_events", "counter", "Deploy events and the other events the rules weigh, by `source`: api, annotations_file, config_change, change_point (deploys); restart, sleep and wake (vLLM's sleep mode: a wake is a cold start), replicas (the number of replicas serving a model changed: an event of every replica of it, with an empty target); with the target's labels; target is empty for fleet-wide events.", "target", "source"),
     _m("last_deploy_timestamp_seconds", "gauge", "Unix time of the newest deploy event (restarts excluded), for Grafana annotations, with the target's labels; target is empty for fleet-wide events.", "target"),
     # delivery to Alertmanager
     _m("alertmanager_notifications", "counter", "POSTs to Alertmanager's /api/v2/alerts by `result`: success; failure (kept and retried); rejected (a 4xx answer: the batch is dropped, see the log).", "alertmanager", "result"),
@@ -274,6 +278,8 @@ class PrefixCacheCollector(Collector):
                     f.add("prefixcache_vllm_prompt_tokens_cached", (s.model_name, engine), s.prompt_tokens_cached, target=t)
                 if s.engine_hit_rate is not None:
                     f.add("prefixcache_engine_cache_hit_rate", (s.model_name,), s.engine_hit_rate, target=t)
+                if s.sleep_level is not None:
+                    f.add("prefixcache_engine_sleep_level", (s.model_name, engine), s.sleep_level, target=t)
                 for tier, value in s.cached_tokens_by_tier or ():
                     f.add("prefixcache_cached_tokens_by_tier", (s.model_name, engine, tier), value, target=t)
                 for name, hist in (("prefixcache_vllm_kv_block_idle_before_evict_seconds", s.kv_idle_before_evict),
@@ -288,10 +294,14 @@ class PrefixCacheCollector(Collector):
                     f.histogram("prefixcache_vllm_time_to_first_token_seconds", (s.model_name, engine), h.buckets, h.sum, target=t)
         ttft_totals = _ttft_totals(snap) if snap is not None and v.up else {}
         for model, windows in sorted(v.stats.items()):
+            tiers_served = hitratio.tiers_in_use(windows.values())
             for window, ws in windows.items():
                 labels = (model, window)
                 for name, value_of in _WINDOW_GAUGES_BEFORE_TTFT:
                     f.add_present(name, labels, value_of(ws), target=t)
+                shares = hitratio.tier_shares(ws) if ws.effective_hit_ratio is not None and len(tiers_served) > 1 else {}
+                for tier in sorted(tiers_served) if shares else ():
+                    f.add("prefixcache_tier_hit_ratio", (model, window, tier), shares.get(tier, 0.0), target=t)
                 totals = ttft_totals.get(model)
                 if ws.ttft_quantiles and totals is not None:
                     f.summary("prefixcache_ttft_seconds", labels, sorted(ws.ttft_quantiles.items()), totals, target=t)
@@ -314,6 +324,7 @@ _WINDOW_GAUGES_BEFORE_TTFT = (
     ("prefixcache_recomputed_tokens_per_second",
      lambda ws: ws.query_rate - ws.hit_rate if ws.query_rate is not None and ws.hit_rate is not None else None),
     ("prefixcache_admitted_hit_ratio", lambda ws: ws.admitted_hit_ratio),
+    ("prefixcache_effective_hit_ratio", lambda ws: ws.effective_hit_ratio),
     ("prefixcache_hit_ratio_disagreement",
      lambda ws: ws.hit_ratio - ws.admitted_hit_ratio if ws.hit_ratio is not None and ws.admitted_hit_ratio is not None else None),
     ("prefixcache_external_hit_ratio", lambda ws: ws.external_hit_ratio),

@@ -25,7 +25,7 @@ from ..alerting import analysis
 from ..alerting.rules_state import FIRING, PENDING, Alert
 from ..monitor.targetview import TargetView
 from ..series.history import Samples
-from ..series.hitratio import shown_ratio
+from ..series.hitratio import shown_ratio, tier_shares, tiers_in_use
 from ..series.window import WindowStats
 from .state import State
 
@@ -154,7 +154,7 @@ def worst_ratio(view: TargetView, window: str | None) -> float | None:
 # --- the last hour as a line -------------------------------------------------------------
 def trend(samples: Samples | None, model: str, now: float, seconds: float = TREND_SECONDS,
           step: float = TREND_STEP) -> list[float | None]:
-    """The model's lookup hit ratio per `step` over the last `seconds` (oldest first), from
+    """The model's hit ratio per `step` over the last `seconds` (oldest first: the lookup counters and a connector's), from
     the per-poll log the windows keep; None where a step saw no query."""
     if samples is None or model not in samples.logs:
         return []
@@ -206,7 +206,7 @@ def _trend_caption(points: list[float | None]) -> str:
         return "no queries in the last hour"
     first, last = known[0], known[-1]
     arrow = "fell" if first - last >= 0.05 else "rose" if last - first >= 0.05 else "steady"
-    return f"lookup hit ratio per minute, last hour: {_pct(first)} → {_pct(last)} ({arrow}), lowest {_pct(min(known))}"
+    return f"hit ratio per minute (every tier the lookups count), last hour: {_pct(first)} → {_pct(last)} ({arrow}), lowest {_pct(min(known))}"
 
 
 # --- sections ------------------------------------------------------------------------------
@@ -286,8 +286,13 @@ def _model_block(view: TargetView, model: str, windows: dict[str, WindowStats], 
         return f'<tr><th scope="row">{name}</th>{"".join(f"<td>{cell(ws)}</td>" for ws in ordered)}</tr>'
 
     rows = [row("hit ratio", lambda ws: _pct(ratio_of(ws)))]
-    if any(ws.admitted_hit_ratio is not None and ws.hit_ratio is not None and abs(ws.admitted_hit_ratio - ws.hit_ratio) >= 0.005
-           for ws in ordered):
+    served = sorted(tiers_in_use(ordered))
+    if len(served) > 1:  # every tier is what the rules judge; each tier's share beside it
+        rows[0] = row("hit ratio (all tiers)", lambda ws: _pct(ratio_of(ws)))
+        rows += [row(f"· {_e(tier)} tier", lambda ws, tier=tier: _pct(tier_shares(ws).get(tier, 0.0) if ratio_of(ws) is not None else None))
+                 for tier in served]
+    elif any(ws.admitted_hit_ratio is not None and ws.hit_ratio is not None and abs(ws.admitted_hit_ratio - ws.hit_ratio) >= 0.005
+             for ws in ordered):
         rows[0] = row("hit ratio (admitted)", lambda ws: _pct(ws.admitted_hit_ratio))
         rows.append(row("hit ratio (lookup)", lambda ws: _pct(ws.hit_ratio)))
     rows.append(row("TTFT p50", lambda ws: _secs(ws.ttft_quantiles.get(0.5))))
@@ -298,6 +303,10 @@ def _model_block(view: TargetView, model: str, windows: dict[str, WindowStats], 
     mine = [a for a in alerts if a.target == view.target.name and a.model == model]
     badges = "".join(f'<li><span class="badge {_e(a.state)}">{_e(a.state)}</span> {_e(a.alertname)} · cause '
                      f'<strong>{_e(dict(a.labels).get("cause", "unknown"))}</strong></li>' for a in mine)
+    fleet = [d for d in deploys if d.get("source") == "replicas" and d.get("model") == model
+             and isinstance(d.get("t"), (int, float)) and 0 <= now - d["t"] <= TREND_SECONDS]
+    note = (f'<p class="fleet">fleet: {_e(_clip(fleet[-1].get("description") or ""))} '
+            f'<span class="dim">({_when(fleet[-1]["t"], now)})</span></p>') if fleet else ""
     points = trend(view.samples, model, now)
     since = now - TREND_SECONDS
     marks = [((d["t"] - since) / TREND_SECONDS, f"deploy {d.get('version', '')} ({d.get('source', '')}) at "
@@ -308,16 +317,20 @@ def _model_block(view: TargetView, model: str, windows: dict[str, WindowStats], 
         figure = (f'<figure>{sparkline(points, marks)}<div class="axis"><span>60 min ago</span><span>100% at the top, 0 at the bottom</span>'
                   f'<span>now</span></div><figcaption>{_trend_caption(points)}'
                   + (f' · {len(marks)} deploy(s) marked' if marks else "") + "</figcaption></figure>")
-    return (f'<div class="model"><h4>{_e(model)}</h4>' + (f'<ul class="badges">{badges}</ul>' if badges else "")
+    return (f'<div class="model"><h4>{_e(model)}</h4>' + (f'<ul class="badges">{badges}</ul>' if badges else "") + note
             + f'<div class="scroll"><table class="windows"><tr><th></th>{head}</tr>{"".join(rows)}</table></div>{figure}</div>')
 
 
 def _target_card(view: TargetView, alerts: Sequence[Alert], deploys: Sequence[dict], now: float, window: str | None) -> str:
     name = view.target.name
-    state = "up" if view.up else "down" if view.polled else "pending"
+    sleep = asleep(view)
+    state = "asleep" if sleep else "up" if view.up else "down" if view.polled else "pending"
+    shown = f"asleep (sleep level {sleep})" if sleep else "up" if view.up else "down" if view.polled else "not polled yet"
     labels = " ".join(f'<span class="label">{_e(_clip(k, 60))}={_e(_clip(v, 120))}</span>' for k, v in view.target.labels)
-    parts = [f'<article class="card {state}"><h3>{_e(name)} <span class="badge {state}">'
-             f'{"up" if view.up else "down" if view.polled else "not polled yet"}</span></h3>']
+    parts = [f'<article class="card {state}"><h3>{_e(name)} <span class="badge {state}">{shown}</span></h3>']
+    if sleep:
+        parts.append('<p class="dim">vLLM sleep mode: the engine serves nothing and its KV cache was discarded; it is '
+                     'not down. Its wake is a cold start: no alert pages while its cache refills.</p>')
     if labels:
         parts.append(f'<p class="labels">{labels}</p>')
     if view.last_error:
@@ -326,7 +339,7 @@ def _target_card(view: TargetView, alerts: Sequence[Alert], deploys: Sequence[di
     mine = _deploys_of(deploys, name)
     if mine:
         d = mine[-1]
-        parts.append(f'<p>last deploy: <strong>{_e(d.get("version", ""))}</strong> ({_e(d.get("source", ""))}) '
+        parts.append(f'<p>last event: <strong>{_e(d.get("version", ""))}</strong> ({_e(d.get("source", ""))}) '
                      f'{_when(d.get("t"), now)}</p>')
     down_alerts = [a for a in alerts if a.target == name and not a.model]
     if down_alerts:
@@ -342,6 +355,14 @@ def _target_card(view: TargetView, alerts: Sequence[Alert], deploys: Sequence[di
         parts.append(f'<p class="dim">and {len(models) - MAX_MODELS} more models (see /api/v1/status)</p>')
     parts.append("</article>")
     return "".join(parts)
+
+
+def asleep(view: TargetView) -> int:
+    """The deepest sleep level of the target's engines (vLLM's sleep mode), 0 awake or not said."""
+    snap = view.snapshot
+    if snap is None or not view.up:
+        return 0
+    return max((s.sleep_level or 0 for s in snap.series), default=0)
 
 
 def _sort_ratio(r: float | None) -> float:
@@ -381,12 +402,14 @@ def _targets_section(targets: Sequence[TargetView], alerts: Sequence[Alert], dep
 def _counts(targets: Sequence[TargetView], alerts: Sequence[Alert]) -> str:
     up = sum(1 for v in targets if v.up)
     down = sum(1 for v in targets if v.polled and not v.up)
+    sleeping = sum(1 for v in targets if asleep(v))
     waiting = len(targets) - up - down
     firing = sum(1 for a in alerts if a.state == FIRING)
     pending = sum(1 for a in alerts if a.state == PENDING)
     firing_targets = len({a.target for a in alerts if a.state == FIRING and a.target})
     cells = [("target" if len(targets) == 1 else "targets", len(targets), ""), ("up", up, "up" if up else ""), ("down", down, "down" if down else ""),
-             ("not polled yet", waiting, ""), ("alerts firing", firing, "firing" if firing else ""),
+             ("not polled yet", waiting, "")] + ([("of them asleep", sleeping, "")] if sleeping else []) + [
+             ("alerts firing", firing, "firing" if firing else ""),
              ("pending", pending, "pending" if pending else ""),
              ("target with a firing alert" if firing_targets == 1 else "targets with a firing alert", firing_targets, "")]
     return '<ul class="counts">' + "".join(f'<li class="{cls}"><b>{n}</b> {label}</li>' for label, n, cls in cells) + "</ul>"
@@ -402,7 +425,8 @@ header h1{font-size:1.25rem;margin:0 0 6px}h2{font-size:1.1rem;margin:18px 0 8px
 h4{font-size:.95rem;margin:10px 0 4px}.dim{color:var(--dim);font-size:.9em}
 .grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,380px),1fr));gap:10px}
 .card{background:var(--card);border:1px solid var(--line);border-left:4px solid var(--line);border-radius:6px;padding:10px}
-.card.up{border-left-color:var(--up)}.card.down{border-left-color:var(--down)}
+.card.up{border-left-color:var(--up)}.card.down{border-left-color:var(--down)}.card.asleep{border-left-color:var(--dim)}
+.fleet{font-size:.88rem;margin:4px 0}
 .badge{display:inline-block;font-size:.75rem;font-weight:600;padding:1px 6px;border-radius:9px;color:#fff;background:var(--dim)}
 .badge.up,.badge.v-pass{background:var(--up)}.badge.down,.badge.firing,.badge.critical,.badge.v-fail{background:var(--down)}
 .badge.pending,.badge.warning,.badge.v-inconclusive{background:var(--pending)}

@@ -13,7 +13,6 @@ clock behind HTTP and on a simulated clock when writing recordings.
 from __future__ import annotations
 
 import bisect
-import functools
 import json
 import math
 import random
@@ -25,6 +24,7 @@ from datetime import datetime, timezone
 from typing import Iterator, Sequence
 
 from ..tools.cachemodel import BlockPool
+from . import exposition
 from .tokenizer import PIECE, Tokenizer, block_hash_chain, tenant_system_prompt
 
 GENERATIONS = ("v0", "v0.8", "v0.10", "current", "sglang")
@@ -44,7 +44,9 @@ class Event:
 
     what: "prompt" ("static" | "timestamp" | "tail_edit"), "restart" (value ignored),
     "output_tokens", "request_rate", "kv_blocks", "hits_broken", "prefix_caching",
-    "counter_bug" (None, or one of COUNTER_BUGS: vLLM's known bookkeeping bugs)."""
+    "counter_bug" (None, or one of COUNTER_BUGS: vLLM's known bookkeeping bugs),
+    "connector" (False: the KV connector's store is gone; True: back), "sleep" (the
+    sleep level, 1 or 2: vLLM's sleep mode, the KV cache discarded), "wake" (value ignored)."""
 
     at: float
     what: str
@@ -64,6 +66,12 @@ class Scenario:
     prefix_caching: bool = True
     hits_broken: bool = False
     external_cache_fraction: float = 0.0  # a KV connector finds this share of local misses
+    # a KV connector's store (LMCache and the like) of this many blocks, matched by the same
+    # hash chain after the GPU's own cache: it holds what the GPU cache has no room for
+    external_kv_blocks: int = 0
+    # conversation turns: each request carries this many tokens of its session's context
+    # after the system prompt (Conversations, shared by the replicas); 0: single requests
+    conversation_tokens: int = 0
     counter_bug: str | None = None  # see COUNTER_BUGS
     prompt: str = "static"
     events: tuple[Event, ...] = ()
@@ -71,6 +79,7 @@ class Scenario:
     ttft_base: float = 0.06
     ttft_per_uncached: float = 0.00018
     ttft_per_cached: float = 0.000004
+    ttft_per_external: float = 0.00006  # a token a connector loads: far cheaper than prefill, dearer than a GPU hit
     decode_seconds_per_token: float = 0.01
 
 
@@ -93,6 +102,47 @@ def kv_pressure(start: float, ramp: float, **overrides) -> Scenario:
     steps = 10
     events = tuple(Event(start + ramp * i / steps, "output_tokens", int(200 + 1600 * i / steps)) for i in range(1, steps + 1))
     return replace(Scenario(**overrides), events=events)
+
+
+class Conversations:
+    """Chat sessions whose turns a router without prefix or session affinity (round robin)
+    spreads over the replicas that share this object. Each request continues a random
+    session: the system prompt of its tenant, then `context_tokens` of the session's
+    context, then the new user turn. The context a turn extends is cached where the
+    previous turn was served (its prompt and its reply are that replica's blocks); an
+    older, shorter copy elsewhere is modelled as none, so a replica hits the context with
+    probability 1/N among N replicas: the ceiling of caches that are not shared. The
+    replicas must advance side by side (a recording's scrapes do, every few seconds): one
+    run ahead alone would serve a session's turns in a row."""
+
+    def __init__(self, sessions: int, context_tokens: int):
+        self.sessions, self.context_tokens = sessions, context_tokens
+        self.turns = [0] * sessions
+        self.lock = threading.Lock()
+        self._chains: dict[int, dict[int, tuple[int, ...]]] = {}  # session -> turn -> block hashes to its context's end
+
+    def chain(self, session: int, turn: int, system: tuple[int, ...], block_size: int) -> tuple[int, ...]:
+        """The block hashes of the system prompt (`system`, its chain) and the context at
+        `turn`, computed once for every replica (ints hash alike in every process)."""
+        with self.lock:
+            known = self._chains.setdefault(session, {})
+            found = known.get(turn)
+            if found is None:
+                found = known[turn] = tuple(_chain(self.context(session, turn), system, block_size, offset=len(system)))
+                for old in [k for k in known if k < turn - 1]:
+                    del known[old]
+            return found
+
+    def context(self, session: int, turn: int) -> list[int]:
+        """The session's context at `turn`: token ids no other session or turn shares."""
+        base = (1 << 50) + (session * 1_000_003 + turn) * 8192
+        return list(range(base, base + self.context_tokens))
+
+    def next_turn(self, session: int) -> int:
+        with self.lock:
+            turn = self.turns[session]
+            self.turns[session] = turn + 1
+            return turn
 
 
 # --- a replica -------------------------------------------------------------------------
@@ -118,6 +168,7 @@ class _Engine:
 
     def __init__(self) -> None:
         self.pool: OrderedDict[int, None] = OrderedDict()
+        self.store: OrderedDict[int, None] = OrderedDict()  # the KV connector's (Scenario.external_kv_blocks)
         self.queries = 0
         self.hits = 0
         self.query_blocks = 0
@@ -153,7 +204,7 @@ class _Engine:
 class Replica:
     def __init__(self, name: str, scenario: Scenario, start: float, seed: int = 0,
                  generation: str = "current", model_names: Sequence[str] = ("demo/llama-3-8b",),
-                 engines: int = 1, tokenizer: Tokenizer | None = None):
+                 engines: int = 1, tokenizer: Tokenizer | None = None, conversations: Conversations | None = None):
         if generation not in GENERATIONS:
             raise ValueError(f"unknown generation {generation!r}; one of {GENERATIONS}")
         self.name = name
@@ -162,6 +213,9 @@ class Replica:
         self.model_names = tuple(model_names)
         self.n_engines = 1 if generation in ("v0", "sglang") else engines  # V0 has no engine label; SGLang none we read
         self.tokenizer = tokenizer or Tokenizer()
+        self.conversations = conversations if scenario.conversation_tokens else None
+        if scenario.conversation_tokens and self.conversations is None:
+            self.conversations = Conversations(scenario.tenants * 4, scenario.conversation_tokens)
         self.lock = threading.Lock()
         self._rng = random.Random(seed)
         self._started = start
@@ -172,7 +226,7 @@ class Replica:
             "prompt": scenario.prompt, "output_tokens": scenario.output_tokens,
             "request_rate": scenario.request_rate, "kv_blocks": scenario.kv_blocks,
             "hits_broken": scenario.hits_broken, "prefix_caching": scenario.prefix_caching,
-            "counter_bug": scenario.counter_bug,
+            "counter_bug": scenario.counter_bug, "connector": True, "sleep": 0,
         }
         self._system = [self._system_prompt(k) for k in range(scenario.tenants)]
         self._chains: list[tuple[int, ...] | None] = [None] * scenario.tenants  # each tenant's block hashes, once
@@ -213,7 +267,8 @@ class Replica:
             while True:
                 next_event = self._started + self._pending[0].at if self._pending else math.inf
                 if self._next_arrival <= now and self._next_arrival <= next_event:
-                    self._serve(self._next_arrival)
+                    if not self._state["sleep"]:  # asleep, vLLM answers 503: the request is not served here
+                        self._serve(self._next_arrival)
                     self._next_arrival += self._rng.expovariate(self._state["request_rate"])
                 elif next_event <= now:
                     self._apply(self._pending.pop(0), next_event)
@@ -224,12 +279,19 @@ class Replica:
     def _apply(self, event: Event, t: float) -> None:
         if event.what == "restart":
             self._restart(t)
+        elif event.what == "wake":
+            self._state["sleep"] = 0
+        elif event.what == "sleep":
+            self._state["sleep"] = int(event.value or 1)
+            for engine in self.engines:  # both levels discard the KV cache; counters and the process live on
+                engine.pool.clear()
+                engine.kv_usage = 0.0
         elif event.what in self._state:
             self._state[event.what] = event.value
         else:
             raise ValueError(f"unknown event {event.what!r}")
 
-    def _prompt_tokens(self, tenant: int, t: float) -> list[int]:
+    def _prompt_tokens(self, tenant: int, t: float, context: Sequence[int] = ()) -> list[int]:
         system = self._system[tenant]
         mode = self._state["prompt"]
         if mode == "timestamp":
@@ -239,9 +301,9 @@ class Replica:
         elif mode == "tail_edit":
             system = system[:-24] + self.tokenizer.encode(" Release notes v2: answer in the customer's language.")
         low, high = self.scenario.user_tokens
-        n_user = self._rng.randint(low, high)
+        n_user = self._last_user = self._rng.randint(low, high)
         unique = self._rng.getrandbits(40) << 12
-        return system + list(range(unique, unique + n_user))
+        return system + list(context) + list(range(unique, unique + n_user))
 
     def render_chat(self, body: dict, add_generation_prompt: bool = True) -> list[int]:
         """The simulator's chat template: the tools as JSON, then each message's content,
@@ -271,13 +333,27 @@ class Replica:
         engine = self.engines[self._rng.randrange(len(self.engines))]
         tenant = None
         shared: tuple[int, ...] = ()
+        follows = None  # a conversation's next context: cached here once this turn is served
         if tokens is None:
-            tenant = self._rng.randrange(sc.tenants)
-            tokens = self._prompt_tokens(tenant, t)
+            conv = self.conversations
+            session = self._rng.randrange(conv.sessions) if conv is not None else 0
+            tenant = self._rng.randrange(sc.tenants) if conv is None else session % sc.tenants
+            context: list[int] = []
+            if conv is not None:
+                turn = conv.next_turn(session)
+                context = conv.context(session, turn)
+            tokens = self._prompt_tokens(tenant, t, context)
             if self._state["prompt"] == "static":
                 shared = self._chains[tenant]
                 if shared is None:
                     shared = self._chains[tenant] = block_hash_chain(tuple(self._system[tenant]), sc.block_size)
+            if conv is not None:
+                prefix = len(tokens) - len(context) - self._last_user
+                if shared and prefix % sc.block_size == 0 and len(context) % sc.block_size == 0:
+                    shared = conv.chain(session, turn, shared, sc.block_size)
+                    follows = conv.chain(session, turn + 1, self._chains[tenant], sc.block_size)
+                else:
+                    follows = _chain(tokens[:prefix] + conv.context(session, turn + 1), shared, sc.block_size)
         if self.sample is not None:
             line = {"t": t, "replica": self.name}
             if tenant is not None:
@@ -310,12 +386,7 @@ class Replica:
             # then add every later block), split in phases: this loop is most of what a
             # simulated hour costs, and the tests replay many hours
             pool = engine.pool
-            full = n // bs
-            hashes = list(shared[:full])
-            parent = hashes[-1] if hashes else 0
-            for start in range(len(hashes) * bs, full * bs, bs):
-                parent = hash((parent, tuple(tokens[start:start + bs])))
-                hashes.append(parent)
+            hashes = _chain(tokens, shared, bs)
             touch = pool.move_to_end
             for h in hashes:
                 if h not in pool:
@@ -324,6 +395,10 @@ class Replica:
                 matched += 1
             for h in hashes[matched:]:
                 pool[h] = None
+            if follows is not None:  # the reply made this replica the one holding the session's context
+                for h in follows:
+                    pool[h] = None
+                    touch(h)
             popitem = pool.popitem
             for _ in range(len(pool) - free_for_cache):
                 popitem(last=False)
@@ -341,9 +416,28 @@ class Replica:
             engine.queries += n * lookups
             engine.hits += 0 if bug == HITS_NOT_WIRED else lookup_hit * lookups
             engine.query_blocks += n // bs
-            engine.hit_blocks += hit_tokens // bs
+            engine.hit_blocks += 0 if bug == HITS_NOT_WIRED else hit_tokens // bs
         external = 0
-        if sc.external_cache_fraction > 0:
+        if sc.external_kv_blocks and self._state["prefix_caching"]:
+            # the connector is asked for what the GPU cache missed (vLLM PR 30522) and loads
+            # the run of blocks its store holds after the GPU's; it stores every block
+            engine.external_queries += n - hit_tokens
+            store = engine.store
+            if self._state["connector"]:
+                found = 0
+                for h in hashes[hit_tokens // bs:]:
+                    if h not in store:
+                        break
+                    store.move_to_end(h)
+                    found += 1
+                external = max(0, min(found * bs, ((n - 1) // bs) * bs - hit_tokens))
+                for h in hashes:
+                    store[h] = None
+                    store.move_to_end(h)
+                while len(store) > sc.external_kv_blocks:
+                    store.popitem(last=False)
+            engine.external_hits += external
+        elif sc.external_cache_fraction > 0:
             missed = n - hit_tokens
             engine.external_queries += missed
             external = int(missed * sc.external_cache_fraction) // bs * bs
@@ -357,10 +451,11 @@ class Replica:
         engine.prompt_tokens += n
         engine.generation_tokens += output
         engine.requests += 1
-        uncached = n - hit_tokens
+        uncached = n - hit_tokens - external
         # bounded noise keeps TTFT out of the lowest buckets, as real prefill does
         noise = min(1.5, max(0.7, math.exp(self._rng.gauss(0.0, 0.15))))
-        ttft = (sc.ttft_base + sc.ttft_per_uncached * uncached + sc.ttft_per_cached * hit_tokens) * noise
+        ttft = (sc.ttft_base + sc.ttft_per_uncached * uncached + sc.ttft_per_cached * hit_tokens
+                + sc.ttft_per_external * external) * noise
         decode = output * sc.decode_seconds_per_token * noise
         h = engine.hist
         h["ttft"].observe(ttft)
@@ -379,155 +474,20 @@ class Replica:
     # --- exposition ------------------------------------------------------------------
     def render(self) -> str:
         with self.lock:
-            return _render(self)
+            return exposition.render(self)
 
 
-def _labels(**labels: str | None) -> str:
-    return _label_text(tuple(labels.items()))
-
-
-@functools.lru_cache(maxsize=8192)
-def _label_text(labels: tuple[tuple[str, str | None], ...]) -> str:
-    """Rendered once per label set: a replica renders the same few hundred sets at every scrape."""
-    parts = []
-    for k, v in labels:
-        if v is None:
-            continue
-        v = str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-        parts.append(f'{k}="{v}"')
-    return "{" + ",".join(parts) + "}"
-
-
-def _fmt(v: float) -> str:
-    return repr(float(v))
-
-
-def _render_sglang(r: Replica) -> str:
-    """SGLang 0.5.x names: tokenizer counters split by is_streaming (and cached tokens by
-    cache_source), scheduler gauges with tp_rank; the parser must sum the splits."""
-    out: list[str] = []
-    add = out.append
-    add("# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.")
-    add("# TYPE process_start_time_seconds gauge")
-    add(f"process_start_time_seconds {_fmt(r.created)}")
-    for mi, model in enumerate(r.model_names):
-        x = r.engines[mi]
-        base = dict(engine_type="unified", model_name=model)
-        add("# TYPE sglang:prompt_tokens_total counter")
-        add(f"sglang:prompt_tokens_total{_labels(**base, is_streaming='false')} {_fmt(x.prompt_tokens // 3)}")
-        add(f"sglang:prompt_tokens_total{_labels(**base, is_streaming='true')} {_fmt(x.prompt_tokens - x.prompt_tokens // 3)}")
-        add("# TYPE sglang:cached_tokens_total counter")
-        add(f"sglang:cached_tokens_total{_labels(cache_source='device', **base)} {_fmt(x.hits - x.hits // 4)}")
-        add(f"sglang:cached_tokens_total{_labels(cache_source='host', **base)} {_fmt(x.hits // 4)}")
-        sched = dict(engine_type="unified", model_name=model, pp_rank="0", tp_rank="0")
-        add("# TYPE sglang:token_usage gauge")
-        add(f"sglang:token_usage{_labels(**sched)} {_fmt(round(x.kv_usage, 2))}")
-        add("# TYPE sglang:cache_hit_rate gauge")
-        add(f"sglang:cache_hit_rate{_labels(**sched)} {_fmt(x.last_hit_rate)}")
-        add("# TYPE sglang:num_queue_reqs gauge")
-        add(f"sglang:num_queue_reqs{_labels(**sched)} 0.0")
-        add("# TYPE sglang:time_to_first_token_seconds histogram")
-        _histogram_lines(add, "sglang:time_to_first_token_seconds", x.hist["ttft"],
-                         lambda le, base=base: _labels(**base, is_streaming="true", le=le))
-    return "\n".join(out) + "\n"
-
-
-def _histogram_lines(add, name: str, h: "_Hist", labels_with_le) -> None:
-    """The _bucket, _count and _sum lines of one histogram; `labels_with_le(le)` renders
-    the label set, `le` None for _count and _sum."""
-    cum = 0
-    for le, c in zip(h.bounds, h.counts):
-        cum += c
-        add(f"{name}_bucket{labels_with_le(_fmt(le))} {_fmt(cum)}")
-    add(f"{name}_bucket{labels_with_le('+Inf')} {_fmt(h.count)}")
-    add(f"{name}_count{labels_with_le(None)} {_fmt(h.count)}")
-    add(f"{name}_sum{labels_with_le(None)} {_fmt(h.sum)}")
-
-
-def _render(r: Replica) -> str:
-    g = r.generation
-    if g == "sglang":
-        return _render_sglang(r)
-    out: list[str] = []
-    add = out.append
-    v1 = g != "v0"
-    has_engine = v1
-    created = g in ("v0.8", "v0.10", "current")
-    rows = []  # (model_name, engine label, _Engine)
-    for mi, model in enumerate(r.model_names):
-        for e in range(r.n_engines):
-            rows.append((model, str(e) if has_engine else None, r.engines[mi * r.n_engines + e]))
-
-    def family(name: str, kind: str, help_text: str, values):
-        add(f"# HELP {name} {help_text}")
-        add(f"# TYPE {name} {kind}")
-        for model, engine, v in values:
-            add(f"{name}{_labels(engine=engine, model_name=model)} {_fmt(v)}")
-
-    def counter(name: str, help_text: str, attr: str):
-        family(name + "_total", "counter", help_text, [(m, e, getattr(x, attr)) for m, e, x in rows])
-        if created:
-            family(name + "_created", "gauge", help_text, [(m, e, r.created) for m, e, x in rows])
-
-    def histogram(name: str, help_text: str, key: str):
-        add(f"# HELP {name} {help_text}")
-        add(f"# TYPE {name} histogram")
-        for model, engine, x in rows:
-            _histogram_lines(add, name, x.hist[key], lambda le, engine=engine, model=model: _labels(engine=engine, le=le, model_name=model))
-        if created:
-            family(name + "_created", "gauge", help_text, [(m, e, r.created) for m, e, x in rows])
-
-    add("# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.")
-    add("# TYPE process_start_time_seconds gauge")
-    add(f"process_start_time_seconds {_fmt(r.created)}")
-    caching = r._state["prefix_caching"]
-    if g in ("v0.10", "current"):
-        add("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
-        add("# TYPE vllm:cache_config_info gauge")
-        for e in sorted({e for _, e, _ in rows}):
-            info = _labels(block_size=str(r.scenario.block_size), cache_dtype="auto", enable_prefix_caching=str(bool(caching)),
-                           engine=e, gpu_memory_utilization="0.9", num_gpu_blocks=str(r._state["kv_blocks"]),
-                           prefix_caching_hash_algo="sha256")
-            add(f"vllm:cache_config_info{info} 1.0")
-    family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
-           [(m, e, round(x.kv_usage * 20)) for m, e, x in rows])
-    family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", [(m, e, 0) for m, e, x in rows])
-    if g == "v0":
-        family("vllm:gpu_cache_usage_perc", "gauge", "GPU KV-cache usage. 1 means 100 percent usage.", [(m, e, x.kv_usage) for m, e, x in rows])
-        family("vllm:gpu_prefix_cache_hit_rate", "gauge", "GPU prefix cache block hit rate.",
-               [(m, e, (x.hit_blocks / x.query_blocks if x.query_blocks else 0.0) if caching else -1) for m, e, x in rows])
-        family("vllm:cpu_prefix_cache_hit_rate", "gauge", "CPU prefix cache block hit rate.", [(m, e, 0.0 if caching else -1) for m, e, x in rows])
-    if g == "v0.8":
-        family("vllm:gpu_cache_usage_perc", "gauge", "GPU KV-cache usage. 1 means 100 percent usage.", [(m, e, x.kv_usage) for m, e, x in rows])
-        counter("vllm:gpu_prefix_cache_queries", "GPU prefix cache queries, in terms of number of queried blocks.", "query_blocks")
-        counter("vllm:gpu_prefix_cache_hits", "GPU prefix cache hits, in terms of number of cached blocks.", "hit_blocks")
-    if g == "v0.10":
-        family("vllm:gpu_cache_usage_perc", "gauge", "GPU KV-cache usage. 1 means 100 percent usage. DEPRECATED: Use vllm:kv_cache_usage_perc instead.", [(m, e, x.kv_usage) for m, e, x in rows])
-        counter("vllm:gpu_prefix_cache_queries", "GPU prefix cache queries, in terms of number of queried tokens. DEPRECATED: Use vllm:prefix_cache_queries instead.", "queries")
-        counter("vllm:gpu_prefix_cache_hits", "GPU prefix cache hits, in terms of number of cached tokens. DEPRECATED: Use vllm:prefix_cache_hits instead.", "hits")
-    if g in ("v0.10", "current"):
-        family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", [(m, e, x.kv_usage) for m, e, x in rows])
-        counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", "queries")
-        counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", "hits")
-    if g == "current":
-        family("vllm:external_prefix_cache_queries_total", "counter", "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.", [(m, e, x.external_queries) for m, e, x in rows])
-        family("vllm:external_prefix_cache_hits_total", "counter", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.", [(m, e, x.external_hits) for m, e, x in rows])
-        counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).", "cached_tokens")
-        add("# HELP vllm:prompt_tokens_by_source_total Number of prompt tokens by source.")
-        add("# TYPE vllm:prompt_tokens_by_source_total counter")
-        for model, engine, x in rows:
-            for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
-                add(f"vllm:prompt_tokens_by_source_total{_labels(engine=engine, model_name=model, source=source)} {_fmt(getattr(x, source))}")
-    counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", "preemptions")
-    counter("vllm:prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens")
-    counter("vllm:generation_tokens", "Number of generation tokens processed.", "generation_tokens")
-    histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", "ttft_old" if g == "v0" else "ttft")
-    if g == "current":
-        for key in ("e2e_request_latency_seconds", "request_queue_time_seconds", "request_inference_time_seconds",
-                    "request_prefill_time_seconds", "request_decode_time_seconds", "inter_token_latency_seconds",
-                    "request_prompt_tokens", "request_generation_tokens", "iteration_tokens_total"):
-            histogram("vllm:" + key, f"Histogram of {key.replace('_', ' ')}.", key)
-    return "\n".join(out) + "\n"
+def _chain(tokens: Sequence[int], shared: Sequence[int], bs: int, offset: int = 0) -> list[int]:
+    """The block hashes of the prompt's full blocks, each chaining its parent's, the
+    first ones taken from `shared` (a system prompt's chain, computed once). `tokens`
+    may start `offset` blocks in, after `shared`."""
+    full = offset + len(tokens) // bs
+    hashes = list(shared[:full])
+    parent = hashes[-1] if hashes else 0
+    for start in range((len(hashes) - offset) * bs, (full - offset) * bs, bs):
+        parent = hash((parent, tuple(tokens[start:start + bs])))
+        hashes.append(parent)
+    return hashes
 
 
 # --- serving over HTTP -----------------------------------------------------------------

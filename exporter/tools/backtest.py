@@ -32,10 +32,13 @@ def command(args) -> int:
     def record_read() -> None:
         tally["records"] += 1
 
+    def note(msg: str) -> None:  # what the replay read from the recording (its cadence): no bad line
+        print(f"note: {msg}", file=sys.stderr)
+
     count = 0
     try:
         with source:
-            for transition in backtest(source, cfg, warn, on_record=record_read):
+            for transition in backtest(source, cfg, warn, on_record=record_read, note=note):
                 write_line(sys.stdout, transition.to_json())
                 count += 1
     except OSError as exc:
