@@ -46,6 +46,19 @@ def require_binary(name: str) -> str:
     return path
 
 
+def hostile_files(tmp_path: Path, not_utf8: bytes) -> list[tuple[Path | str, str]]:
+    """(path, what its error says) for the files a path can name by mistake or malice: a FIFO
+    nobody writes to, /dev/zero, `not_utf8` (a file of another encoding) and a sparse 2 GB file."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    latin1 = tmp_path / "latin1"
+    latin1.write_bytes(not_utf8)
+    sparse = tmp_path / "sparse"
+    with open(sparse, "wb") as fh:
+        fh.truncate(2 * 1024 ** 3)  # no disk used: reading it must stop at a cap
+    return [(fifo, "not a regular file"), ("/dev/zero", "not a regular file"), (latin1, "not UTF-8"), (sparse, "larger than")]
+
+
 def wait_for(predicate, timeout: float = 20.0, step: float = 0.1) -> bool:
     """Poll `predicate` until true or `timeout`; a connection error counts as not yet."""
     import requests

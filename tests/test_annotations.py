@@ -7,6 +7,8 @@ import pytest
 from exporter.alerting import deploys
 from exporter.discovery.annotations import AnnotationsWatcher
 
+from conftest import hostile_files
+
 
 def test_annotations_watcher_reports_changes_not_the_first_read(tmp_path, caplog):
     path = tmp_path / "annotations"
@@ -24,20 +26,9 @@ def test_annotations_watcher_reports_changes_not_the_first_read(tmp_path, caplog
     assert any("readable again" in r.getMessage() for r in caplog.records)
 
 
-def hostile_files(tmp_path):
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    latin1 = tmp_path / "latin1"
-    latin1.write_bytes(b'app.kubernetes.io/version="caf\xe9"\n')
-    sparse = tmp_path / "sparse"
-    with open(sparse, "wb") as fh:
-        fh.truncate(2 * 1024 ** 3)
-    return [(fifo, "not a regular file"), ("/dev/zero", "not a regular file"), (latin1, "not UTF-8"), (sparse, "larger than")]
-
-
 def test_a_fifo_dev_zero_non_utf8_or_2_gb_annotations_file_is_one_logged_error_and_the_poll_goes_on(tmp_path, caplog):
     caplog.set_level("WARNING", logger="exporter.discovery.annotations")
-    for path, why in hostile_files(tmp_path):
+    for path, why in hostile_files(tmp_path, b'app.kubernetes.io/version="caf\xe9"\n'):
         w = AnnotationsWatcher(str(path), "app.kubernetes.io/version")
         start = time.monotonic()
         assert w.poll(1.0) == [] and w.poll(2.0) == []
