@@ -158,3 +158,20 @@ def test_the_scale_out_story_adds_cold_pods_and_keeps_the_total_traffic():
     assert {l["target"] for l in lines if l["t"] >= 30.0} == {"vllm-0", "vllm-1", "vllm-2", "vllm-3"}
     first = next(l for l in lines if l["target"] == "vllm-2")
     assert "process_start_time_seconds 30.0" in first["body"]
+
+
+def test_kv_pressure_evicts_a_prompts_tail_first_as_vllm_and_whatif_do():
+    """One cache model (exporter/tools/cachemodel.py): a request's blocks are freed tail first,
+    so when memory runs short a prompt loses its last blocks, never its first. With room for
+    14 of two 8-block prompts' 16 blocks, the first prompt hits 6 of its 8 blocks again; the
+    simulator's own LRU, which evicted the head of a chain first, hit 0 of 8."""
+    from exporter.tools.cachemodel import BlockPool
+    # demand = 1 req/s x (0.06 s + 1 token x 0.01 s) x (129 + 1) / 16 blocks = 0.56875: 14 blocks left to cache
+    replica = simulator.Replica("r", simulator.Scenario(request_rate=1.0, output_tokens=1, kv_blocks=14.56875 + 1e-9), start=0.0)
+    first, second = list(range(1000, 1129)), list(range(2000, 2129))  # 8 full blocks and a token each
+    assert replica._serve(1.0, first, output=1) == 0
+    assert replica._serve(2.0, second, output=1) == 0
+    assert replica._serve(3.0, first, output=1) == 6 * 16
+    whatif_pool = BlockPool(14, chained=True)
+    hashes = {tuple(p): simulator._chain(p, (), 16) for p in (first, second)}
+    assert [whatif_pool.serve(hashes[tuple(p)], len(p), 16) for p in (first, second, first)] == [0, 0, 6 * 16]

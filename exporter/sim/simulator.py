@@ -3,8 +3,9 @@
 A replica runs a seeded stream of chat requests through a model of vLLM's automatic
 prefix caching: prompts are real token sequences cut into full blocks, each block's
 hash chains its parent's hash, tokens and extra keys, and a request hits the longest
-run of leading blocks already in an LRU block pool (capped at num_tokens - 1, whole
-blocks only). TTFT grows with the uncached tokens. The replica renders what it counted
+run of leading blocks already in its pool (capped at num_tokens - 1, whole blocks only).
+The pool is vLLM's cache model, the one `whatif` replays (exporter/tools/cachemodel.py):
+LRU over the KV memory running requests leave, a request's blocks freed tail first. TTFT grows with the uncached tokens. The replica renders what it counted
 as vLLM /metrics text of a chosen generation.
 
 Time is whatever the caller passes to `advance()`, so the same replica runs on the wall
@@ -16,9 +17,7 @@ import bisect
 import json
 import math
 import random
-import re
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Iterator, Sequence
@@ -167,8 +166,10 @@ class _Engine:
     """The counters and block pool of one engine (data-parallel rank)."""
 
     def __init__(self) -> None:
-        self.pool: OrderedDict[int, None] = OrderedDict()
-        self.store: OrderedDict[int, None] = OrderedDict()  # the KV connector's (Scenario.external_kv_blocks)
+        # vLLM's cache model (exporter/tools/cachemodel.py), the one whatif replays: its capacity is
+        # what KV memory running requests leave, set before each request; blocks freed tail first
+        self.pool = BlockPool(0, chained=True)
+        self.store = BlockPool(0, chained=True)  # the KV connector's (Scenario.external_kv_blocks), LRU the same way
         self.queries = 0
         self.hits = 0
         self.query_blocks = 0
@@ -382,26 +383,13 @@ class Replica:
         matched = 0
         hashes = []
         if self._state["prefix_caching"]:
-            # the same walk as the one-loop version (match while the chain is cached,
-            # then add every later block), split in phases: this loop is most of what a
-            # simulated hour costs, and the tests replay many hours
             pool = engine.pool
             hashes = _chain(tokens, shared, bs)
-            touch = pool.move_to_end
-            for h in hashes:
-                if h not in pool:
-                    break
-                touch(h)
-                matched += 1
-            for h in hashes[matched:]:
-                pool[h] = None
+            matched = pool.matched(hashes)
+            pool.capacity = free_for_cache
+            pool.store(hashes, matched)
             if follows is not None:  # the reply made this replica the one holding the session's context
-                for h in follows:
-                    pool[h] = None
-                    touch(h)
-            popitem = pool.popitem
-            for _ in range(len(pool) - free_for_cache):
-                popitem(last=False)
+                pool.store(follows)
         hit_tokens = min(matched * bs, ((n - 1) // bs) * bs)
         if self._state["hits_broken"]:
             hit_tokens = 0
@@ -424,18 +412,10 @@ class Replica:
             engine.external_queries += n - hit_tokens
             store = engine.store
             if self._state["connector"]:
-                found = 0
-                for h in hashes[hit_tokens // bs:]:
-                    if h not in store:
-                        break
-                    store.move_to_end(h)
-                    found += 1
-                external = max(0, min(found * bs, ((n - 1) // bs) * bs - hit_tokens))
-                for h in hashes:
-                    store[h] = None
-                    store.move_to_end(h)
-                while len(store) > sc.external_kv_blocks:
-                    store.popitem(last=False)
+                held = store.matched(hashes)  # its run of blocks, of which those after the GPU's hit load
+                external = max(0, min(held, (n - 1) // bs) * bs - hit_tokens)
+                store.capacity = sc.external_kv_blocks
+                store.store(hashes, held)
             engine.external_hits += external
         elif sc.external_cache_fraction > 0:
             missed = n - hit_tokens

@@ -119,6 +119,10 @@ class BlockPool:
         while len(lru) > self.capacity:
             lru.popitem(last=False)
 
+    def clear(self) -> None:
+        """Every block gone at once: vLLM's sleep mode discards the KV cache."""
+        (self._set if self._set is not None else self._lru).clear()
+
     def __len__(self) -> int:
         return len(self._set) if self._set is not None else len(self._lru)
 
