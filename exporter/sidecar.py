@@ -99,6 +99,33 @@ class Sidecar:
         return True
 
 
+class Reloads:
+    """SIGHUPs coalesced: one thread reloads, and signals that arrive while it does
+    make one more reload after it, whatever their number (300 signals used to start 300
+    threads). The last reload reads the file as the last signal left it."""
+
+    def __init__(self, reload: Callable[[], object]):
+        self.reload = reload
+        self.wanted = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def request(self) -> None:
+        """From the signal handler: sets a flag, starts the one thread the first time."""
+        self.wanted.set()
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._loop, name="reload", daemon=True)
+            self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            self.wanted.wait()
+            self.wanted.clear()  # a signal from now on asks for one more reload
+            try:
+                self.reload()
+            except Exception:  # noqa: BLE001 - a bug in one reload must not end reloading
+                log.exception("reload failed")
+
+
 # The sidecar keeps a large, slowly changing set of objects (histories, window stats of
 # every model) and allocates a new generation of them every poll. Python's default
 # thresholds run a full collection every few polls of a big target, whose cost grows
@@ -211,7 +238,8 @@ def run(args) -> int:
         return EXIT_ERROR
     stop = stop_event()
     if hasattr(signal, "SIGHUP"):
-        signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=sidecar.reload, args=(args.config_file,), daemon=True).start())
+        reloads = Reloads(lambda: sidecar.reload(args.config_file))
+        signal.signal(signal.SIGHUP, lambda *_: reloads.request())
     sidecar.start()
     log.info("listening on %s:%d, polling %d target(s) every %gs", listen.rpartition(":")[0] or "0.0.0.0",
              sidecar.server.port, len(sidecar.poller.current.targets), cfg.global_.poll_interval)

@@ -285,6 +285,16 @@ class KeptConnection:
         self.conn: http.client.HTTPConnection | None = None
         self.tls_session = None
         self.opened = 0  # connections opened, for tests and benchmarks
+        self.retired = False
+
+    def retire(self) -> None:
+        """Close it now if no exchange uses it, else once that exchange ends."""
+        self.retired = True
+        if self.lock.acquire(blocking=False):
+            try:
+                self.close()
+            finally:
+                self.lock.release()
 
     def close(self) -> None:
         conn, self.conn = self.conn, None
@@ -335,6 +345,8 @@ def exchange(endpoint: Endpoint, method: str = "GET", *, timeout: float, size_li
         raise PeerConnectionError("the peer closed the connection")  # not reached
     finally:
         if kept:
+            if keep.retired:
+                keep.close()
             keep.lock.release()
 
 

@@ -40,6 +40,10 @@ class Scraper:
     def close(self) -> None:
         self.connection.close()
 
+    def retire(self) -> None:
+        """Replaced (a reload changed the URL or timeouts): closed once a poll in flight ends."""
+        self.connection.retire()
+
     def scrape(self) -> ScrapeResult:
         start = time.monotonic()
         try:

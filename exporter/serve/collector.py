@@ -58,6 +58,7 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("scrape_duration_seconds", "gauge", "Duration of the last poll of the vLLM target's /metrics.", "target"),
     _m("last_scrape_success_timestamp_seconds", "gauge", "Unix time of the last successful poll of the target.", "target"),
     _m("scrapes", "counter", f"Polls of the vLLM target by result ({', '.join(POLL_RESULTS)}).", "target", "result"),
+    _m("skipped_polls", "counter", "Polls of the target not started when due: its last poll was still running, or every worker for slow and new targets was busy (logged once when skipping starts and once when it ends).", "target"),
     _m("parse_warnings", "gauge", "Warnings about the last /metrics body: lines the parser could not use, counters stepping back (the log and status page show the first 100).", "target"),
     _m("rejected_samples", "counter", "Samples of the target refused, by `reason`: non_finite_counter, negative_counter (a counter of +Inf, NaN or below zero would poison every window), non_finite_start_time (a NaN start time would be a restart every poll), counter_step_back (a counter a little below its last value with no restart: held, never a reset), flapping_start_time (start times that go back or change every few polls: one URL in front of several processes; not restarts, no cold-start grace).", "target", "reason"),
     _m("collect_errors", "counter", "Renders of this /metrics that failed (the request got HTTP 500; see the log)."),
@@ -161,7 +162,7 @@ class PrefixCacheCollector(Collector):
         f.add("prefixcache_rule_evaluation_errors", (), p.counters.evaluation_errors, target=None)
         f.add("prefixcache_clock_steps_back", (), p.counters.clock_steps_back, target=None)
         for view in sorted(reading.targets, key=lambda v: v.target.name):
-            self._target(f, view)
+            self._target(f, view, p.skipped_polls.get(view.target.name, 0))
         for a in p.alerts or ():
             labels = dict(a.labels)
             f.add("prefixcache_alert_state", (a.alertname, a.target, a.model, labels.get("cause", ""), labels.get("severity", ""), a.state, a.version),
@@ -219,7 +220,7 @@ class PrefixCacheCollector(Collector):
             if q.last_success is not None:
                 f.add("prefixcache_alertmanager_last_success_timestamp_seconds", (url,), q.last_success, target=None)
 
-    def _target(self, f: "Families", v: TargetView) -> None:
+    def _target(self, f: "Families", v: TargetView, skipped: int = 0) -> None:
         t = v.target
         f.add("prefixcache_target_up", (), 1.0 if v.up else 0.0, target=t)
         if v.scrape_duration is not None:
@@ -229,6 +230,7 @@ class PrefixCacheCollector(Collector):
         scrapes = dict(v.scrapes)
         for result in sorted(set(POLL_RESULTS) | set(scrapes)):  # from zero: increase() sees the first failure
             f.add("prefixcache_scrapes", (result,), scrapes.get(result, 0), target=t)
+        f.add("prefixcache_skipped_polls", (), skipped, target=t)
         rejected = dict(v.rejected)
         for reason in sorted(set(REJECT_REASONS) | set(rejected)):
             f.add("prefixcache_rejected_samples", (reason,), rejected.get(reason, 0), target=t)

@@ -85,6 +85,7 @@ class Published:
     discovery: tuple[SourceState, ...] = ()  # one per discovery source
     alertmanager: tuple[QueueStats, ...] = ()
     warmup: WarmupStatus | None = None  # None while warm-up is off
+    skipped_polls: Mapping[str, int] = field(default_factory=lambda: _EMPTY)  # target -> polls skipped (its last still ran)
 
 
 @dataclass(frozen=True)
