@@ -26,6 +26,7 @@ from .poll.poller import Poller
 from .poll.warmup import Warmer
 from .serve.app import App, analysis_handlers, deploy_handlers
 from .serve.collector import PrefixCacheCollector
+from .serve.exposition import ReservedNames
 from .serve.server import Server
 from .serve.state import State
 from .serve.webconfig import WebSecurity, load_web_config
@@ -143,9 +144,11 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
                   on_transitions: Callable[[list], None] | None = None) -> Sidecar:
     state = State()
     state.update(config_reload_success=True, config_reload_time=time.time())
+    # ours, rendered from per-target fragments when the state changed; the process's own memory,
+    # CPU and GC (what the benchmarks measure, visible in production) read on every scrape
+    collector = PrefixCacheCollector(state, [w for w, _ in cfg.global_.windows])
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(PrefixCacheCollector(state, [w for w, _ in cfg.global_.windows]))
-    # the process's own memory, CPU and GC: what the benchmarks measure, visible in production
+    registry.register(ReservedNames(collector))  # no runtime collector may take one of our names
     for runtime_collector in (ProcessCollector, GCCollector, PlatformCollector):
         runtime_collector(registry=registry)
     host, port = parse_listen_address(listen)
@@ -179,7 +182,7 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
 
     poller = Poller(cfg, state, clock=clock, after_evaluate=on_evaluated, sources=sources, on_start=on_start)
     app = App(state, registry, ready=ready, security=security,
-              deploy_api_open=lambda: not sidecar.config.deploys.api_token)
+              deploy_api_open=lambda: not sidecar.config.deploys.api_token, collector=collector)
     post, get = deploy_handlers(state, poller.add_event, lambda: sidecar.config.deploys.api_token,
                                 lambda: {t.name for t in poller.current.targets}, clock)
     app.route("POST", "/api/v1/deploys", post)

@@ -148,11 +148,27 @@ class PrefixCacheCollector(Collector):
         """Raises on a bug: the HTTP layer turns that into a 500, a log line and a count,
         which a silent empty answer would hide."""
         reading = self.state.read()  # once: every family of a render from the same moment
-        fams = Families(self.windows, _label_names(reading))
+        fams = Families(self.windows, label_names(reading))
         self._fill(fams, reading)
         yield from fams.done()
 
     def _fill(self, f: "Families", reading: Reading) -> None:
+        self.head(f, reading)
+        p = reading.published
+        for view in sorted(reading.targets, key=lambda v: v.target.name):
+            self.target(f, view, *self.per_target(p, view.target.name))
+        self.tail(f, reading)
+
+    @staticmethod
+    def per_target(p, name: str) -> tuple:
+        """What a target's families read besides its view: (skipped polls, deploy counts by
+        source, newest deploy time); with the view, the key of its cached fragment."""
+        counts = p.deploys.counts.get(name) if p.deploys is not None else None
+        last = p.deploys.last.get(name) if p.deploys is not None else None
+        return p.skipped_polls.get(name, 0), counts, last
+
+    def head(self, f: "Families", reading: Reading) -> None:
+        """The process's families before the targets' (build, reload, error counters)."""
         p = reading.published
         f.add("prefixcache_build_info", (__version__,), 1.0, target=None)
         f.add("prefixcache_config_last_reload_successful", (), 1.0 if p.config_reload_success else 0.0, target=None)
@@ -161,25 +177,23 @@ class PrefixCacheCollector(Collector):
         f.add("prefixcache_collect_errors", (), p.counters.collect_errors, target=None)
         f.add("prefixcache_rule_evaluation_errors", (), p.counters.evaluation_errors, target=None)
         f.add("prefixcache_clock_steps_back", (), p.counters.clock_steps_back, target=None)
-        for view in sorted(reading.targets, key=lambda v: v.target.name):
-            self._target(f, view, p.skipped_polls.get(view.target.name, 0))
+
+    def tail(self, f: "Families", reading: Reading) -> None:
+        """The families after the targets': alerts, fleet-wide deploys, discovery, warm-up,
+        routers, Alertmanagers."""
+        p = reading.published
         for a in p.alerts or ():
             labels = dict(a.labels)
             f.add("prefixcache_alert_state", (a.alertname, a.target, a.model, labels.get("cause", ""), labels.get("severity", ""), a.state, a.version),
                   1.0, target=None)
-        counts = p.deploys.counts if p.deploys is not None else {}
-        # from zero for every target and source, so that increase() sees the first event;
-        # with the target's labels (namespace, pod), so that a dashboard filters them
+        # from zero for every source, so that increase() sees the first event (each target's are with its families)
+        fleet = p.deploys.counts.get("", {}) if p.deploys is not None else {}
+        for source in sorted(set(DEPLOY_SOURCES) | set(fleet)):
+            f.add("prefixcache_deploy_events", (source,), fleet.get(source, 0), target=_FLEET_WIDE)
+        last = p.deploys.last.get("") if p.deploys is not None else None
+        if last is not None:
+            f.add("prefixcache_last_deploy_timestamp_seconds", (), last, target=_FLEET_WIDE)
         known = {v.target.name: v.target for v in reading.targets}
-        fleet_wide = Target("", "")
-        for name in [""] + sorted(known):
-            mine = counts.get(name, {})
-            for source in sorted(set(DEPLOY_SOURCES) | set(mine)):
-                f.add("prefixcache_deploy_events", (source,), mine.get(source, 0), target=known.get(name, fleet_wide))
-        for name, t in sorted(p.deploys.last.items() if p.deploys is not None else ()):
-            if name and name not in known:
-                continue  # a target that went (a pod replaced): its series goes with it
-            f.add("prefixcache_last_deploy_timestamp_seconds", (), t, target=known.get(name, fleet_wide))
         f.add("prefixcache_polled_targets", (), len(reading.targets), target=None)
         for src in p.discovery:
             f.add("prefixcache_discovery_targets", (src.name,), len(src.targets), target=None)
@@ -220,7 +234,9 @@ class PrefixCacheCollector(Collector):
             if q.last_success is not None:
                 f.add("prefixcache_alertmanager_last_success_timestamp_seconds", (url,), q.last_success, target=None)
 
-    def _target(self, f: "Families", v: TargetView, skipped: int = 0) -> None:
+    def target(self, f: "Families", v: TargetView, skipped: int = 0, deploys=None, last_deploy: float | None = None) -> None:
+        """One target's families: its view, its skipped polls, its deploy events (with its
+        labels, so that a dashboard filters them; a target that went takes them along)."""
         t = v.target
         f.add("prefixcache_target_up", (), 1.0 if v.up else 0.0, target=t)
         if v.scrape_duration is not None:
@@ -285,6 +301,11 @@ class PrefixCacheCollector(Collector):
                 h = s.ttft
                 if h is not None and h.buckets and math.isinf(h.buckets[-1][0]) and h.sum is not None:
                     f.histogram("prefixcache_vllm_time_to_first_token_seconds", (s.model_name, engine), h.buckets, h.sum, target=t)
+        mine = deploys or {}
+        for source in sorted(set(DEPLOY_SOURCES) | set(mine)):
+            f.add("prefixcache_deploy_events", (source,), mine.get(source, 0), target=t)
+        if last_deploy is not None:
+            f.add("prefixcache_last_deploy_timestamp_seconds", (), last_deploy, target=t)
         ttft_totals = _ttft_totals(snap) if snap is not None and v.up else {}
         for model, windows in sorted(v.stats.items()):
             for window, ws in windows.items():
@@ -298,7 +319,10 @@ class PrefixCacheCollector(Collector):
                     f.add_present(name, labels, value_of(ws), target=t)
 
 
-def _label_names(reading: Reading) -> tuple[str, ...]:
+_FLEET_WIDE = Target("", "")
+
+
+def label_names(reading: Reading) -> tuple[str, ...]:
     names: set[str] = set()
     for v in reading.targets:
         names.update(k for k, _ in v.target.labels)
