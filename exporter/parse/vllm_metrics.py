@@ -262,6 +262,10 @@ def _le(text: str) -> float | None:
         return None
 
 
+# Every sample name the parser reads: what a reader of Prometheus's series asks for
+# (exporter/discovery/promseries.py), so that both paths read the same table.
+SAMPLE_NAMES: tuple[str, ...] = tuple(sorted(_ROLE_BY_NAME))
+
 # A `# TYPE` line names a family; families we never read are skipped whole.
 _WANTED_FAMILIES = {n for name in _ROLE_BY_NAME for n in (name, name.removesuffix("_total"), name.removesuffix("_bucket"),
                                                            name.removesuffix("_sum"), name.removesuffix("_count"))}

@@ -32,6 +32,7 @@ from ..monitor.targetview import INTERNAL_ERROR, LIMIT_EXCEEDED, NO_VLLM_METRICS
 from ..parse.vllm_metrics import parse
 from ..serve.state import Deploys, State
 from .dispatch import Dispatcher
+from .promread import PrometheusReader, read_once
 from .scrape import Scraper
 
 log = logging.getLogger(__name__)
@@ -135,22 +136,39 @@ class TargetPoller:
         if result.result != SUCCESS:
             self._publish_failure(number, now, result.result, result.error, result.duration)
             return result.result == TIMEOUT
-        snapshot = parse(result.body or "")
+        self._accept(number, now, parse(result.body or ""), result.duration)
+        return False
+
+    def ingest(self, now: float, snapshot) -> None:
+        """A sample of the target read elsewhere (the Prometheus source, at the time
+        Prometheus scraped it): the very path a scraped body takes. Never raises."""
+        number = next(self._numbers)
+        try:
+            self._accept(number, now, snapshot, None)
+        except Exception:  # noqa: BLE001 - one bad sample must not end the read of every other
+            log.exception("target=%s ingest failed", self.target.name)
+            self._publish_failure(number, now, INTERNAL_ERROR, "internal error; see log", None)
+
+    def mark_down(self, now: float, result: str, error: str) -> None:
+        """The target's samples stopped (the Prometheus source): down, not frozen."""
+        self._publish_failure(next(self._numbers), now, result, error, None)
+
+    def _accept(self, number: int, now: float, snapshot, duration: float | None) -> None:
         if snapshot.warnings != self._warned:
             for w in snapshot.warnings[:10]:
                 log.warning("target=%s parse: %s", self.target.name, w)
             self._warned = snapshot.warnings
         if not snapshot.series and snapshot.router is None:  # a router target has predictions, no series
-            self._publish_failure(number, now, NO_VLLM_METRICS, "no vLLM prefix-cache series in the body", result.duration, snapshot)
-            return False
+            self._publish_failure(number, now, NO_VLLM_METRICS, "no vLLM prefix-cache series in the body", duration, snapshot)
+            return
         over = self._over_limit(snapshot)
         if over:
-            self._publish_failure(number, now, LIMIT_EXCEEDED, over, result.duration)
-            return False
+            self._publish_failure(number, now, LIMIT_EXCEEDED, over, duration)
+            return
         with self.target_lock:
             track = self._track()
             if track is None or not self._newest(number):
-                return False
+                return
             was_up, before = track.view.ever_up, track.view
             events = self.engine.observe(self.target.name, now, snapshot)
             if events:
@@ -165,8 +183,8 @@ class TargetPoller:
                 snapshot = noted
             track.view = view = replace(
                 track.view, snapshot=snapshot, up=True, down_since=None, samples_kept=len(track.history),
-                polled=True, last_result=result.result, last_error=None, last_scrape_time=now, last_success_time=now,
-                scrape_duration=result.duration, scrapes=count(before.scrapes, result.result), rejected=add(before.rejected, snapshot.rejected))
+                polled=True, last_result=SUCCESS, last_error=None, last_scrape_time=now, last_success_time=now,
+                scrape_duration=duration, scrapes=count(before.scrapes, SUCCESS), rejected=add(before.rejected, snapshot.rejected))
             self.state.publish(view)
         for ev in events:
             log.info("target=%s event source=%s version=%s %s", self.target.name, ev.source, ev.version, ev.description)
@@ -180,7 +198,6 @@ class TargetPoller:
             self.on_start(self.target.name, started)
         if started and self.baseline_reader is not None:
             self._read_fleet_baseline(snapshot, now)
-        return False
 
     def _read_fleet_baseline(self, snapshot, now: float) -> None:
         """The fleet's ratio for each model before this pod started, asked off the poll:
@@ -260,13 +277,16 @@ class Poller:
         # the dispatching job runs on the scheduler's own thread (no hop, no pool of its own);
         # polls run on the dispatcher's pools, rules and discovery on one thread each
         self.scheduler = BackgroundScheduler(executors={"default": DebugExecutor(), "rules": ThreadPoolExecutor(1),
-                                                        "discovery": ThreadPoolExecutor(1)},
+                                                        "discovery": ThreadPoolExecutor(1), "read": ThreadPoolExecutor(1)},
                                              job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None})
         self.dispatcher = Dispatcher(on_skips=self._publish_skips)
         self.pollers: dict[str, TargetPoller] = {}
         self.config = config  # as loaded: the static targets
         self.discovery: Discovery | None = None
         self.discovered: list[Target] = []
+        self.reader: PrometheusReader | None = None  # discovery.read_prometheus: the pods' samples from a Prometheus
+        self.read_found: list[Target] = []  # the pods it found
+        self.read_names: frozenset[str] = frozenset()  # of what is polled, the targets it reads (no scrape of theirs)
         self.current = config  # what is polled: static and discovered targets of this shard
         self._merge_warnings: tuple[str, ...] = ()
         self._timings: tuple = ()
@@ -302,12 +322,17 @@ class Poller:
             self.pollers.pop(name).close()
             self.dispatcher.remove(name)
         g = config.global_
+        read_urls = {t.url for t in self.read_found}
+        self.read_names = frozenset(t.name for t in current.targets if t.url in read_urls)
         for t in current.targets:
             poller = self.pollers.get(t.name)
             if poller is None:
                 poller = self.pollers[t.name] = TargetPoller(t, current, self.state, self.engine, self.engine_lock, self.clock,
                                                              self.on_start, target_lock=self.target_locks[t.name])
-            self.dispatcher.set(t.name, poller.poll, g.poll_interval, g.jitter)
+            if t.name in self.read_names:
+                self.dispatcher.remove(t.name)  # its samples come from the Prometheus source
+            else:
+                self.dispatcher.set(t.name, poller.poll, g.poll_interval, g.jitter)
         self.dispatcher.resize()
         timings = (g.poll_interval,)
         if timings != self._timings:
@@ -331,23 +356,53 @@ class Poller:
         self.state.update(skipped_polls=MappingProxyType(self.dispatcher.skips()))
 
     def _targets_of(self, config: Config) -> tuple[Target, ...]:
-        targets, warnings = polled(config.targets, self.discovered, config.discovery.shard)
+        targets, warnings = polled(config.targets, self.discovered + self.read_found, config.discovery.shard)
         if tuple(warnings) != self._merge_warnings:
             for w in warnings:
                 log.warning("discovery: %s", w)
             self._merge_warnings = tuple(warnings)
         return tuple(targets)
 
+    def publish_discovery(self) -> None:
+        states = tuple(self.discovery.snapshot()) if self.discovery is not None else ()
+        self.state.update(discovery=states + ((self.reader.state,) if self.reader is not None else ()))
+
+    def _install_reader(self, config: Config) -> None:
+        """discovery.read_prometheus: its reader and its job, anew when its settings changed."""
+        wanted = (config.discovery.read_prometheus, config.discovery.target_limit, config.global_.poll_interval)
+        if self.reader is not None and (self.reader.read, self.reader.cfg.target_limit, self.reader.poll_interval) == wanted:
+            return
+        if self.reader is not None:
+            self.reader.close()
+        if self.scheduler.get_job("read"):
+            self.scheduler.remove_job("read")
+        self.reader = PrometheusReader(config.discovery, config.global_.poll_interval) if config.discovery.read_prometheus else None
+        if self.reader is None and self.read_found:
+            self.read_found = []
+            self._install(config)
+        if self.reader is not None:
+            self.scheduler.add_job(self._tracked(self.read), "interval", id="read", name="read", executor="read",
+                                   seconds=config.global_.poll_interval, next_run_time=_now_datetime())
+
+    def read(self) -> None:
+        """One read of the Prometheus source (exporter/poll/promread.py). Never raises."""
+        try:
+            read_once(self)
+        except Exception:  # noqa: BLE001 - the read loop must survive a bug
+            log.exception("reading Prometheus failed")
+            self.state.count(discovery_errors=1)
+
     def _install_discovery(self, config: Config) -> None:
+        self._install_reader(config)
         if self.discovery is not None and self.discovery.cfg == config.discovery:
             return
         if self.discovery is not None:
             self.discovery.close()
         if self.scheduler.get_job("discover"):
             self.scheduler.remove_job("discover")
-        self.discovery = Discovery(config.discovery, self.clock) if config.discovery.enabled else None
+        self.discovery = Discovery(config.discovery, self.clock) if config.discovery.prometheus or config.discovery.file_sd else None
         # published before the first refresh: readiness waits for every source to answer once
-        self.state.update(discovery=tuple(self.discovery.snapshot()) if self.discovery is not None else ())
+        self.publish_discovery()
         if self.discovery is None:
             self.discovered = []
             return
@@ -365,7 +420,7 @@ class Poller:
             with self.reload_lock:
                 if discovery is not self.discovery:
                     return
-                self.state.update(discovery=tuple(discovery.snapshot()))
+                self.publish_discovery()
                 if found == self.discovered:
                     return
                 self.discovered = found
@@ -460,6 +515,8 @@ class Poller:
         deadline = time.monotonic() + timeout
         if self.discovery is not None:
             self.discovery.close()  # first: a refresh in flight ends now, not at its deadline
+        if self.reader is not None:
+            self.reader.close()
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
         self.dispatcher.close()
