@@ -476,6 +476,7 @@ def test_a_healthy_target_keeps_its_cadence_beside_hundreds_of_hung_ones():
     the few workers for slow targets, the healthy one is polled every interval. (A job per
     target on one pool starved it: a poll every ~2 s here, every ~40 s with 600 at 5 s.)"""
     replica = simulator.Replica("ok", simulator.Scenario(), start=time.time() - 600, seed=1)
+    replica.advance(time.time())  # its 600 s of traffic now, not inside the first scrape's deadline
     hung = _hung_listener()
     routes = {"/ok": lambda h: (replica.advance(time.time()), text(replica.render())(h))}
     try:

@@ -9,6 +9,8 @@ the polls that are due from a heap and hands them to a pool:
 - the *probation* lane runs those never polled yet and those whose last poll was slow
   (it timed out or took more than half the interval). It has few workers: however many
   targets hang, they hold only these, and a healthy target keeps its cadence beside them.
+  A new target waits for a worker there (its first poll is never skipped); a slow one is
+  skipped while the slow ones already fill the lane.
 
 A target has at most one poll queued or running. A poll that comes due while the last
 one still runs (or while the probation lane is full) is skipped and counted
@@ -185,7 +187,8 @@ class Dispatcher:
                 entry.offset = 0.0
                 self._push(entry)
                 lane = self.lanes[PROBATION if entry.slow or not entry.polled else STEADY]
-                if entry.in_flight or (lane.name == PROBATION and lane.load() >= lane.wanted):
+                # a new target waits its turn; a known-slow one is skipped while the slow ones fill the lane
+                if entry.in_flight or (entry.slow and lane.name == PROBATION and lane.load() >= lane.wanted):
                     entry.skipped += 1
                     skips[name] = entry.skipped
                     if not entry.skipping:
