@@ -31,7 +31,7 @@ def whole(state) -> str:
 
 def fleet_state():
     state = simulated_state()
-    views = state.targets() + [simulated_view(name=f"vllm-{i}", labels=(("namespace", "llm"), ("team", f"t{i}")), seed=i)
+    views = state.targets() + [simulated_view(name=f"vllm-{i}", labels=(("namespace", "llm"), ("team", f"t{i}" if i != 3 else "a\"b\\c\nd")), seed=i)
                                for i in range(1, 4)]
     state.set_targets(views)
     state.update(deploys=Deploys((), {"": {"api": 2}, "vllm-1": {"restart": 1}}, {"": 1764480000.0, "vllm-2": 1764480001.0}),

@@ -15,7 +15,7 @@ the polls that are due from a heap and hands them to a pool:
 A target has at most one poll queued or running. A poll that comes due while the last
 one still runs (or while the probation lane is full) is skipped and counted
 (prefixcache_skipped_polls_total); the log says so once when a target starts being
-skipped and once when it polls on time again, not once a poll. Pools grow and shrink
+skipped and once when it polls on time again (three times in a row), not once a poll. Pools grow and shrink
 with the number of targets (`resize`, on every change of the target list). A target
 keeps its phase across reloads; a new one starts at once.
 """
@@ -36,14 +36,18 @@ SLOW_FRACTION = 0.5  # a poll longer than this share of the interval puts its ta
 
 
 def steady_workers(targets: int) -> int:
-    """Threads for the targets that answer: they mostly wait on the network a few ms a
-    poll, so a few dozen carry a thousand targets; more only contend for the GIL."""
-    return max(4, min(32, 4 + targets // 40))
+    """Threads for the targets that answer: each waits on the network a few ms a poll, so
+    14 carry a thousand targets at 5 s; more only take turns at the GIL, and a render of
+    /metrics waiting behind dozens of busy threads waits dozens of times as long."""
+    return max(4, min(16, 4 + targets // 100))
 
 
 def probation_workers(targets: int) -> int:
     """Threads that new and slow targets may hold at once, whatever their number."""
-    return max(2, min(16, 2 + targets // 100))
+    return max(2, min(8, 2 + targets // 200))
+
+
+ON_TIME_AGAIN = 3  # polls dispatched on time in a row before a skipping target is said to be back
 
 
 class _Lane:
@@ -103,7 +107,8 @@ class _Lane:
 class Entry:
     """One target's place in the schedule."""
 
-    __slots__ = ("name", "poll", "interval", "due", "offset", "seq", "in_flight", "slow", "polled", "skipped", "skipping")
+    __slots__ = ("name", "poll", "interval", "due", "offset", "seq", "in_flight", "slow", "polled", "skipped", "skipping",
+                 "on_time")
 
     def __init__(self, name: str, poll: Callable[[], tuple[float, bool]], interval: float, due: float, offset: float = 0.0):
         self.name = name
@@ -117,6 +122,7 @@ class Entry:
         self.polled = False
         self.skipped = 0
         self.skipping = False
+        self.on_time = 0  # polls dispatched on time since the last skip
 
 
 class Dispatcher:
@@ -190,6 +196,7 @@ class Dispatcher:
                 # a new target waits its turn; a known-slow one is skipped while the slow ones fill the lane
                 if entry.in_flight or (entry.slow and lane.name == PROBATION and lane.load() >= lane.wanted):
                     entry.skipped += 1
+                    entry.on_time = 0
                     skips[name] = entry.skipped
                     if not entry.skipping:
                         entry.skipping = True
@@ -198,7 +205,8 @@ class Dispatcher:
                                     "its last poll is still running" if entry.in_flight else
                                     "every worker for slow and new targets is busy")
                     continue
-                if entry.skipping:
+                entry.on_time += 1
+                if entry.skipping and entry.on_time >= ON_TIME_AGAIN:  # not at every flap of a target on the edge
                     entry.skipping = False
                     log.info("target=%s polls on time again", name)
                 entry.in_flight = True

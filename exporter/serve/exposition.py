@@ -3,8 +3,9 @@ target, so a render costs what changed since the last one, not the fleet; the ru
 collectors (process, GC, platform) read on every scrape, so `process_cpu_seconds_total`
 moves even while nothing else does.
 
-A target's fragment is its families' sample lines, rendered by prometheus_client's own
-text format from the collector's families of that one target, and kept while the target's
+A target's fragment is its families' sample lines in the text format, written directly
+from the collector's families of that one target (TextFamilies: the lines
+prometheus_client's generate_latest writes, without building its objects), kept while the target's
 view (an immutable object, replaced on every poll), its skipped polls, its deploy events
 and the fleet's set of label names stay the same. The answer is then assembled family by
 family. A failed render is an HTTP 500, a log line and a count in
@@ -18,24 +19,82 @@ import threading
 import time
 from typing import Callable, Iterable
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import Metric
-from prometheus_client.exposition import generate_latest
+import math
 
-from .collector import Families, PrefixCacheCollector, label_names
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.utils import floatToGoString
+
+from .collector import METRICS, Families, PrefixCacheCollector, label_names
 from .state import State
 
 log = logging.getLogger(__name__)
 
 
-class _Families:
-    """Families as a collector, for generate_latest."""
+def _value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
-    def __init__(self, families: Iterable[Metric]):
-        self.families = families
 
-    def collect(self):
-        return self.families
+def _labels_text(pairs) -> str:
+    return "{" + ",".join(f'{k}="{_value(v)}"' for k, v in sorted(pairs)) + "}" if pairs else ""
+
+
+class TextFamilies(Families):
+    """The collector's families written as text-format lines, family by family, in the
+    form prometheus_client's generate_latest gives them (labels sorted by name, values as
+    Go prints them): a render without a Metric object per family and a Sample per line."""
+
+    def __init__(self, windows: str, extra_label_names: tuple[str, ...]):
+        super().__init__(windows, extra_label_names)
+        self.lines: dict[str, list[str]] = {}  # METRICS name -> its sample lines
+        self._label_names: dict[str, list[str]] = {}
+
+    def _pairs(self, name: str, values: tuple, target) -> list[tuple[str, str]]:
+        names = self._label_names.get(name)
+        if names is None:
+            d = METRICS[name]
+            names = list(d.labels)
+            if "target" in names and d.target_labels:
+                names[1:1] = self.extra
+            self._label_names[name] = names
+        return list(zip(names, self._labels(name, values, target)))
+
+    def _out(self, name: str) -> list[str]:
+        out = self.lines.get(name)
+        if out is None:
+            out = self.lines[name] = []
+        return out
+
+    def add(self, name: str, values: tuple, value: float, target) -> None:
+        exposed = METRICS[name].exposed_name
+        self._out(name).append(f"{exposed}{_labels_text(self._pairs(name, values, target))} {floatToGoString(value)}\n")
+
+    def histogram(self, name: str, values: tuple, buckets, total: float, target) -> None:
+        pairs, out = self._pairs(name, values, target), self._out(name)
+        for le, count in buckets:
+            bound = "+Inf" if math.isinf(le) else repr(float(le))
+            out.append(f"{name}_bucket{_labels_text(pairs + [('le', bound)])} {floatToGoString(count)}\n")
+        if buckets and total is not None:
+            text = _labels_text(pairs)
+            out.append(f"{name}_count{text} {floatToGoString(buckets[-1][1])}\n")
+            out.append(f"{name}_sum{text} {floatToGoString(total)}\n")
+
+    def summary(self, name: str, values: tuple, quantiles, totals: tuple[float, float], target) -> None:
+        pairs, out = self._pairs(name, values, target), self._out(name)
+        for q, value in quantiles:
+            out.append(f"{name}{_labels_text(pairs + [('quantile', repr(float(q)))])} {floatToGoString(value)}\n")
+        text = _labels_text(pairs)
+        out.append(f"{name}_count{text} {floatToGoString(totals[0])}\n")
+        out.append(f"{name}_sum{text} {floatToGoString(totals[1])}\n")
+
+    def fragments(self) -> dict[str, tuple[str, str]]:
+        """Exposed family name -> (its HELP and TYPE lines, its sample lines)."""
+        out = {}
+        for name, lines in self.lines.items():
+            d = METRICS[name]
+            help_text = d.help.replace("{windows}", self.windows).replace("\\", "\\\\").replace("\n", "\\n")
+            out[d.exposed_name] = (f"# HELP {d.exposed_name} {help_text}\n# TYPE {d.exposed_name} {d.kind}\n", "".join(lines))
+        return out
 
 
 class ReservedNames:
@@ -53,16 +112,6 @@ class ReservedNames:
         return []
 
 
-def split_families(text: str) -> dict[str, tuple[str, str]]:
-    """Text format -> exposed family name -> (its HELP and TYPE lines, its sample lines)."""
-    out: dict[str, tuple[str, str]] = {}
-    for chunk in text.split("# HELP ")[1:]:
-        name = chunk.partition(" ")[0]
-        type_end = chunk.index("\n", chunk.index("\n# TYPE ") + 1) + 1
-        out[name] = ("# HELP " + chunk[:type_end], chunk[type_end:])
-    return out
-
-
 class FragmentRender:
     """Renders the collector's families with a cache of each target's fragment."""
 
@@ -72,9 +121,9 @@ class FragmentRender:
         self.rendered_targets = 0  # fragments rendered anew, for tests and benchmarks
 
     def _text(self, fill: Callable[[Families], None], extra: tuple[str, ...]) -> dict[str, tuple[str, str]]:
-        families = Families(self.collector.windows, extra)
+        families = TextFamilies(self.collector.windows, extra)
         fill(families)
-        return split_families(generate_latest(_Families(families.done())).decode("utf-8"))
+        return families.fragments()
 
     def render(self) -> bytes:
         reading = self.collector.state.read()
