@@ -1,6 +1,7 @@
 """/metrics from per-target fragments (exporter/serve/exposition.py): the same families
 and samples as the collector's whole render, a render that costs what changed, and the
 runtime collectors read on every scrape."""
+import functools
 import gzip
 import time
 from dataclasses import replace
@@ -12,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.alerting.rules_state import Alert
 from exporter.serve.collector import PrefixCacheCollector
 from exporter.serve.exposition import Exposition
-from exporter.serve.state import Deploys
+from exporter.serve.state import Deploys, State
 
 from helpers import simulated_state, simulated_view
 
@@ -29,12 +30,20 @@ def whole(state) -> str:
     return generate_latest(registry).decode()
 
 
+@functools.lru_cache(maxsize=1)
+def fleet_views():
+    """Five targets' views, simulated once per worker (views are immutable)."""
+    base = simulated_state(seconds=120).targets()
+    return tuple(base) + tuple(
+        simulated_view(name=f"vllm-{i}", seconds=120, seed=i,
+                       labels=(("namespace", "llm"), ("team", f"t{i}" if i != 3 else "a\"b\\c\nd"))) for i in range(1, 4))
+
+
 def fleet_state():
-    state = simulated_state()
-    views = state.targets() + [simulated_view(name=f"vllm-{i}", labels=(("namespace", "llm"), ("team", f"t{i}" if i != 3 else "a\"b\\c\nd")), seed=i)
-                               for i in range(1, 4)]
-    state.set_targets(views)
-    state.update(deploys=Deploys((), {"": {"api": 2}, "vllm-1": {"restart": 1}}, {"": 1764480000.0, "vllm-2": 1764480001.0}),
+    state = State()
+    state.set_targets(list(fleet_views()))
+    state.update(config_reload_success=True, config_reload_time=1764480000.0,
+                 deploys=Deploys((), {"": {"api": 2}, "vllm-1": {"restart": 1}}, {"": 1764480000.0, "vllm-2": 1764480001.0}),
                  skipped_polls={"vllm-down": 7},
                  alerts=(Alert("PrefixCacheHitRateLow", "vllm-1", "demo/llama-3-8b", state="firing",
                                labels=(("cause", "unknown"), ("severity", "warning"))),))
@@ -86,3 +95,42 @@ def test_the_runtime_collectors_are_read_on_every_scrape_while_ours_are_cached()
     assert exposition.fragments.rendered_targets == 5  # ours came from the cache
     zipped = exposition.get(True)
     assert samples(gzip.decompress(zipped).decode()).keys() == samples(second.decode()).keys()
+
+
+def test_a_scrape_never_waits_long_for_a_render_and_a_failed_one_is_a_500():
+    """A render slower than the wait: the scrape gets the last render at once (the next
+    one shows the new state); a render that fails makes the scrape that waited for it a
+    500, counted, and the next good render recovers."""
+    import threading
+
+    import pytest
+
+    state = fleet_state()
+    collector = PrefixCacheCollector(state, ["1m", "5m"])
+    exposition = Exposition(state, CollectorRegistry(), min_interval=0.0, collector=collector, wait=0.2)
+    first = exposition.get(False)
+    gate = threading.Event()
+    real = exposition.fragments.render
+    exposition.fragments.render = lambda: (gate.wait(5.0), real())[1]
+    state.update(config_reload_success=False)
+    began = time.monotonic()
+    assert exposition.get(False) == first + b""  # the last render, after the wait
+    assert time.monotonic() - began < 1.0
+    gate.set()
+    assert wait_for(lambda: b"prefixcache_config_last_reload_successful 0.0" in exposition.get(False))
+    exposition.fragments.render = lambda: 1 / 0
+    state.update(config_reload_success=True)
+    with pytest.raises(RuntimeError):
+        exposition.get(False)
+    assert state.published.counters.collect_errors == 1
+    exposition.fragments.render = real
+    assert b"prefixcache_collect_errors_total 1.0" in exposition.get(False)
+
+
+def wait_for(check, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return check()

@@ -158,12 +158,16 @@ class FragmentRender:
 class Exposition:
     """/metrics for every scraper. With `collector` (the sidecar): our families rendered
     at most once per `min_interval` and only when the state changed, from cached
-    fragments, shared by every scraper with their gzip; the `registry` (the runtime
-    collectors) read on every scrape. Without (tests that register our collector in the
-    registry): the whole registry, rendered once per state change."""
+    fragments, on a thread of their own, shared by every scraper with their gzip; a
+    scrape waits for a render in progress at most `wait` seconds, then gets the last one,
+    so /metrics answers at once however large the fleet and however busy the process.
+    The `registry` (the runtime collectors) is read on every scrape. Without `collector`
+    (tests that register our collector in the registry): the whole registry, rendered in
+    the request once per state change."""
 
     def __init__(self, state: State, registry: CollectorRegistry, min_interval: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic, collector: PrefixCacheCollector | None = None):
+                 clock: Callable[[], float] = time.monotonic, collector: PrefixCacheCollector | None = None,
+                 wait: float = 0.5):
         self.state = state
         self.registry = registry
         # Each poll of each target is a state change: with many targets, renders are
@@ -171,34 +175,64 @@ class Exposition:
         # fleet does not turn every scrape into a render.
         self.min_interval = min_interval
         self.clock = clock
+        self.wait = wait
         self.fragments = FragmentRender(collector) if collector is not None else None
         self._lock = threading.Lock()
         self._generation = -1
         self._rendered_at = -1e18
         self._body = b""
         self._gzip: bytes | None = None
+        self._rendering: threading.Thread | None = None
+        self._failed = False  # the last render failed: a scrape that waited for it answers 500
 
-    def _ours(self) -> bytes:
-        return self.fragments.render() if self.fragments is not None else generate_latest(self.registry)
+    def _due(self) -> bool:
+        generation = self.state.generation
+        return generation != self._generation and (self._generation == -1 or self.clock() - self._rendered_at >= self.min_interval)
 
     def get(self, gzipped: bool) -> bytes:
+        if self.fragments is None:
+            return self._get_whole(gzipped)
+        with self._lock:
+            if self._due() and self._rendering is None:
+                self._rendering = threading.Thread(target=self._render, args=(self.state.generation,), name="render", daemon=True)
+                self._rendering.start()
+            rendering, never = self._rendering, not self._body
+        if rendering is not None:
+            rendering.join(None if never else self.wait)  # the first render is waited for: there is nothing else to serve
+        with self._lock:
+            if self._failed and (never or not rendering.is_alive()):
+                raise RuntimeError("rendering /metrics failed")
+            ours = self._gzip if gzipped else self._body
+        runtime = generate_latest(self.registry)  # process CPU and memory, GC: as of this scrape
+        # a gzip stream may hold several members, read as one (RFC 1952; Go's and Python's readers do)
+        return ours + (gzip.compress(runtime, compresslevel=1) if gzipped else runtime)
+
+    def _render(self, generation: int) -> None:
+        try:
+            body = self.fragments.render()
+            zipped = gzip.compress(body, compresslevel=1)
+        except Exception:  # noqa: BLE001 - logged, counted, and the scrapes waiting for it answer 500
+            log.exception("collect failed: /metrics answers 500 until a render succeeds")
+            self.state.count(collect_errors=1)
+            with self._lock:
+                self._generation, self._failed, self._rendering = -1, True, None
+            return
+        with self._lock:
+            self._body, self._gzip, self._generation, self._rendered_at = body, zipped, generation, self.clock()
+            self._failed, self._rendering = False, None
+
+    def _get_whole(self, gzipped: bool) -> bytes:
         with self._lock:  # concurrent scrapers wait for one render instead of each rendering
             generation = self.state.generation
-            now = self.clock()
-            if generation != self._generation and (self._generation == -1 or now - self._rendered_at >= self.min_interval):
+            if self._due():
                 try:
-                    body = self._ours()
+                    body = generate_latest(self.registry)
                 except Exception:
                     log.exception("collect failed: /metrics answers 500 until a render succeeds")
                     self.state.count(collect_errors=1)
                     self._generation = -1
                     raise
-                self._body, self._gzip, self._generation, self._rendered_at = body, None, generation, now
+                self._body, self._gzip, self._generation, self._rendered_at = body, None, generation, self.clock()
             if gzipped and self._gzip is None:
                 self._gzip = gzip.compress(self._body, compresslevel=1)
-            ours = self._gzip if gzipped else self._body
-        if self.fragments is None:
-            return ours
-        runtime = generate_latest(self.registry)  # process CPU and memory, GC: as of this scrape
-        # a gzip stream may hold several members, read as one (RFC 1952; Go's and Python's readers do)
-        return ours + (gzip.compress(runtime, compresslevel=1) if gzipped else runtime)
+            return self._gzip if gzipped else self._body
