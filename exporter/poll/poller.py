@@ -377,9 +377,11 @@ class Poller:
         if self.scheduler.get_job("read"):
             self.scheduler.remove_job("read")
         self.reader = PrometheusReader(config.discovery, config.global_.poll_interval) if config.discovery.read_prometheus else None
-        if self.reader is None and self.read_found:
-            self.read_found = []
-            self._install(config)
+        if self.reader is None:
+            self.state.update(samples_source="")
+            if self.read_found:
+                self.read_found = []
+                self._install(config)
         if self.reader is not None:
             self.scheduler.add_job(self._tracked(self.read), "interval", id="read", name="read", executor="read",
                                    seconds=config.global_.poll_interval, next_run_time=_now_datetime())

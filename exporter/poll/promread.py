@@ -145,6 +145,10 @@ def read_once(poller) -> None:
             poller._install(poller.config)
         poller.publish_discovery()
         ours = {name: poller.pollers[name] for name in poller.read_names if name in poller.pollers}
+        resolution = reader.resolution()
+        poller.state.update(samples_source=f"Samples of {len(found)} target(s) read from Prometheus at {reader.source_url}: "
+                                           "the windows' resolution is Prometheus's scrape interval"
+                                           + (f" (observed {resolution:g}s)" if resolution else "") + ", not global.poll_interval.")
     by_pod = {t.url.rpartition("#")[2]: t.name for t in poller.current.targets if t.name in ours}
     for pod_name, pod in pods.items():
         times = reader.read_samples(pod)

@@ -184,6 +184,10 @@ class Exposition:
         self._gzip: bytes | None = None
         self._rendering: threading.Thread | None = None
         self._failed = False  # the last render failed: a scrape that waited for it answers 500
+        if self.fragments is not None:
+            # at once, while the state is small: from then on a scrape never waits longer than `wait`,
+            # even the first one after a thousand targets were polled
+            self._render(state.generation)
 
     def _due(self) -> bool:
         generation = self.state.generation
