@@ -145,7 +145,7 @@ def main(argv=None) -> dict:
           f"{size / 1024:.0f} KiB, gzip): median {single_ms:.1f} ms of 20")
     for name, mode, r in (("/metrics", "all scraping at once every 1 s", aligned),
                           ("/-/healthy", "back to back, saturation", floor), ("/metrics", "back to back, saturation", metrics)):
-        print(f"scrapers: {args.scrapers} concurrent on {name}, {mode} ({args.targets} targets polled every 1s"
+        print(f"scrapers: {args.scrapers} concurrent on {name}, {mode} ({args.targets} targets polled every {args.poll}"
               f"{f', exposition {size / 1024:.0f} KiB' if name == '/metrics' else ''}) | {r['rps']:.0f} req/s | "
               f"p50 {r['p50_ms']:.1f} ms | p99 {r['p99_ms']:.1f} ms | max {r['max_ms']:.1f} ms | errors {r['errors']} of "
               f"{r['requests'] + r['errors']}")

@@ -372,11 +372,14 @@ class Poller:
         wanted = (config.discovery.read_prometheus, config.discovery.target_limit, config.global_.poll_interval)
         if self.reader is not None and (self.reader.read, self.reader.cfg.target_limit, self.reader.poll_interval) == wanted:
             return
-        if self.reader is not None:
-            self.reader.close()
+        old = self.reader
+        if old is not None:
+            old.close()
         if self.scheduler.get_job("read"):
             self.scheduler.remove_job("read")
         self.reader = PrometheusReader(config.discovery, config.global_.poll_interval) if config.discovery.read_prometheus else None
+        if self.reader is not None and old is not None:
+            self.reader.carry_over(old)  # what was read stays read: a reload never feeds a pod's samples twice
         if self.reader is None:
             self.state.update(samples_source="")
             if self.read_found:

@@ -56,6 +56,10 @@ class PrometheusReader:
         self.state = SourceState(READ_PROMETHEUS)
         self.query_seconds: float | None = None  # the last query's duration, for the status page and benchmarks
 
+    def carry_over(self, old: "PrometheusReader") -> None:
+        """A reload's new reader goes on from where the old one was."""
+        self.newest, self.gap, self.targets, self.last_read = dict(old.newest), dict(old.gap), dict(old.targets), old.last_read
+
     def fetch(self, now: float) -> dict[str, promseries.Pod]:
         """The samples since the last read; DiscoveryError when Prometheus gave none."""
         reach = MAX_RANGE if self.last_read is None else min(MAX_RANGE, now - self.last_read + MARGIN)
