@@ -265,6 +265,8 @@ def _le(text: str) -> float | None:
 # Every sample name the parser reads: what a reader of Prometheus's series asks for
 # (exporter/discovery/promseries.py), so that both paths read the same table.
 SAMPLE_NAMES: tuple[str, ...] = tuple(sorted(_ROLE_BY_NAME))
+# each name's engine, looked up once per sample instead of testing every prefix
+_ENGINE_OF = {name: next((kind for prefix, kind in ENGINE_PREFIXES.items() if name.startswith(prefix)), None) for name in _ROLE_BY_NAME}
 
 # A `# TYPE` line names a family; families we never read are skipped whole.
 _WANTED_FAMILIES = {n for name in _ROLE_BY_NAME for n in (name, name.removesuffix("_total"), name.removesuffix("_bucket"),
@@ -391,19 +393,19 @@ def parse(text: str) -> Snapshot:
             router.add(field_name, labels, value)
             continue
         model = labels.get("model_name")
-        if model is None and name.startswith("sglang:"):
+        if model is None and _ENGINE_OF[name] == "sglang":
             model = labels.get("name")  # pre-release SGLang builds
         if model is None:
             warnings.append(f"line {lineno}: {name} has no model_name label")
             continue
-        for prefix, engine_kind in ENGINE_PREFIXES.items():
-            if name.startswith(prefix):
-                kinds.add(engine_kind)
-        key = (model, labels.get("engine") if name.startswith("vllm:") else None)
+        engine_kind = _ENGINE_OF[name]
+        if engine_kind is not None:
+            kinds.add(engine_kind)
+        key = (model, labels.get("engine") if engine_kind == "vllm" else None)
         builder = series.get(key)
         if builder is None:
             builder = series[key] = _SeriesBuilder()
-        if name.startswith("trtllm_"):
+        if engine_kind == "trtllm":
             trtllm_keys.add(key)
         if kind in ("bucket", "bucket_sum"):
             le = _le(labels.get("le", ""))
