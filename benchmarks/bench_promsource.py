@@ -29,14 +29,24 @@ def main(argv=None) -> dict:
     p.add_argument("--per-endpoint", type=int, default=100)
     p.add_argument("--interval", type=float, default=15.0)
     p.add_argument("--reads", type=int, default=8, help="reads measured")
+    p.add_argument("--partitions", type=int, default=8, help="queries a read is split into (discovery.read_prometheus.partitions)")
     args = p.parse_args(argv)
     groups = args.pods // args.per_endpoint
     farm = subprocess.Popen([sys.executable, str(Path(__file__).parent / "podfarm.py"), f"--groups={groups}",
                              f"--pods={args.per_endpoint}"], stdout=subprocess.PIPE, text=True)
-    info = json.loads(farm.stdout.readline())
+    try:
+        info = json.loads(farm.stdout.readline())
+        return _run(args, farm, info, groups)
+    finally:
+        farm.terminate()
+        farm.wait(timeout=30)
+
+
+def _run(args, farm, info: dict, groups: int) -> dict:
     interval = f"{args.interval:g}s"
-    prom = Prometheus([{"job_name": "pods", "honor_labels": True, "metrics_path": f"/group/{g}/metrics",
-                        "static_configs": [{"targets": [f"127.0.0.1:{info['port']}"], "labels": {"group": str(g)}}]}
+    prom = Prometheus([{"job_name": f"pods-{g}", "honor_labels": True, "metrics_path": f"/group/{g}/metrics",
+                        "static_configs": [{"targets": [f"127.0.0.1:{info['port']}"], "labels": {"group": str(g)}}],
+                        "relabel_configs": [{"target_label": "job", "replacement": "pods"}]}
                        for g in range(groups)], scrape_interval=interval)
     sidecar = None
     try:
@@ -46,7 +56,8 @@ def main(argv=None) -> dict:
         time.sleep(args.interval + 2)  # every endpoint scraped at least twice
         with tempfile.TemporaryDirectory() as tmp:
             cfg = {"global": {"poll_interval": interval, "connect_timeout": "2s", "read_timeout": "10s", "scrape_timeout": "12s"},
-                   "discovery": {"read_prometheus": {"url": prom.url, "match_labels": {"job": "pods"}, "timeout": "30s"},
+                   "discovery": {"read_prometheus": {"url": prom.url, "match_labels": {"job": "pods"}, "timeout": "60s",
+                                                     "partitions": args.partitions},
                                  "target_limit": 0}}
             began = time.monotonic()
             sidecar, url = start_sidecar_with(cfg, Path(tmp), ready_within=600.0)
@@ -57,13 +68,18 @@ def main(argv=None) -> dict:
             wall = time.monotonic() - t0
             ours, theirs = (cpu_seconds(sidecar.pid) - ours0) / wall, (cpu_seconds(prom.pid) - theirs0) / wall
             peak = peak_rss_mb(sidecar.pid)
-            query = promseries.query((("job", "pods"),), args.interval + 30)
-            q0 = time.monotonic()
-            answer = requests.get(prom.url + "/api/v1/query", params={"query": query, "time": f"{time.time():.3f}"}, timeout=120)
-            query_s, query_mb = time.monotonic() - q0, len(answer.content) / 2**20
-            series = len(answer.json()["data"]["result"])
-            r0 = time.monotonic()
-            text = requests.get(url + "/metrics", timeout=600).text
+            q0, query_mb, series = time.monotonic(), 0.0, 0
+            for part in promseries.partitions("pod", args.partitions):  # one read's queries, as the reader asks them
+                query = promseries.query((("job", "pods"),), args.interval + 30, part)
+                answer = requests.get(prom.url + "/api/v1/query", params={"query": query, "time": f"{time.time():.3f}"}, timeout=120)
+                query_mb += len(answer.content) / 2**20
+                series += len(answer.json()["data"]["result"])
+            query_s = time.monotonic() - q0
+            r0 = time.monotonic()  # a scrape starts a render and gets the last one at once: ask until it holds every pod
+            text = ""
+            while text.count("prefixcache_target_up{") < args.pods * 0.99 and time.monotonic() - r0 < 600:
+                text = requests.get(url + "/metrics", timeout=60).text
+                time.sleep(0.5)
             render_s = time.monotonic() - r0
             up = text.count(" 1.0\n", 0) and sum(1 for line in text.splitlines()
                                                  if line.startswith("prefixcache_target_up{") and line.endswith(" 1.0"))
@@ -72,13 +88,11 @@ def main(argv=None) -> dict:
             sidecar.terminate()
             sidecar.wait(timeout=30)
         prom.stop()
-        farm.terminate()
-        farm.wait(timeout=30)
     print(f"prometheus source: {args.pods} pods ({up} up), {info['samples_per_pod']} series each, {args.per_endpoint} a target "
           f"scraped every {interval} by {version()}, read every {interval}, {args.reads} reads measured | ours "
           f"{ours * 100:.1f}% of a core, Prometheus {theirs * 100:.1f}% (scraping and answering) | peak RSS {peak:.0f} MB | "
-          f"one read's query: {series} series, {query_mb:.0f} MB, {query_s:.2f} s | ready after {ready:.0f} s | "
-          f"one /metrics render of every pod {render_s:.1f} s, {len(text) / 2**20:.0f} MB")
+          f"one read's {args.partitions} queries: {series} series, {query_mb:.0f} MB, {query_s:.2f} s | ready after {ready:.0f} s | "
+          f"our /metrics with every pod after {render_s:.1f} s, {len(text) / 2**20:.0f} MB")
     return {"pods": args.pods, "up": up, "cpu_share": ours, "prometheus_cpu_share": theirs, "peak_rss_mb": peak,
             "query_seconds": query_s, "query_mb": query_mb, "series": series, "ready_seconds": ready, "render_seconds": render_s}
 

@@ -37,16 +37,17 @@ class Prometheus:
         self.proc = subprocess.Popen([shutil.which("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={self.dir / 'data'}",
                                       f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h"],
                                      stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
-                if requests.get(self.url + "/-/ready", timeout=1).status_code == 200:
+                if requests.get(self.url + "/-/ready", timeout=2).status_code == 200:
                     return
             except requests.ConnectionError:
                 pass
             time.sleep(0.2)
+        log = (self.dir / "prometheus.log").read_text()[-2000:]
         self.stop()
-        raise RuntimeError("prometheus did not become ready: " + (self.dir / "prometheus.log").read_text()[-2000:])
+        raise RuntimeError("prometheus did not become ready within 120 s: " + log)
 
     @property
     def pid(self) -> int:

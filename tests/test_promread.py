@@ -138,7 +138,9 @@ def test_shards_split_the_pods_read_from_prometheus(stack):
     prom, _ = stack
     names = []
     for index in (0, 1):
-        cfg = load(read_config(prom.url, shard={"index": index, "count": 2, "key_label": "pod"}))
+        raw = read_config(prom.url, shard={"index": index, "count": 2, "key_label": "pod"})
+        raw["discovery"]["read_prometheus"]["partitions"] = 3  # three queries a read, each of whole pods
+        cfg = load(raw)
         state = State()
         poller = Poller(cfg, state)
         poller.read()
@@ -146,3 +148,17 @@ def test_shards_split_the_pods_read_from_prometheus(stack):
         assert all(v.polled for v in state.targets()) and not poller.dispatcher.entries  # read, never scraped
         poller.stop(0.5)
     assert names[0] | names[1] >= {"vllm-a", "vllm-b"} and not names[0] & names[1]
+
+
+def test_partitions_cover_every_pod_name_once():
+    import re
+    parts = promseries.partitions("pod", 4)
+    assert len(parts) == 4
+    for name in ("vllm-0", "vllm-7f9c-x2b4q", "vllm-z", "vllm-_", "vllm-Ä", "a"):
+        hits = 0
+        for part in parts:
+            label, op, regex = re.match(r'(\w+)(=~|!~)"(.*)"', part).groups()
+            matched = re.fullmatch(regex, name) is not None
+            hits += matched if op == "=~" else not matched
+        assert hits == 1, name
+    assert promseries.partitions("pod", 1) == [""]

@@ -47,6 +47,7 @@ class PrometheusReadConfig:
     password: str = ""
     stale_after: float = 0.0  # a target with no newer sample is down; 0: 3 of its scrape intervals, at least 2 reads
     max_answer: int = 512 * 1024 * 1024  # bytes of one query's answer (10,000 pods: about 100 MB a read)
+    partitions: int = 1  # queries a read is split into, by the last character of target_label (memory: 1/N each)
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def _read_prometheus(r: Reader, raw: Any) -> PrometheusReadConfig:
     """`discovery.read_prometheus`: the url, auth and timeout as discovery.prometheus reads them."""
     path = "discovery.read_prometheus"
     p = r.mapping(raw, path, {"url", "match_labels", "target_label", "timeout", "bearer_token", "bearer_token_file",
-                              "basic_auth", "stale_after", "max_answer"})
+                              "basic_auth", "stale_after", "max_answer", "partitions"})
     if "url" not in p:
         r.errors.append(f"{path}.url: required")
     auth = r.mapping(p.get("basic_auth"), f"{path}.basic_auth", {"username", "password", "password_file"})
@@ -139,7 +140,10 @@ def _read_prometheus(r: Reader, raw: Any) -> PrometheusReadConfig:
         username=r.value(auth, f"{path}.basic_auth", "username", nonempty_string, ""),
         password=read_secret(r, auth, f"{path}.basic_auth", "password"),
         stale_after=r.value(p, path, "stale_after", duration_or_zero, 0.0),
-        max_answer=r.value(p, path, "max_answer", positive_int, PrometheusReadConfig.max_answer))
+        max_answer=r.value(p, path, "max_answer", positive_int, PrometheusReadConfig.max_answer),
+        partitions=r.value(p, path, "partitions", positive_int, 1))
+    if cfg.partitions > 36:
+        r.errors.append(f"{path}.partitions: at most 36 (one per last character 0-9a-z)")
     if "url" in p and not cfg.match_labels:
         r.errors.append(f"{path}.match_labels: say which series are the engines' (e.g. {{job: llm/vllm}}): "
                         "reading every series of a Prometheus is never meant")

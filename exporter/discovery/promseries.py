@@ -28,11 +28,29 @@ _ENGINE_LABELS = frozenset({"model_name", "engine", "le", "source", "name", "cac
                             "engine_type", "is_streaming", "target_model_name", "phase", "model", "quantile"})
 
 
-def query(match_labels: tuple[tuple[str, str], ...], seconds: float) -> str:
-    """The range selector of every series the parser reads, of the matched targets."""
+_LAST = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def partitions(target_label: str, count: int) -> list[str]:
+    """Matchers that split the pods into `count` parts by the last character of their
+    name (a pod's series all fall in one part, so each answer holds whole scrapes);
+    the last part also takes every name that ends otherwise."""
+    if count <= 1:
+        return [""]
+    size = math.ceil(len(_LAST) / count)
+    groups = [_LAST[i:i + size] for i in range(0, len(_LAST), size)]
+    out = [f'{target_label}=~".*[{g}]"' for g in groups[:-1]]
+    out.append(f'{target_label}!~".*[{"".join(groups[:-1])}]"')
+    return out
+
+
+def query(match_labels: tuple[tuple[str, str], ...], seconds: float, part: str = "") -> str:
+    """The range selector of every series the parser reads, of the matched targets (of
+    one partition of them)."""
     names = "|".join(SAMPLE_NAMES)  # names hold no regex character but `:` and `_`
     matchers = [f'__name__=~"{names}"']
     matchers += [f'{k}="{_escape(v)}"' for k, v in match_labels]
+    matchers += [part] if part else []
     return "{" + ",".join(matchers) + "}" + f"[{max(1, math.ceil(seconds))}s]"
 
 

@@ -64,11 +64,16 @@ class PrometheusReader:
         """The samples since the last read; DiscoveryError when Prometheus gave none."""
         reach = MAX_RANGE if self.last_read is None else min(MAX_RANGE, now - self.last_read + MARGIN)
         reach = max(reach, 2 * self.poll_interval)
-        try:
-            payload = self.api.get("/api/v1/query", {"query": promseries.query(self.read.match_labels, reach), "time": f"{now:.3f}"})
-        except PrometheusAPIError as exc:
-            raise DiscoveryError(str(exc)) from None
-        return promseries.pods(payload, self.read.target_label, self.where, self.newest)
+        found: dict[str, promseries.Pod] = {}
+        for part in promseries.partitions(self.read.target_label, self.read.partitions):
+            try:
+                payload = self.api.get("/api/v1/query", {"query": promseries.query(self.read.match_labels, reach, part),
+                                                         "time": f"{now:.3f}"})
+            except PrometheusAPIError as exc:
+                raise DiscoveryError(str(exc)) from None
+            found.update(promseries.pods(payload, self.read.target_label, self.where, self.newest))
+            del payload  # one part's answer at a time in memory
+        return found
 
     def failed(self, now: float, error: str) -> None:
         old, self.state = self.state, settle(self.state, now, None, error, self.cfg.accept_empty_after)
