@@ -42,12 +42,15 @@ def _labels_text(pairs) -> str:
 class TextFamilies(Families):
     """The collector's families written as text-format lines, family by family, in the
     form prometheus_client's generate_latest gives them (labels sorted by name, values as
-    Go prints them): a render without a Metric object per family and a Sample per line."""
+    Go prints them): a render without a Metric object per family and a Sample per line.
+    `prefixes` keeps each series' `name{labels}` across renders of one target: from one
+    poll to the next only the values change."""
 
-    def __init__(self, windows: str, extra_label_names: tuple[str, ...]):
+    def __init__(self, windows: str, extra_label_names: tuple[str, ...], prefixes: dict | None = None):
         super().__init__(windows, extra_label_names)
         self.lines: dict[str, list[str]] = {}  # METRICS name -> its sample lines
         self._label_names: dict[str, list[str]] = {}
+        self.prefixes = prefixes if prefixes is not None else {}
 
     def _pairs(self, name: str, values: tuple, target) -> list[tuple[str, str]]:
         names = self._label_names.get(name)
@@ -66,26 +69,40 @@ class TextFamilies(Families):
         return out
 
     def add(self, name: str, values: tuple, value: float, target) -> None:
-        exposed = METRICS[name].exposed_name
-        self._out(name).append(f"{exposed}{_labels_text(self._pairs(name, values, target))} {floatToGoString(value)}\n")
+        key = (name, values)
+        prefix = self.prefixes.get(key)
+        if prefix is None:
+            prefix = self.prefixes[key] = f"{METRICS[name].exposed_name}{_labels_text(self._pairs(name, values, target))} "
+        self._out(name).append(prefix + floatToGoString(value) + "\n")
+
+    def _series(self, name: str, values: tuple, target, kind: str, keys: tuple) -> tuple[list[str], str, str]:
+        """A histogram's or summary's line prefixes: one per bucket or quantile, _count, _sum."""
+        key = (name, values, kind, keys)
+        cached = self.prefixes.get(key)
+        if cached is None:
+            pairs = self._pairs(name, values, target)
+            label = "le" if kind == "histogram" else "quantile"
+            suffix = "_bucket" if kind == "histogram" else ""
+            text = _labels_text(pairs)
+            cached = self.prefixes[key] = ([f"{name}{suffix}{_labels_text(pairs + [(label, k)])} " for k in keys],
+                                           f"{name}_count{text} ", f"{name}_sum{text} ")
+        return cached
 
     def histogram(self, name: str, values: tuple, buckets, total: float, target) -> None:
-        pairs, out = self._pairs(name, values, target), self._out(name)
-        for le, count in buckets:
-            bound = "+Inf" if math.isinf(le) else repr(float(le))
-            out.append(f"{name}_bucket{_labels_text(pairs + [('le', bound)])} {floatToGoString(count)}\n")
+        bounds = tuple("+Inf" if math.isinf(le) else repr(float(le)) for le, _ in buckets)
+        heads, count, sum_ = self._series(name, values, target, "histogram", bounds)
+        out = self._out(name)
+        out.extend(head + floatToGoString(c) + "\n" for head, (_, c) in zip(heads, buckets))
         if buckets and total is not None:
-            text = _labels_text(pairs)
-            out.append(f"{name}_count{text} {floatToGoString(buckets[-1][1])}\n")
-            out.append(f"{name}_sum{text} {floatToGoString(total)}\n")
+            out.append(count + floatToGoString(buckets[-1][1]) + "\n")
+            out.append(sum_ + floatToGoString(total) + "\n")
 
     def summary(self, name: str, values: tuple, quantiles, totals: tuple[float, float], target) -> None:
-        pairs, out = self._pairs(name, values, target), self._out(name)
-        for q, value in quantiles:
-            out.append(f"{name}{_labels_text(pairs + [('quantile', repr(float(q)))])} {floatToGoString(value)}\n")
-        text = _labels_text(pairs)
-        out.append(f"{name}_count{text} {floatToGoString(totals[0])}\n")
-        out.append(f"{name}_sum{text} {floatToGoString(totals[1])}\n")
+        heads, count, sum_ = self._series(name, values, target, "summary", tuple(repr(float(q)) for q, _ in quantiles))
+        out = self._out(name)
+        out.extend(head + floatToGoString(v) + "\n" for head, (_, v) in zip(heads, quantiles))
+        out.append(count + floatToGoString(totals[0]) + "\n")
+        out.append(sum_ + floatToGoString(totals[1]) + "\n")
 
     def fragments(self) -> dict[str, tuple[str, str]]:
         """Exposed family name -> (its HELP and TYPE lines, its sample lines)."""
@@ -117,11 +134,11 @@ class FragmentRender:
 
     def __init__(self, collector: PrefixCacheCollector):
         self.collector = collector
-        self._fragments: dict[str, tuple[tuple, dict[str, tuple[str, str]]]] = {}
+        self._fragments: dict[str, tuple[tuple, dict[str, tuple[str, str]], dict]] = {}
         self.rendered_targets = 0  # fragments rendered anew, for tests and benchmarks
 
-    def _text(self, fill: Callable[[Families], None], extra: tuple[str, ...]) -> dict[str, tuple[str, str]]:
-        families = TextFamilies(self.collector.windows, extra)
+    def _text(self, fill: Callable[[Families], None], extra: tuple[str, ...], prefixes: dict | None = None) -> dict[str, tuple[str, str]]:
+        families = TextFamilies(self.collector.windows, extra, prefixes)
         fill(families)
         return families.fragments()
 
@@ -138,8 +155,10 @@ class FragmentRender:
             if cached is not None and cached[0][0] is view and cached[0][1:] == (more, extra):
                 fragments[name] = cached
             else:
-                text = self._text(lambda f, v=view, m=more: self.collector.target(f, v, *m), extra)
-                fragments[name] = ((view, more, extra), text)
+                # a series' name and labels stay while the target's labels and the fleet's label names do
+                prefixes = cached[2] if cached is not None and cached[0][0].target is view.target and cached[0][2] == extra else {}
+                text = self._text(lambda f, v=view, m=more: self.collector.target(f, v, *m), extra, prefixes)
+                fragments[name] = ((view, more, extra), text, prefixes)
                 self.rendered_targets += 1
             parts.append(fragments[name][1])
         self._fragments = fragments  # gone targets' fragments go with them
