@@ -107,8 +107,8 @@ class _Lane:
 class Entry:
     """One target's place in the schedule."""
 
-    __slots__ = ("name", "poll", "interval", "due", "offset", "seq", "in_flight", "slow", "polled", "skipped", "skipping",
-                 "on_time")
+    __slots__ = ("name", "poll", "interval", "due", "offset", "seq", "in_flight", "running", "slow", "polled", "skipped",
+                 "skipping", "on_time")
 
     def __init__(self, name: str, poll: Callable[[], tuple[float, bool]], interval: float, due: float, offset: float = 0.0):
         self.name = name
@@ -117,7 +117,8 @@ class Entry:
         self.due = due
         self.offset = offset  # added once, after the first poll: targets that came together spread out
         self.seq = 0  # the heap holds (due, seq, name); an entry whose seq moved on is stale
-        self.in_flight = False
+        self.in_flight = False  # queued or running
+        self.running = False
         self.slow = False
         self.polled = False
         self.skipped = 0
@@ -198,7 +199,7 @@ class Dispatcher:
                     entry.skipped += 1
                     entry.on_time = 0
                     skips[name] = entry.skipped
-                    if not entry.skipping:
+                    if not entry.skipping and (entry.polled or entry.running):  # one still queued at start: counted only
                         entry.skipping = True
                         log.warning("target=%s polls are skipped: %s (counted in prefixcache_skipped_polls_total; "
                                     "said again once it polls on time)", name,
@@ -217,6 +218,7 @@ class Dispatcher:
         return following
 
     def _run(self, entry: Entry) -> None:
+        entry.running = True
         with self.idle:
             self.running += 1
         try:
@@ -229,7 +231,7 @@ class Dispatcher:
                 self.running -= 1
                 self.idle.notify_all()
         with self.lock:
-            entry.in_flight = False
+            entry.in_flight = entry.running = False
             entry.polled = True
             entry.slow = slow or took > SLOW_FRACTION * entry.interval
 

@@ -201,7 +201,11 @@ class Exposition:
         self._rendered_at = -1e18
         self._body = b""
         self._gzip: bytes | None = None
-        self._rendering: threading.Thread | None = None
+        self._changed = threading.Condition(self._lock)
+        self._busy = False  # a render was asked for and has not finished
+        self._asked = -1  # the state's generation it renders
+        self._renders = 0  # renders finished (failed ones too)
+        self._renderer: threading.Thread | None = None
         self._failed = False  # the last render failed: a scrape that waited for it answers 500
         if self.fragments is not None:
             # at once, while the state is small: from then on a scrape never waits longer than `wait`,
@@ -216,19 +220,30 @@ class Exposition:
         if self.fragments is None:
             return self._get_whole(gzipped)
         with self._lock:
-            if self._due() and self._rendering is None:
-                self._rendering = threading.Thread(target=self._render, args=(self.state.generation,), name="render", daemon=True)
-                self._rendering.start()
-            rendering, never = self._rendering, not self._body
-        if rendering is not None:
-            rendering.join(None if never else self.wait)  # the first render is waited for: there is nothing else to serve
-        with self._lock:
-            if self._failed and (never or not rendering.is_alive()):
-                raise RuntimeError("rendering /metrics failed")
+            if self._due() and not self._busy:
+                self._busy, self._asked = True, self.state.generation
+                if self._renderer is None:
+                    # one thread for every render: its allocations stay in one malloc arena (a thread per
+                    # render spread the long-lived fragments over many, and the RSS with them)
+                    self._renderer = threading.Thread(target=self._render_loop, name="render", daemon=True)
+                    self._renderer.start()
+                self._changed.notify_all()
+            if self._busy:
+                before = self._renders
+                self._changed.wait_for(lambda: self._renders > before, None if not self._body else self.wait)
+                if self._failed and self._renders > before:
+                    raise RuntimeError("rendering /metrics failed")
             ours = self._gzip if gzipped else self._body
         runtime = generate_latest(self.registry)  # process CPU and memory, GC: as of this scrape
         # a gzip stream may hold several members, read as one (RFC 1952; Go's and Python's readers do)
         return ours + (gzip.compress(runtime, compresslevel=1) if gzipped else runtime)
+
+    def _render_loop(self) -> None:
+        while True:
+            with self._lock:
+                self._changed.wait_for(lambda: self._busy)
+                generation = self._asked
+            self._render(generation)
 
     def _render(self, generation: int) -> None:
         try:
@@ -238,11 +253,15 @@ class Exposition:
             log.exception("collect failed: /metrics answers 500 until a render succeeds")
             self.state.count(collect_errors=1)
             with self._lock:
-                self._generation, self._failed, self._rendering = -1, True, None
+                self._generation, self._failed, self._busy = -1, True, False
+                self._renders += 1
+                self._changed.notify_all()
             return
         with self._lock:
             self._body, self._gzip, self._generation, self._rendered_at = body, zipped, generation, self.clock()
-            self._failed, self._rendering = False, None
+            self._failed, self._busy = False, False
+            self._renders += 1
+            self._changed.notify_all()
 
     def _get_whole(self, gzipped: bool) -> bytes:
         with self._lock:  # concurrent scrapers wait for one render instead of each rendering
