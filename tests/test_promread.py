@@ -5,7 +5,6 @@ on the same fleet; versions, the gate and shards work on what it finds; a pod wh
 series stop is down, not frozen."""
 import math
 import time
-from dataclasses import replace
 
 import pytest
 

@@ -17,7 +17,7 @@ import gzip
 import logging
 import threading
 import time
-from typing import Callable, Iterable
+from typing import Callable
 
 import math
 
