@@ -211,6 +211,7 @@ class Exposition:
             # at once, while the state is small: from then on a scrape never waits longer than `wait`,
             # even the first one after a thousand targets were polled
             self._render(state.generation)
+            self._rendered_at = -1e18  # the first scrape renders what changed since, at once
 
     def _due(self) -> bool:
         generation = self.state.generation
