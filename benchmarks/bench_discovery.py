@@ -12,6 +12,7 @@ replicas left out) after an hour of polls of N targets, divided by N."""
 import argparse
 import gc
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -126,7 +127,11 @@ def bench_discovered(targets: int, seconds: float, old: str | None) -> list[dict
             print(f"discovered: {version()} scrapes the same {targets} targets every 5s throughout")
             rows.append(phase("this checkout", None, sd, prom, seconds, Path(tmp)))
             if old:
-                rows.append(phase(f"old: {old}", old_checkout(old), sd, prom, seconds, Path(tmp)))
+                code = old_checkout(old)
+                try:
+                    rows.append(phase(f"old: {old}", code, sd, prom, seconds, Path(tmp)))
+                finally:
+                    shutil.rmtree(code, ignore_errors=True)
         finally:
             prom.stop()
             for f in fleets:
