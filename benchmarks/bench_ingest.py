@@ -94,7 +94,7 @@ def main(argv=None) -> list[dict]:
                   f"ingest ({label}) {r['ingest_ms']:8.2f} ms, {per_model:6.1f} us per model {ratio}")
     at_1000 = next((r for r in rows if r["models"] == 1000 and r["gc"] == "sidecar GC"), None)
     if at_1000:
-        print(f"ingest: goal at 1,000 models: ingest < 50 ms; measured {at_1000['ingest_ms']:.1f} ms")
+        print(f"ingest: at 1,000 models: {at_1000['ingest_ms']:.1f} ms a poll")
     return rows
 
 

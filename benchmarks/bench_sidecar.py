@@ -45,20 +45,23 @@ def start_sidecar(targets, workdir: Path, poll: str = "5s"):
     return start_sidecar_with(cfg, workdir)
 
 
-def start_sidecar_with(cfg: dict, workdir: Path, ready_within: float = 20.0):
-    """`vllm-prefix-cache-exporter run` with this config, once its /-/ready answers 200."""
+def start_sidecar_with(cfg: dict, workdir: Path, ready_within: float = 20.0, code: Path | None = None):
+    """`vllm-prefix-cache-exporter run` with this config, once its /-/ready answers 200;
+    `code`: a checkout whose package runs instead of this one (old code beside new)."""
+    import os
     port = free_port()
     path = workdir / "config.yml"
     path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "PYTHONPATH": str(code)} if code is not None else None
     proc = subprocess.Popen([sys.executable, "-m", "exporter", "run", f"--config.file={path}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warning"])
+                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warning"], cwd=code, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + ready_within
     while time.monotonic() < deadline:
         try:
             if requests.get(url + "/-/ready", timeout=2).status_code == 200:
                 return proc, url
-        except requests.ConnectionError:
+        except requests.RequestException:
             pass
         time.sleep(0.1)
     proc.terminate()

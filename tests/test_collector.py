@@ -114,7 +114,7 @@ def test_the_sidecar_exposes_its_process_and_gc_metrics_and_no_name_twice():
 
     sidecar = build_sidecar(load({"targets": [{"name": "vllm-0", "url": "http://127.0.0.1:1/metrics"}]}), "127.0.0.1:0")
     try:
-        names = {f.name for f in text_string_to_metric_families(generate_latest(sidecar.registry).decode())}
+        names = {f.name for f in text_string_to_metric_families(sidecar.app.exposition.get(False).decode())}
     finally:
         sidecar.poller.stop()
         sidecar.server.stop()  # built, never started: its workers run since it bound the port

@@ -44,9 +44,9 @@ ROOT = "exporter"  # the package's __init__ (its version): anyone may read it
 TESTED_THROUGH = {
     "exporter.series.history": "test_window.py", "exporter.series.modellog": "test_window.py",
     "exporter.series.promql": "test_prometheus_equivalence.py", "exporter.config.discovery": "test_sources.py",
-    "exporter.config.reader": "test_sections.py", "exporter.peers.http": "test_scrape.py", "exporter.stopping": "test_signals.py",
+    "exporter.config.reader": "test_sections.py", "exporter.stopping": "test_signals.py",
     "exporter.sim.tokenizer": "test_simulator.py", "exporter.sim.console": "test_cli.py", "exporter.sim.demo": "test_cli.py",
-    "exporter.sim.serve": "test_simulator.py", "exporter.sim.exposition": "test_simulator.py", "exporter.sidecar": "test_signals.py",
+    "exporter.sim.serve": "test_simulator.py", "exporter.sim.metrics_text": "test_simulator.py", "exporter.sidecar": "test_signals.py",
     "exporter.exitcodes": "test_cli.py",
     "exporter.alerting.rules_state": "test_rules.py", "exporter.alerting.rollouts": "test_analysis.py",
     "exporter.monitor.recording": "test_replay.py", "exporter.monitor.targetview": "test_poller.py",
@@ -54,6 +54,7 @@ TESTED_THROUGH = {
     "exporter.tools.record": "test_cli.py", "exporter.tools.backtest": "test_cli.py", "exporter.tools.lint_command": "test_cli.py",
     "exporter.parse.router_metrics": "test_router.py", "exporter.parse.names": "test_vllm_metrics.py",
     "exporter.parse.cacheconfig": "test_vllm_metrics.py", "exporter.parse.snapshot": "test_vllm_metrics.py",
+    "exporter.discovery.promseries": "test_promread.py", "exporter.poll.dispatch": "test_poller.py",
 }
 
 # The pure core takes data and `now` and returns plain values: whole folders (parsing, window math, the rules and

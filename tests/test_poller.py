@@ -473,3 +473,190 @@ def test_the_view_the_rules_read_is_the_very_view_served(switch):
     view = state.target("a")
     assert view is poller.engine.tracks["a"].view and view.target.labels == (("team", "x"),)
     assert dict(view.scrapes) == {"success": 2, "http_error": 1} and view.samples_kept == 2 and not view.up
+
+
+# --- the dispatcher: cadence, slow targets, skipped polls, reloads (issue 30) ----------------
+def _hung_listener(backlog: int = 1024):
+    """A port that completes every TCP handshake (the kernel's backlog) and never answers."""
+    import socket
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(backlog)
+    return sock
+
+
+@pytest.mark.slow
+def test_a_healthy_target_keeps_its_cadence_beside_hundreds_of_hung_ones():
+    """300 targets that accept and never answer, one that answers: the hung ones hold only
+    the few workers for slow targets, the healthy one is polled every interval. (A job per
+    target on one pool starved it: a poll every ~2 s here, every ~40 s with 600 at 5 s.)"""
+    replica = simulator.Replica("ok", simulator.Scenario(), start=time.time() - 600, seed=1)
+    replica.advance(time.time())  # its 600 s of traffic now, not inside the first scrape's deadline
+    hung = _hung_listener()
+    routes = {"/ok": lambda h: (replica.advance(time.time()), text(replica.render())(h))}
+    try:
+        with FakeServer(routes) as server:
+            targets = [Target("ok", server.base + "/ok")] + [
+                Target(f"hung-{i}", f"http://127.0.0.1:{hung.getsockname()[1]}/{i}/metrics") for i in range(300)]
+            cfg = config(*targets, poll_interval=0.2, connect_timeout=0.5, read_timeout=0.5, scrape_timeout=0.5,
+                         windows=(("1m", 60.0), ("5m", 300.0)))
+            state = State()
+            poller = Poller(cfg, state)
+            poller.start()
+            try:
+                assert wait_until(lambda: state.target("ok").up, 5.0)
+                before = dict(state.target("ok").scrapes).get("success", 0)
+                time.sleep(2.0)
+                polled = dict(state.target("ok").scrapes).get("success", 0) - before
+            finally:
+                poller.stop(0.5)
+    finally:
+        hung.close()
+    assert polled >= 7, f"the healthy target was polled {polled} times in 2 s at a 0.2 s interval"
+    assert sum(state.published.skipped_polls.values()) > 0  # the hung ones are skipped, and counted
+
+
+def wait_until(check, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return check()
+
+
+class Ticks:
+    def __init__(self, t=0.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def test_a_poll_still_running_when_due_is_skipped_counted_and_logged_once(caplog):
+    from exporter.poll.dispatch import Dispatcher
+
+    clock, published = Ticks(), []
+    dispatcher = Dispatcher(on_skips=published.append, clock=clock)
+    release, started = threading.Event(), threading.Event()
+
+    def hanging():
+        started.set()
+        release.wait(5.0)
+        return 0.1, False
+
+    dispatcher.set("a", hanging, 1.0)
+    dispatcher.resize()
+    try:
+        with caplog.at_level(logging.INFO, logger="exporter.poll.dispatch"):
+            dispatcher.dispatch()
+            assert started.wait(2.0)
+            for t in range(1, 6):
+                clock.t = float(t)
+                dispatcher.dispatch()
+            release.set()
+            assert wait_until(lambda: not dispatcher.entries["a"].in_flight, 2.0)
+            for t in range(6, 9):  # on time three times in a row: back
+                clock.t = float(t)
+                dispatcher.dispatch()
+                assert wait_until(lambda: not dispatcher.entries["a"].in_flight, 2.0)
+    finally:
+        release.set()
+        dispatcher.close()
+    assert dispatcher.skips() == {"a": 5} and published[-1] == {"a": 5}
+    assert caplog.text.count("polls are skipped") == 1 and caplog.text.count("polls on time again") == 1
+
+
+def test_a_dispatcher_that_fell_behind_keeps_the_phase_and_never_bursts():
+    from exporter.poll.dispatch import Dispatcher
+
+    clock, runs = Ticks(), []
+    dispatcher = Dispatcher(clock=clock)
+    dispatcher.set("a", lambda: (runs.append(clock.t), (0.0, False))[1], 5.0)
+    dispatcher.resize()
+    try:
+        dispatcher.dispatch()
+        assert wait_until(lambda: len(runs) == 1 and not dispatcher.entries["a"].in_flight, 2.0)
+        clock.t = 23.0  # the process stalled for four intervals
+        assert dispatcher.dispatch() == 25.0
+        assert wait_until(lambda: len(runs) == 2, 2.0)
+    finally:
+        dispatcher.close()
+    assert runs == [0.0, 23.0]
+
+
+def test_a_reload_sizes_the_pools_for_the_targets_it_has():
+    small = config(*[Target(f"t{i}", f"http://127.0.0.1:1/{i}") for i in range(2)])
+    poller = Poller(small, State(), clock=Clock(0.0))
+    try:
+        steady = poller.dispatcher.lanes["steady"]
+        assert steady.wanted == 4
+        poller.reload(config(*[Target(f"t{i}", f"http://127.0.0.1:1/{i}") for i in range(200)]))
+        assert steady.wanted > 4 and steady.threads == steady.wanted
+        poller.reload(small)
+        assert steady.wanted == 4
+    finally:
+        poller.stop(0.5)
+
+
+def test_a_reload_keeps_what_did_not_change(switch):
+    """A kept target keeps its poller, connection, phase and pending fleet-baseline
+    question; one whose labels changed keeps them too and takes the new labels; one whose
+    URL changed gets a new connection. Every SIGHUP used to replace every poller."""
+    from exporter.config.sections import FleetBaselineConfig
+
+    baseline = FleetBaselineConfig(prometheus_url="http://127.0.0.1:1", timeout=1.0)
+    a, b, c = Target("a", switch.url), Target("b", switch.url), Target("c", switch.url + "?c")
+    cfg = replace_cfg(config(a, b, c), fleet_baseline=baseline)
+    poller = Poller(cfg, State(), clock=Clock(0.0))
+    try:
+        before = dict(poller.pollers)
+        scrapers = {n: p.scraper for n, p in before.items()}
+        readers = {n: p.baseline_reader for n, p in before.items()}
+        due = {n: e.due for n, e in poller.dispatcher.entries.items()}
+        b2, c2 = Target("b", switch.url, labels=(("team", "x"),)), Target("c", switch.url + "?other")
+        poller.reload(replace_cfg(config(a, b2, c2, Target("d", switch.url)), fleet_baseline=baseline))
+        assert all(poller.pollers[n] is before[n] for n in "abc")
+        assert poller.pollers["a"].scraper is scrapers["a"] and poller.pollers["b"].scraper is scrapers["b"]
+        assert poller.pollers["c"].scraper is not scrapers["c"] and poller.pollers["c"].scraper.url.endswith("?other")
+        assert all(poller.pollers[n].baseline_reader is readers[n] and not readers[n]._closed for n in "abc")
+        assert all(poller.dispatcher.entries[n].due == due[n] for n in "abc")
+        assert poller.pollers["b"].target.labels == (("team", "x"),)
+        assert sorted(poller.pollers) == ["a", "b", "c", "d"]
+    finally:
+        poller.stop(0.5)
+
+
+def replace_cfg(cfg, **changes):
+    from dataclasses import replace
+    return replace(cfg, **changes)
+
+
+def test_a_poll_never_publishes_over_a_newer_one():
+    """The first poll hangs, the second succeeds, then the first ends in an error: the
+    target stays up with the second's result (the old failure used to set up back to 0)."""
+    replica = simulator.Replica("a", simulator.Scenario(), start=-600.0, seed=1)
+    replica.advance(0.0)
+    gate, calls = threading.Event(), []
+
+    def route(h):
+        calls.append(1)
+        if len(calls) == 1:
+            gate.wait(5.0)
+            return reply(h, 500, b"late")
+        return text(replica.render())(h)
+
+    with FakeServer({"/m": route}) as server:
+        a = Target("a", server.base + "/m")
+        state = State()
+        poller = Poller(config(a), state, clock=Clock(0.0))
+        first = threading.Thread(target=poller.pollers["a"].poll)
+        first.start()
+        assert wait_until(lambda: len(calls) == 1, 2.0)
+        poller.pollers["a"].poll()
+        assert state.target("a").up
+        gate.set()
+        first.join(5.0)
+        poller.stop(0.5)
+    view = state.target("a")
+    assert view.up and view.last_result == "success" and dict(view.scrapes) == {"success": 1}

@@ -199,7 +199,7 @@ def test_concurrent_reloads_apply_one_after_the_other(tmp_path):
             t.join(30)
         assert results == [True] * 10
         jobs = sorted(j.id for j in sidecar.poller.scheduler.get_jobs())
-        assert jobs == ["a", "b", "c", "evaluate"]
+        assert jobs == ["dispatch", "evaluate"] and sorted(sidecar.poller.dispatcher.entries) == ["a", "b", "c"]
         before = {v.target.name: v.last_scrape_time for v in sidecar.state.targets()}
         assert wait_for(lambda: all(v.last_scrape_time > before[v.target.name] and v.up for v in sidecar.state.targets()))
     finally:
@@ -259,3 +259,45 @@ def test_sigterm_exits_within_8s_whatever_every_peer_is_doing(tmp_path):
             fleet.stop()
         reader.join(5)
     assert proc.returncode == 0 and took < 8.0, (took, "".join(lines))
+
+
+def _threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("Threads:"))
+
+
+@pytest.mark.slow
+def test_a_storm_of_sighups_is_one_pending_reload_and_the_last_config_wins(tmp_path):
+    """300 SIGHUPs as fast as they can be sent: one reload thread, not one per signal (300
+    threads, and a process limit), the config written last is the one in force, and the
+    reload metric says the last reload succeeded."""
+    replicas = [simulator.Replica(n, simulator.Scenario(), start=time.time() - 60, seed=i) for i, n in enumerate(("a", "b"))]
+    fleet = Fleet(replicas, clock=time.time).start()
+    cfg = tmp_path / "config.yml"
+    settings = {"global": {"poll_interval": "1s", "read_timeout": "1s", "connect_timeout": "500ms"}}
+    cfg.write_text(yaml.safe_dump({**settings, "targets": [{"name": "a", "url": fleet.metrics_url("a")}]}))
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = start(cfg, port)
+    try:
+        names = lambda: {t["name"] for t in requests.get(base + "/api/v1/status", timeout=2).json()["targets"]}
+        assert wait_for(lambda: names() == {"a"})
+        threads_before = _threads(proc.pid)
+        most = threads_before
+        for i in range(300):
+            if i == 299:  # the last signal comes after the last write
+                cfg.write_text(yaml.safe_dump({**settings, "targets": [{"name": "b", "url": fleet.metrics_url("b")}]}))
+            proc.send_signal(signal.SIGHUP)
+            if i % 20 == 0:
+                most = max(most, _threads(proc.pid))
+        assert wait_for(lambda: names() == {"b"})
+        most = max(most, _threads(proc.pid))
+        metrics = requests.get(base + "/metrics", timeout=5).text
+        assert "prefixcache_config_last_reload_successful 1.0" in metrics
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+        fleet.stop()
+    assert most <= threads_before + 3, (threads_before, most)
+    assert proc.returncode == 0, err[-2000:]

@@ -31,6 +31,26 @@ class PrometheusSDConfig:
 
 
 @dataclass(frozen=True)
+class PrometheusReadConfig:
+    """The engines' series read from a Prometheus (or anything that answers its query
+    API: Thanos Querier, Mimir, VictoriaMetrics) instead of scraping each pod: one
+    instant query of a range selector per poll_interval returns the raw samples since the
+    last read. The series of `match_labels` make the targets; a target is named by its
+    `target_label` (else `instance`)."""
+
+    url: str
+    match_labels: tuple[tuple[str, str], ...] = ()
+    target_label: str = "pod"
+    timeout: float = 10.0  # one deadline for each query
+    bearer_token: str = ""
+    username: str = ""
+    password: str = ""
+    stale_after: float = 0.0  # a target with no newer sample is down; 0: 3 of its scrape intervals, at least 2 reads
+    max_answer: int = 512 * 1024 * 1024  # bytes of one query's answer (10,000 pods: about 100 MB a read)
+    partitions: int = 1  # queries a read is split into, by the last character of target_label (memory: 1/N each)
+
+
+@dataclass(frozen=True)
 class ShardConfig:
     index: int = 0
     count: int = 1
@@ -40,6 +60,7 @@ class ShardConfig:
 @dataclass(frozen=True)
 class DiscoveryConfig:
     prometheus: PrometheusSDConfig | None = None
+    read_prometheus: PrometheusReadConfig | None = None
     file_sd: tuple[str, ...] = ()  # paths or globs, as Prometheus's file_sd_configs.files
     refresh_interval: float = 30.0
     accept_empty_after: float = 600.0  # a source that had targets and answers none is believed after this
@@ -51,13 +72,13 @@ class DiscoveryConfig:
 
     @property
     def enabled(self) -> bool:
-        return self.prometheus is not None or bool(self.file_sd)
+        return self.prometheus is not None or bool(self.file_sd) or self.read_prometheus is not None
 
 
 def read_discovery(r: Reader, raw: Any) -> DiscoveryConfig:
     d = DiscoveryConfig()
-    data = r.mapping(raw, "discovery", {"prometheus", "file_sd", "refresh_interval", "accept_empty_after", "shard",
-                                        "target_limit", "label_limit", "label_value_length_limit"})
+    data = r.mapping(raw, "discovery", {"prometheus", "read_prometheus", "file_sd", "refresh_interval", "accept_empty_after",
+                                        "shard", "target_limit", "label_limit", "label_value_length_limit"})
     prometheus = None
     if "prometheus" in data:
         path = "discovery.prometheus"
@@ -78,6 +99,7 @@ def read_discovery(r: Reader, raw: Any) -> DiscoveryConfig:
             r.errors.append(f"{path}: say which targets are ours: match_labels (e.g. {{job: llm/vllm}}), job, or scrape_pool")
         if prometheus.job and dict(prometheus.match_labels).get("job", prometheus.job) != prometheus.job:
             r.errors.append(f"{path}.job: {prometheus.job!r} contradicts match_labels.job; give one of them")
+    read = _read_prometheus(r, data["read_prometheus"]) if "read_prometheus" in data else None
     files: tuple[str, ...] = ()
     if "file_sd" in data:
         fs = r.mapping(data["file_sd"], "discovery.file_sd", {"files"})
@@ -92,13 +114,40 @@ def read_discovery(r: Reader, raw: Any) -> DiscoveryConfig:
     if shard.index >= shard.count:
         r.errors.append(f"discovery.shard.index: {shard.index} must be below count {shard.count}")
     return DiscoveryConfig(
-        prometheus=prometheus, file_sd=files,
+        prometheus=prometheus, read_prometheus=read, file_sd=files,
         refresh_interval=r.value(data, "discovery", "refresh_interval", parse_duration, d.refresh_interval),
         accept_empty_after=r.value(data, "discovery", "accept_empty_after", duration_or_zero, d.accept_empty_after),
         shard=shard,
         target_limit=r.value(data, "discovery", "target_limit", limit_or_zero, d.target_limit),
         label_limit=r.value(data, "discovery", "label_limit", limit_or_zero, d.label_limit),
         label_value_length_limit=r.value(data, "discovery", "label_value_length_limit", limit_or_zero, d.label_value_length_limit))
+
+
+def _read_prometheus(r: Reader, raw: Any) -> PrometheusReadConfig:
+    """`discovery.read_prometheus`: the url, auth and timeout as discovery.prometheus reads them."""
+    path = "discovery.read_prometheus"
+    p = r.mapping(raw, path, {"url", "match_labels", "target_label", "timeout", "bearer_token", "bearer_token_file",
+                              "basic_auth", "stale_after", "max_answer", "partitions"})
+    if "url" not in p:
+        r.errors.append(f"{path}.url: required")
+    auth = r.mapping(p.get("basic_auth"), f"{path}.basic_auth", {"username", "password", "password_file"})
+    cfg = PrometheusReadConfig(
+        url=r.value(p, path, "url", http_url, ""),
+        match_labels=match_labels(r, p.get("match_labels"), f"{path}.match_labels"),
+        target_label=r.value(p, path, "target_label", label_name, PrometheusReadConfig.target_label),
+        timeout=r.value(p, path, "timeout", parse_duration, PrometheusReadConfig.timeout),
+        bearer_token=read_secret(r, p, path, "bearer_token"),
+        username=r.value(auth, f"{path}.basic_auth", "username", nonempty_string, ""),
+        password=read_secret(r, auth, f"{path}.basic_auth", "password"),
+        stale_after=r.value(p, path, "stale_after", duration_or_zero, 0.0),
+        max_answer=r.value(p, path, "max_answer", positive_int, PrometheusReadConfig.max_answer),
+        partitions=r.value(p, path, "partitions", positive_int, 1))
+    if cfg.partitions > 36:
+        r.errors.append(f"{path}.partitions: at most 36 (one per last character 0-9a-z)")
+    if "url" in p and not cfg.match_labels:
+        r.errors.append(f"{path}.match_labels: say which series are the engines' (e.g. {{job: llm/vllm}}): "
+                        "reading every series of a Prometheus is never meant")
+    return cfg
 
 
 def match_labels(r: Reader, raw: Any, path: str) -> tuple[tuple[str, str], ...]:

@@ -27,7 +27,9 @@ DECODE_ERROR = "decode_error"
 NO_VLLM_METRICS = "no_vllm_metrics"
 LIMIT_EXCEEDED = "limit_exceeded"
 INTERNAL_ERROR = "internal_error"
-POLL_RESULTS = (SUCCESS, TIMEOUT, CONNECTION_ERROR, HTTP_ERROR, TOO_LARGE, DECODE_ERROR, NO_VLLM_METRICS, LIMIT_EXCEEDED, INTERNAL_ERROR)
+STALE = "stale"  # read from a Prometheus: no sample of the target newer than discovery.read_prometheus.stale_after
+POLL_RESULTS = (SUCCESS, TIMEOUT, CONNECTION_ERROR, HTTP_ERROR, TOO_LARGE, DECODE_ERROR, NO_VLLM_METRICS, LIMIT_EXCEEDED, INTERNAL_ERROR,
+                STALE)
 
 
 @dataclass(frozen=True)

@@ -180,3 +180,9 @@ SLEEP_STATES = {"awake": 0, "weights_offloaded": 1, "discard_all": 2}  # the sle
 # HELP lines are read for these only: the 0.7.3-0.8.x `gpu_` pair counts blocks, the
 # 0.9.x pair counts tokens, and HELP is the only place the text says which.
 UNIT_FROM_HELP = {GPU_PREFIX_QUERIES, GPU_PREFIX_HITS}
+
+# Every sample name the parser reads: what the Prometheus source asks Prometheus for
+# (exporter/discovery/promseries.py), so that both paths read the same table.
+SAMPLE_NAMES: tuple[str, ...] = tuple(sorted(ROLE_BY_NAME))
+# each name's engine, looked up once per sample instead of testing every prefix
+ENGINE_OF = {name: next((kind for prefix, kind in ENGINE_PREFIXES.items() if name.startswith(prefix)), None) for name in ROLE_BY_NAME}

@@ -11,7 +11,7 @@ import re
 
 # what the parser builds; the types live in snapshot.py, which their users import
 from . import cacheconfig, tiers, trtllm
-from .names import (BY_SOURCE, CACHED_BY_SOURCE, DECLARED_FAMILY, ENGINE_PREFIXES, GPU_PREFIX_HITS, GPU_PREFIX_QUERIES, ROLE_BY_NAME,
+from .names import (BY_SOURCE, CACHED_BY_SOURCE, DECLARED_FAMILY, ENGINE_OF, GPU_PREFIX_HITS, GPU_PREFIX_QUERIES, ROLE_BY_NAME,
                     SGLANG_CACHED_TOKENS, SLEEP_STATES, TRTLLM_MISSED_BLOCKS, TRTLLM_REUSED_BLOCKS, TRTLLM_TOKENS_PER_BLOCK,
                     TRTLLM_ZERO_WHEN_DECLARED, UNIT_FROM_HELP)
 from .router_metrics import RouterBuilder
@@ -229,22 +229,22 @@ def parse(text: str, series_limit: int = 0) -> Snapshot:
             router.add(field_name, labels, value)
             continue
         model = labels.get("model_name")
-        if model is None and name.startswith("sglang:"):
+        if model is None and ENGINE_OF[name] == "sglang":
             model = labels.get("name")  # pre-release SGLang builds
         if model is None:
             warnings.append(f"line {lineno}: {name} has no model_name label")
             continue
-        for prefix, engine_kind in ENGINE_PREFIXES.items():
-            if name.startswith(prefix):
-                kinds.add(engine_kind)
-        key = (model, labels.get("engine") if name.startswith("vllm:") else None)
+        engine_kind = ENGINE_OF[name]
+        if engine_kind is not None:
+            kinds.add(engine_kind)
+        key = (model, labels.get("engine") if engine_kind == "vllm" else None)
         builder = series.get(key)
         if builder is None:
             if series_limit and len(series) >= series_limit:
                 over_series_limit = True
                 break
             builder = series[key] = _SeriesBuilder()
-        if name.startswith("trtllm_"):
+        if engine_kind == "trtllm":
             trtllm_keys.add(key)
         if kind in ("bucket", "bucket_sum"):
             le = _le(labels.get("le", ""))

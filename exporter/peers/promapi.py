@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from urllib.parse import urlencode, urlsplit
 
-from .http import Endpoint, PeerError, basic_auth, exchange
+from .http import Endpoint, KeptConnection, PeerError, basic_auth, exchange
 from .urls import redact_url
 
 MAX_ANSWER = 64 * 1024 * 1024
@@ -24,6 +24,7 @@ class PrometheusAPI:
         self.timeout = timeout
         self.max_answer = max_answer
         self.endpoint = Endpoint(self.base_url)
+        self.connection = KeptConnection(self.endpoint)  # asked every refresh or read: kept open between them
         self.base_path = urlsplit(self.base_url).path
         self.headers = {"Accept": "application/json"}
         if bearer_token:
@@ -37,7 +38,7 @@ class PrometheusAPI:
         where = redact_url(self.base_url + path)
         try:
             answer = exchange(self.endpoint, path=self.base_path + path + "?" + urlencode(params), headers=self.headers,
-                              timeout=self.timeout, size_limit=self.max_answer)
+                              timeout=self.timeout, size_limit=self.max_answer, keep=self.connection)
         except PeerError as exc:
             raise PrometheusAPIError(f"{where}: unreachable: {type(exc).__name__}: {exc}") from None
         status = answer.status
@@ -53,7 +54,7 @@ class PrometheusAPI:
         return payload
 
     def close(self) -> None:
-        pass  # one connection per request, closed by it
+        self.connection.close()
 
 
 def _short(exc: object) -> str:

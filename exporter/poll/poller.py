@@ -1,10 +1,13 @@
-"""Polling: one APScheduler job per target runs scrape -> parse -> windows -> publish.
+"""Polling: scrape -> parse -> windows -> publish, for every target on its schedule.
 
-A slow or dead target only ever holds its own job: jobs coalesce, never overlap, and
-run on a pool sized for the fleet.
+One APScheduler job dispatches the polls that are due onto bounded pools
+(exporter/poll/dispatch.py): a target has one poll at a time, slow and new targets share
+a few workers of their own, so a few hundred hung targets never hold up the others.
+A reload or a discovery change touches only the targets that came, went or changed.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import threading
@@ -14,6 +17,7 @@ from datetime import datetime, timezone
 from types import MappingProxyType
 from typing import Callable, Sequence
 
+from apscheduler.executors.debug import DebugExecutor
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
@@ -24,9 +28,11 @@ from ..discovery.prombaseline import FleetBaselineReader
 from ..discovery.sources import Discovery
 from ..discovery.targets import polled
 from ..monitor.engine import Engine, Track
-from ..monitor.targetview import INTERNAL_ERROR, LIMIT_EXCEEDED, NO_VLLM_METRICS, SUCCESS, add, count
+from ..monitor.targetview import INTERNAL_ERROR, LIMIT_EXCEEDED, NO_VLLM_METRICS, SUCCESS, TIMEOUT, add, count
 from ..parse.vllm_metrics import parse
 from ..serve.state import Deploys, State
+from .dispatch import Dispatcher
+from .promread import PrometheusReader, read_once
 from .scrape import Scraper
 
 log = logging.getLogger(__name__)
@@ -46,7 +52,6 @@ class TargetPoller:
     def __init__(self, target: Target, config: Config, state: State, engine: Engine, engine_lock: threading.Lock,
                  clock: Callable[[], float] = time.time, on_start: Callable[[str, str], None] | None = None,
                  target_lock: threading.Lock | None = None):
-        g = config.global_
         self.target = target
         self.state = state
         self.engine = engine
@@ -56,24 +61,60 @@ class TargetPoller:
         # publishes nothing, even once the same name is polled again (with a new lock and Track)
         self.retired = False
         self.clock = clock
-        self.scraper = Scraper(target.url, g.connect_timeout, g.scrape_timeout, g.body_size_limit, idle=g.read_timeout)
-        self.model_limit = g.model_limit
-        self.series_limit = g.series_limit
         self.on_start = on_start
-        self.baseline_reader = FleetBaselineReader(config.fleet_baseline) if config.fleet_baseline.enabled else None
         self._warned: tuple[str, ...] = ()
         self._last_now: float | None = None
+        # polls are numbered as they start; one publishes only over an older one (under the target's lock)
+        self._numbers = itertools.count(1)
+        self._published = 0
+        self.scraper: Scraper | None = None
+        self.baseline_reader: FleetBaselineReader | None = None
+        self._scrape_settings: tuple = ()
+        self.reconfigure(target, config)
 
-    def poll(self) -> None:
-        """One cycle; never raises (an APScheduler job that raises only logs noise)."""
+    def reconfigure(self, target: Target, config: Config) -> None:
+        """A reload's or discovery's new settings for a kept target: its connection, its
+        pending fleet-baseline question and its place in the schedule stay unless what
+        they depend on changed (the URL and timeouts, the fleet_baseline section)."""
+        g = config.global_
+        self.target = target
+        self.model_limit = g.model_limit
+        self.series_limit = g.series_limit
+        settings = (target.url, g.connect_timeout, g.scrape_timeout, g.body_size_limit, g.read_timeout)
+        if settings != self._scrape_settings:
+            old, self._scrape_settings = self.scraper, settings
+            self.scraper = Scraper(target.url, g.connect_timeout, g.scrape_timeout, g.body_size_limit, idle=g.read_timeout)
+            if old is not None:
+                old.retire()
+        wanted = config.fleet_baseline if config.fleet_baseline.enabled else None
+        current = self.baseline_reader.cfg if self.baseline_reader is not None else None
+        if wanted != current:
+            if self.baseline_reader is not None:
+                self.baseline_reader.close()
+            self.baseline_reader = FleetBaselineReader(wanted) if wanted is not None else None
+
+    def poll(self) -> tuple[float, bool]:
+        """One cycle; never raises. -> (seconds it took, whether the target was too slow
+        to answer: the dispatcher then polls it on the lane for slow targets)."""
+        began = time.monotonic()
+        number = next(self._numbers)
         try:
-            self._poll()
+            return time.monotonic() - began, self._poll(number)
         except Exception:  # noqa: BLE001 - the loop must survive any bug in one cycle
             log.exception("target=%s poll failed", self.target.name)
             try:
-                self._publish_failure(self.clock(), INTERNAL_ERROR, "internal error; see log", None)
+                self._publish_failure(number, self.clock(), INTERNAL_ERROR, "internal error; see log", None)
             except Exception:  # noqa: BLE001
                 log.exception("target=%s publishing the failure failed", self.target.name)
+            return time.monotonic() - began, False
+
+    def _newest(self, number: int) -> bool:
+        """Under the target's lock: this poll started after the last one published (a poll
+        that took long never publishes over a newer one: an old failure over a success)."""
+        if number < self._published:
+            return False
+        self._published = number
+        return True
 
     def _clock(self) -> float:
         now = self.clock()
@@ -89,27 +130,44 @@ class TargetPoller:
         reload removed the target while the scrape was in flight."""
         return None if self.retired else self.engine.tracks.get(self.target.name)
 
-    def _poll(self) -> None:
+    def _poll(self, number: int) -> bool:
         now = self._clock()
         result = self.scraper.scrape()
         if result.result != SUCCESS:
-            self._publish_failure(now, result.result, result.error, result.duration)
-            return
-        snapshot = parse(result.body or "", self.series_limit)
+            self._publish_failure(number, now, result.result, result.error, result.duration)
+            return result.result == TIMEOUT
+        self._accept(number, now, parse(result.body or "", self.series_limit), result.duration)
+        return False
+
+    def ingest(self, now: float, snapshot) -> None:
+        """A sample of the target read elsewhere (the Prometheus source, at the time
+        Prometheus scraped it): the very path a scraped body takes. Never raises."""
+        number = next(self._numbers)
+        try:
+            self._accept(number, now, snapshot, None)
+        except Exception:  # noqa: BLE001 - one bad sample must not end the read of every other
+            log.exception("target=%s ingest failed", self.target.name)
+            self._publish_failure(number, now, INTERNAL_ERROR, "internal error; see log", None)
+
+    def mark_down(self, now: float, result: str, error: str) -> None:
+        """The target's samples stopped (the Prometheus source): down, not frozen."""
+        self._publish_failure(next(self._numbers), now, result, error, None)
+
+    def _accept(self, number: int, now: float, snapshot, duration: float | None) -> None:
         if snapshot.warnings != self._warned:
             for w in snapshot.warnings[:10]:
                 log.warning("target=%s parse: %s", self.target.name, w)
             self._warned = snapshot.warnings
         if not snapshot.series and snapshot.router is None:  # a router target has predictions, no series
-            self._publish_failure(now, NO_VLLM_METRICS, "no vLLM prefix-cache series in the body", result.duration, snapshot)
+            self._publish_failure(number, now, NO_VLLM_METRICS, "no vLLM prefix-cache series in the body", duration, snapshot)
             return
         over = self._over_limit(snapshot)
         if over:
-            self._publish_failure(now, LIMIT_EXCEEDED, over, result.duration)
+            self._publish_failure(number, now, LIMIT_EXCEEDED, over, duration)
             return
         with self.target_lock:
             track = self._track()
-            if track is None:
+            if track is None or not self._newest(number):
                 return
             was_up, before = track.view.ever_up, track.view
             events = self.engine.observe(self.target.name, now, snapshot)
@@ -125,8 +183,8 @@ class TargetPoller:
                 snapshot = noted
             track.view = view = replace(
                 track.view, snapshot=snapshot, up=True, down_since=None, samples_kept=len(track.history),
-                polled=True, last_result=result.result, last_error=None, last_scrape_time=now, last_success_time=now,
-                scrape_duration=result.duration, scrapes=count(before.scrapes, result.result), rejected=add(before.rejected, snapshot.rejected))
+                polled=True, last_result=SUCCESS, last_error=None, last_scrape_time=now, last_success_time=now,
+                scrape_duration=duration, scrapes=count(before.scrapes, SUCCESS), rejected=add(before.rejected, snapshot.rejected))
             self.state.publish(view)
         for ev in events:
             log.info("target=%s event source=%s version=%s %s", self.target.name, ev.source, ev.version, ev.description)
@@ -161,10 +219,11 @@ class TargetPoller:
             return f"{models} models exceed global.model_limit={self.model_limit}"
         return ""
 
-    def _publish_failure(self, now: float, result: str, error: str | None, duration: float | None, snapshot=None) -> None:
+    def _publish_failure(self, number: int, now: float, result: str, error: str | None, duration: float | None,
+                         snapshot=None) -> None:
         with self.target_lock:
             track = self._track()
-            if track is None:
+            if track is None or not self._newest(number):
                 return
             before = track.view
             if before.up or not before.polled:
@@ -177,15 +236,16 @@ class TargetPoller:
             self.state.publish(view)
 
     def close(self) -> None:
-        self.scraper.close()
+        if self.scraper is not None:
+            self.scraper.close()
         if self.baseline_reader is not None:
             self.baseline_reader.close()
 
 
 class Poller:
-    """Owns the schedulers, the engine and one TargetPoller per target. Targets poll on
-    one pool; rule evaluation runs on its own thread every poll interval, so slow
-    targets cannot starve it, and hands transitions on.
+    """Owns the scheduler, the engine and one TargetPoller per target. Targets poll on
+    the dispatcher's pools; rule evaluation runs on its own thread every poll interval,
+    so slow targets cannot starve it, and hands transitions on.
 
     Locks, always taken in this order (a thread holding one takes only later ones):
       1. reload_lock: one reconfiguration at a time (a SIGHUP's whole reload, which holds it
@@ -214,25 +274,30 @@ class Poller:
         self._busy = 0  # jobs running now: stop() waits for them, but only so long
         self._idle = threading.Condition()
         self.engine = Engine(config)
-        # threads start on demand: discovery may bring any number of targets later
-        workers = 64 if config.discovery.enabled else max(4, min(64, len(config.targets) + 1))
-        self.scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(workers), "rules": ThreadPoolExecutor(1),
-                                                        "discovery": ThreadPoolExecutor(1)},
+        # the dispatching job runs on the scheduler's own thread (no hop, no pool of its own);
+        # polls run on the dispatcher's pools, rules and discovery on one thread each
+        self.scheduler = BackgroundScheduler(executors={"default": DebugExecutor(), "rules": ThreadPoolExecutor(1),
+                                                        "discovery": ThreadPoolExecutor(1), "read": ThreadPoolExecutor(1)},
                                              job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None})
+        self.dispatcher = Dispatcher(on_skips=self._publish_skips)
         self.pollers: dict[str, TargetPoller] = {}
         self.config = config  # as loaded: the static targets
         self.discovery: Discovery | None = None
         self.discovered: list[Target] = []
+        self.reader: PrometheusReader | None = None  # discovery.read_prometheus: the pods' samples from a Prometheus
+        self.read_found: list[Target] = []  # the pods it found
+        self.read_names: frozenset[str] = frozenset()  # of what is polled, the targets it reads (no scrape of theirs)
         self.current = config  # what is polled: static and discovered targets of this shard
         self._merge_warnings: tuple[str, ...] = ()
+        self._timings: tuple = ()
         with self.reload_lock:
-            self._install(config, rebuild=True)
+            self._install(config)
 
-    def _install(self, config: Config, rebuild: bool) -> None:
+    def _install(self, config: Config) -> None:
         """Poll the targets of `config` plus the discovered ones (the caller holds
-        reload_lock). `rebuild` (a reload: timings may have changed) replaces every job;
-        otherwise only targets that came, went or changed are touched, so a discovery
-        refresh never resets a poll."""
+        reload_lock). Only targets that came, went or changed are touched: a kept target
+        keeps its poller, its connection, its phase and its pending fleet-baseline
+        question, whether a reload or a discovery refresh changed the list."""
         current = replace(config, targets=self._targets_of(config))
         wanted = {t.name: t for t in current.targets}
         for name in wanted:
@@ -250,45 +315,99 @@ class Poller:
                 del self.target_locks[name]
                 if name in self.pollers:
                     self.pollers[name].retired = True
-        for name in list(self.pollers):
-            if rebuild or name not in wanted or self.pollers[name].target != wanted[name]:
-                self.pollers.pop(name).close()
-                if self.scheduler.get_job(name):
-                    self.scheduler.remove_job(name)
+            for t in current.targets:
+                if t.name in self.pollers:
+                    self.pollers[t.name].reconfigure(t, current)
+        for name in [n for n in self.pollers if n not in wanted]:
+            self.pollers.pop(name).close()
+            self.dispatcher.remove(name)
+        g = config.global_
+        read_urls = {t.url for t in self.read_found}
+        self.read_names = frozenset(t.name for t in current.targets if t.url in read_urls)
         for t in current.targets:
-            if t.name in self.pollers:
-                continue
-            poller = TargetPoller(t, current, self.state, self.engine, self.engine_lock, self.clock, self.on_start,
-                                  target_lock=self.target_locks[t.name])
-            self.pollers[t.name] = poller
-            self.scheduler.add_job(self._tracked(poller.poll), "interval", id=t.name, name=t.name,
-                                   seconds=config.global_.poll_interval, jitter=config.global_.jitter or None,
-                                   next_run_time=_now_datetime())
-        if rebuild:
-            if self.scheduler.get_job("evaluate"):
-                self.scheduler.remove_job("evaluate")
+            poller = self.pollers.get(t.name)
+            if poller is None:
+                poller = self.pollers[t.name] = TargetPoller(t, current, self.state, self.engine, self.engine_lock, self.clock,
+                                                             self.on_start, target_lock=self.target_locks[t.name])
+            if t.name in self.read_names:
+                self.dispatcher.remove(t.name)  # its samples come from the Prometheus source
+            else:
+                self.dispatcher.set(t.name, poller.poll, g.poll_interval, g.jitter)
+        self.dispatcher.resize()
+        timings = (g.poll_interval,)
+        if timings != self._timings:
+            self._timings = timings
+            for job in ("dispatch", "evaluate"):
+                if self.scheduler.get_job(job):
+                    self.scheduler.remove_job(job)
+            self.scheduler.add_job(self._dispatch, "interval", id="dispatch", name="dispatch",
+                                   seconds=dispatch_tick(g.poll_interval), next_run_time=_now_datetime())
             self.scheduler.add_job(self._tracked(self.evaluate), "interval", id="evaluate", name="evaluate", executor="rules",
-                                   seconds=config.global_.poll_interval, next_run_time=_now_datetime())
-            self._install_discovery(config)
+                                   seconds=g.poll_interval, next_run_time=_now_datetime())
+        self._install_discovery(config)
+
+    def _dispatch(self) -> None:
+        try:
+            self.dispatcher.dispatch()
+        except Exception:  # noqa: BLE001 - the schedule must survive a bug
+            log.exception("dispatching polls failed")
+
+    def _publish_skips(self, changed: dict[str, int]) -> None:
+        self.state.update(skipped_polls=MappingProxyType(self.dispatcher.skips()))
 
     def _targets_of(self, config: Config) -> tuple[Target, ...]:
-        targets, warnings = polled(config.targets, self.discovered, config.discovery.shard)
+        targets, warnings = polled(config.targets, self.discovered + self.read_found, config.discovery.shard)
         if tuple(warnings) != self._merge_warnings:
             for w in warnings:
                 log.warning("discovery: %s", w)
             self._merge_warnings = tuple(warnings)
         return tuple(targets)
 
+    def publish_discovery(self) -> None:
+        states = tuple(self.discovery.snapshot()) if self.discovery is not None else ()
+        self.state.update(discovery=states + ((self.reader.state,) if self.reader is not None else ()))
+
+    def _install_reader(self, config: Config) -> None:
+        """discovery.read_prometheus: its reader and its job, anew when its settings changed."""
+        wanted = (config.discovery.read_prometheus, config.discovery.target_limit, config.global_.poll_interval)
+        if self.reader is not None and (self.reader.read, self.reader.cfg.target_limit, self.reader.poll_interval) == wanted:
+            return
+        old = self.reader
+        if old is not None:
+            old.close()
+        if self.scheduler.get_job("read"):
+            self.scheduler.remove_job("read")
+        self.reader = PrometheusReader(config.discovery, config.global_.poll_interval) if config.discovery.read_prometheus else None
+        if self.reader is not None and old is not None:
+            self.reader.carry_over(old)  # what was read stays read: a reload never feeds a pod's samples twice
+        if self.reader is None:
+            self.state.update(samples_source="")
+            if self.read_found:
+                self.read_found = []
+                self._install(config)
+        if self.reader is not None:
+            self.scheduler.add_job(self._tracked(self.read), "interval", id="read", name="read", executor="read",
+                                   seconds=config.global_.poll_interval, next_run_time=_now_datetime())
+
+    def read(self) -> None:
+        """One read of the Prometheus source (exporter/poll/promread.py). Never raises."""
+        try:
+            read_once(self)
+        except Exception:  # noqa: BLE001 - the read loop must survive a bug
+            log.exception("reading Prometheus failed")
+            self.state.count(discovery_errors=1)
+
     def _install_discovery(self, config: Config) -> None:
+        self._install_reader(config)
         if self.discovery is not None and self.discovery.cfg == config.discovery:
             return
         if self.discovery is not None:
             self.discovery.close()
         if self.scheduler.get_job("discover"):
             self.scheduler.remove_job("discover")
-        self.discovery = Discovery(config.discovery, self.clock) if config.discovery.enabled else None
+        self.discovery = Discovery(config.discovery, self.clock) if config.discovery.prometheus or config.discovery.file_sd else None
         # published before the first refresh: readiness waits for every source to answer once
-        self.state.update(discovery=tuple(self.discovery.snapshot()) if self.discovery is not None else ())
+        self.publish_discovery()
         if self.discovery is None:
             self.discovered = []
             return
@@ -306,11 +425,11 @@ class Poller:
             with self.reload_lock:
                 if discovery is not self.discovery:
                     return
-                self.state.update(discovery=tuple(discovery.snapshot()))
+                self.publish_discovery()
                 if found == self.discovered:
                     return
                 self.discovered = found
-                self._install(self.config, rebuild=False)
+                self._install(self.config)
         except Exception:  # noqa: BLE001 - the refresh loop must survive a bug
             log.exception("discovery refresh failed")
             self.state.count(discovery_errors=1)
@@ -371,7 +490,7 @@ class Poller:
         serialized; a poll in flight of a kept target finishes against its Track."""
         with self.reload_lock:
             self.config = config
-            self._install(config, rebuild=True)
+            self._install(config)
             self._publish_engine()
         if self.discovery is not None and self.scheduler.running:
             self.discover()
@@ -395,17 +514,23 @@ class Poller:
         return run
 
     def stop(self, timeout: float = 2.0) -> bool:
-        """No new job starts; those running get `timeout` seconds to finish (a poll is
-        bounded by its scrape deadline, which may be longer: SIGTERM does not wait for it).
+        """No new poll or job starts; those running get `timeout` seconds to finish (a poll
+        is bounded by its scrape deadline, which may be longer: SIGTERM does not wait for it).
         False when one is still running: the process must then leave without joining it."""
+        deadline = time.monotonic() + timeout
         if self.discovery is not None:
             self.discovery.close()  # first: a refresh in flight ends now, not at its deadline
+        if self.reader is not None:
+            self.reader.close()
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
+        self.dispatcher.close()
+        polls_done = self.dispatcher.wait_idle(timeout)
         with self._idle:
-            idle = self._idle.wait_for(lambda: self._busy <= 0, timeout)
+            idle = self._idle.wait_for(lambda: self._busy <= 0, max(0.0, deadline - time.monotonic())) and polls_done
             if not idle:
-                log.warning("stopping with %d poll(s) or refresh(es) still waiting on their peers", self._busy)
+                log.warning("stopping with %d poll(s) and %d refresh(es) or evaluation(s) still waiting on their peers",
+                            self.dispatcher.running, self._busy)
         # the poller list changes under reload_lock; a reload stuck on a peer never holds SIGTERM up
         locked = self.reload_lock.acquire(timeout=0.5)
         try:
@@ -418,6 +543,11 @@ class Poller:
         if self.discovery is not None:
             self.discovery.close()
         return idle
+
+
+def dispatch_tick(poll_interval: float) -> float:
+    """How often the dispatching job looks for due polls: a poll starts at most this late."""
+    return max(0.01, min(0.1, poll_interval / 20))
 
 
 def _now_datetime() -> datetime:

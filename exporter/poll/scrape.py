@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import time
 
 from ..monitor.targetview import CONNECTION_ERROR, DECODE_ERROR, HTTP_ERROR, SUCCESS, TIMEOUT, TOO_LARGE
-from ..peers.http import Endpoint, PeerDecodeError, PeerError, PeerTimeout, PeerTooLarge, exchange
+from ..peers.http import Endpoint, KeptConnection, PeerDecodeError, PeerError, PeerTimeout, PeerTooLarge, exchange
 
 _HEADERS = {"Accept": "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"}
 
@@ -24,8 +24,9 @@ class ScrapeResult:
 
 
 class Scraper:
-    """Scrapes one URL. `timeout` is the whole scrape's deadline; `idle` caps any
-    single wait for bytes within it."""
+    """Scrapes one URL on one kept-alive connection (reopened after a failure). `timeout`
+    is the whole scrape's deadline, name resolution included; `idle` caps any single
+    wait for bytes within it."""
 
     def __init__(self, url: str, connect_timeout: float, timeout: float, body_size_limit: int, idle: float | None = None):
         self.url = url
@@ -34,15 +35,21 @@ class Scraper:
         self.idle = idle
         self.body_size_limit = body_size_limit
         self._endpoint = Endpoint(url)
+        self.connection = KeptConnection(self._endpoint)
 
     def close(self) -> None:
-        pass  # one connection per scrape, closed by it
+        self.connection.close()
+
+    def retire(self) -> None:
+        """Replaced (a reload changed the URL or timeouts): closed once a poll in flight ends."""
+        self.connection.retire()
 
     def scrape(self) -> ScrapeResult:
         start = time.monotonic()
         try:
             answer = exchange(self._endpoint, timeout=self.timeout, size_limit=self.body_size_limit, headers=_HEADERS,
-                              connect_timeout=self.connect_timeout, idle=self.idle, error_body_limit=0)
+                              connect_timeout=self.connect_timeout, idle=self.idle, error_body_limit=0,
+                              keep=self.connection)
         except PeerTimeout:
             return ScrapeResult(TIMEOUT, time.monotonic() - start,
                                 error=f"timeout: no complete answer within the {self.timeout:g}s scrape deadline")

@@ -1,24 +1,23 @@
 """The WSGI app (/metrics, health, landing page, status API); the threaded server it runs under is server.py."""
 from __future__ import annotations
 
-import gzip
 import hmac
 import json
 import logging
 import math
-import threading
-import time
 import unicodedata
 from typing import Callable, Iterable
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .. import __version__
 from ..alerting import analysis
 from ..alerting.deploys import API, DeployEvent
 from ..peers.urls import redact_url
 from ..series import hitratio
+from .collector import PrefixCacheCollector
+from .exposition import Exposition
 from .state import State
 from .statuspage import CONTENT_SECURITY_POLICY, StatusPage
 from .webconfig import BasicAuth, WebSecurity
@@ -44,46 +43,6 @@ def _finite(v):
     return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
 
 
-class Exposition:
-    """Our /metrics text, rendered once per state change and shared by every scraper
-    (with its gzip), instead of once per request. A failed render is an HTTP 500, a log
-    line and a count in prefixcache_collect_errors_total: never an empty 200."""
-
-    def __init__(self, state: State, registry: CollectorRegistry, min_interval: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic):
-        self.state = state
-        self.registry = registry
-        # Each poll of each target is a state change: with many targets, renders are
-        # coalesced to at most one per `min_interval` (data at most that old), so a busy
-        # fleet does not turn every scrape into a render.
-        self.min_interval = min_interval
-        self.clock = clock
-        self._lock = threading.Lock()
-        self._generation = -1
-        self._rendered_at = -1e18
-        self._body = b""
-        self._gzip: bytes | None = None
-
-    def get(self, gzipped: bool) -> bytes:
-        with self._lock:  # concurrent scrapers wait for one render instead of each rendering
-            generation = self.state.generation
-            now = self.clock()
-            if generation != self._generation and (self._generation == -1 or now - self._rendered_at >= self.min_interval):
-                try:
-                    body = generate_latest(self.registry)
-                except Exception:
-                    log.exception("collect failed: /metrics answers 500 until a render succeeds")
-                    self.state.count(collect_errors=1)
-                    self._generation = -1
-                    raise
-                self._body, self._gzip, self._generation, self._rendered_at = body, None, generation, now
-            if not gzipped:
-                return self._body
-            if self._gzip is None:
-                self._gzip = gzip.compress(self._body, compresslevel=1)
-            return self._gzip
-
-
 # Kubernetes' probes cannot answer basic auth without putting a password in the pod
 # spec, and a liveness probe that gets 401 restarts the container: these two answer
 # without credentials. They tell only that the process serves and whether it is ready.
@@ -102,10 +61,12 @@ class App:
 
     def __init__(self, state: State, registry: CollectorRegistry, ready: Callable[[], tuple[bool, str]] | None = None,
                  security: WebSecurity | None = None, deploy_api_open: Callable[[], bool] | None = None,
-                 render_interval: float = 1.0):
+                 render_interval: float = 1.0, collector: PrefixCacheCollector | None = None):
+        """`collector`: our families, rendered from per-target fragments; `registry` then holds
+        the runtime collectors, read on every scrape (see exposition.py)."""
         self.state = state
         self.registry = registry
-        self.exposition = Exposition(state, registry, render_interval)
+        self.exposition = Exposition(state, registry, render_interval, collector=collector)
         self.status_page = StatusPage(state, render_interval)
         self.ready_check = ready or (lambda: (state.ready(), "every target polled at least once"))
         self.basic_auth: BasicAuth | None = None

@@ -59,6 +59,7 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("scrape_duration_seconds", "gauge", "Duration of the last poll of the vLLM target's /metrics.", "target"),
     _m("last_scrape_success_timestamp_seconds", "gauge", "Unix time of the last successful poll of the target.", "target"),
     _m("scrapes", "counter", f"Polls of the vLLM target by result ({', '.join(POLL_RESULTS)}).", "target", "result"),
+    _m("skipped_polls", "counter", "Polls of the target not started when due: its last poll was still running, or every worker for slow and new targets was busy (logged once when skipping starts and once when it ends).", "target"),
     _m("parse_warnings", "gauge", "Warnings about the last /metrics body: lines the parser could not use, counters stepping back (the log and status page show the first 100).", "target"),
     _m("rejected_samples", "counter", "Samples of the target refused, by `reason`: non_finite_counter, negative_counter (a counter of +Inf, NaN or below zero would poison every window), non_finite_start_time (a NaN start time would be a restart every poll), counter_step_back (a counter a little below its last value with no restart: held, never a reset), flapping_start_time (start times that go back or change every few polls: one URL in front of several processes; not restarts, no cold-start grace), label_value_too_long (a label value over 1024 characters, which would be one of our labels).", "target", "reason"),
     _m("collect_errors", "counter", "Renders of this /metrics that failed (the request got HTTP 500; see the log)."),
@@ -152,11 +153,27 @@ class PrefixCacheCollector(Collector):
         """Raises on a bug: the HTTP layer turns that into a 500, a log line and a count,
         which a silent empty answer would hide."""
         reading = self.state.read()  # once: every family of a render from the same moment
-        fams = Families(self.windows, _label_names(reading))
+        fams = Families(self.windows, label_names(reading))
         self._fill(fams, reading)
         yield from fams.done()
 
     def _fill(self, f: "Families", reading: Reading) -> None:
+        self.head(f, reading)
+        p = reading.published
+        for view in sorted(reading.targets, key=lambda v: v.target.name):
+            self.target(f, view, *self.per_target(p, view.target.name))
+        self.tail(f, reading)
+
+    @staticmethod
+    def per_target(p, name: str) -> tuple:
+        """What a target's families read besides its view: (skipped polls, deploy counts by
+        source, newest deploy time); with the view, the key of its cached fragment."""
+        counts = p.deploys.counts.get(name) if p.deploys is not None else None
+        last = p.deploys.last.get(name) if p.deploys is not None else None
+        return p.skipped_polls.get(name, 0), counts, last
+
+    def head(self, f: "Families", reading: Reading) -> None:
+        """The process's families before the targets' (build, reload, error counters)."""
         p = reading.published
         f.add("prefixcache_build_info", (__version__,), 1.0, target=None)
         f.add("prefixcache_config_last_reload_successful", (), 1.0 if p.config_reload_success else 0.0, target=None)
@@ -165,25 +182,23 @@ class PrefixCacheCollector(Collector):
         f.add("prefixcache_collect_errors", (), p.counters.collect_errors, target=None)
         f.add("prefixcache_rule_evaluation_errors", (), p.counters.evaluation_errors, target=None)
         f.add("prefixcache_clock_steps_back", (), p.counters.clock_steps_back, target=None)
-        for view in sorted(reading.targets, key=lambda v: v.target.name):
-            self._target(f, view)
+
+    def tail(self, f: "Families", reading: Reading) -> None:
+        """The families after the targets': alerts, fleet-wide deploys, discovery, warm-up,
+        routers, Alertmanagers."""
+        p = reading.published
         for a in p.alerts or ():
             labels = dict(a.labels)
             f.add("prefixcache_alert_state", (a.alertname, a.target, a.model, labels.get("cause", ""), labels.get("severity", ""), a.state, a.version),
                   1.0, target=None)
-        counts = p.deploys.counts if p.deploys is not None else {}
-        # from zero for every target and source, so that increase() sees the first event;
-        # with the target's labels (namespace, pod), so that a dashboard filters them
+        # from zero for every source, so that increase() sees the first event (each target's are with its families)
+        fleet = p.deploys.counts.get("", {}) if p.deploys is not None else {}
+        for source in sorted(set(DEPLOY_SOURCES) | set(fleet)):
+            f.add("prefixcache_deploy_events", (source,), fleet.get(source, 0), target=_FLEET_WIDE)
+        last = p.deploys.last.get("") if p.deploys is not None else None
+        if last is not None:
+            f.add("prefixcache_last_deploy_timestamp_seconds", (), last, target=_FLEET_WIDE)
         known = {v.target.name: v.target for v in reading.targets}
-        fleet_wide = Target("", "")
-        for name in [""] + sorted(known):
-            mine = counts.get(name, {})
-            for source in sorted(set(DEPLOY_SOURCES) | set(mine)):
-                f.add("prefixcache_deploy_events", (source,), mine.get(source, 0), target=known.get(name, fleet_wide))
-        for name, t in sorted(p.deploys.last.items() if p.deploys is not None else ()):
-            if name and name not in known:
-                continue  # a target that went (a pod replaced): its series goes with it
-            f.add("prefixcache_last_deploy_timestamp_seconds", (), t, target=known.get(name, fleet_wide))
         f.add("prefixcache_polled_targets", (), len(reading.targets), target=None)
         for src in p.discovery:
             f.add("prefixcache_discovery_targets", (src.name,), len(src.targets), target=None)
@@ -226,7 +241,9 @@ class PrefixCacheCollector(Collector):
             if q.last_success is not None:
                 f.add("prefixcache_alertmanager_last_success_timestamp_seconds", (url,), q.last_success, target=None)
 
-    def _target(self, f: "Families", v: TargetView) -> None:
+    def target(self, f: "Families", v: TargetView, skipped: int = 0, deploys=None, last_deploy: float | None = None) -> None:
+        """One target's families: its view, its skipped polls, its deploy events (with its
+        labels, so that a dashboard filters them; a target that went takes them along)."""
         t = v.target
         f.add("prefixcache_target_up", (), 1.0 if v.up else 0.0, target=t)
         if v.scrape_duration is not None:
@@ -236,6 +253,7 @@ class PrefixCacheCollector(Collector):
         scrapes = dict(v.scrapes)
         for result in sorted(set(POLL_RESULTS) | set(scrapes)):  # from zero: increase() sees the first failure
             f.add("prefixcache_scrapes", (result,), scrapes.get(result, 0), target=t)
+        f.add("prefixcache_skipped_polls", (), skipped, target=t)
         rejected = dict(v.rejected)
         for reason in sorted(set(REJECT_REASONS) | set(rejected)):
             f.add("prefixcache_rejected_samples", (reason,), rejected.get(reason, 0), target=t)
@@ -292,6 +310,11 @@ class PrefixCacheCollector(Collector):
                 h = s.ttft
                 if h is not None and h.buckets and math.isinf(h.buckets[-1][0]) and h.sum is not None:
                     f.histogram("prefixcache_vllm_time_to_first_token_seconds", (s.model_name, engine), h.buckets, h.sum, target=t)
+        mine = deploys or {}
+        for source in sorted(set(DEPLOY_SOURCES) | set(mine)):
+            f.add("prefixcache_deploy_events", (source,), mine.get(source, 0), target=t)
+        if last_deploy is not None:
+            f.add("prefixcache_last_deploy_timestamp_seconds", (), last_deploy, target=t)
         ttft_totals = _ttft_totals(snap) if snap is not None and v.up else {}
         for model, windows in sorted(v.stats.items()):
             tiers_served = hitratio.tiers_in_use(windows.values())
@@ -309,7 +332,10 @@ class PrefixCacheCollector(Collector):
                     f.add_present(name, labels, value_of(ws), target=t)
 
 
-def _label_names(reading: Reading) -> tuple[str, ...]:
+_FLEET_WIDE = Target("", "")
+
+
+def label_names(reading: Reading) -> tuple[str, ...]:
     names: set[str] = set()
     for v in reading.targets:
         names.update(k for k, _ in v.target.labels)

@@ -86,6 +86,8 @@ class Published:
     alertmanager: tuple[QueueStats, ...] = ()
     alertmanagers_discovered: int | None = None  # None while no alertmanager.urls is configured
     warmup: WarmupStatus | None = None  # None while warm-up is off
+    skipped_polls: Mapping[str, int] = field(default_factory=lambda: _EMPTY)  # target -> polls skipped (its last still ran)
+    samples_source: str = ""  # read from a Prometheus: from where, at which resolution (the status page says it)
 
 
 @dataclass(frozen=True)

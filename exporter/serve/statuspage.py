@@ -55,13 +55,14 @@ class PageInput:
     links: tuple[str, ...] = ()
     version: str = ""
     warning: str = ""
+    source: str = ""  # where the samples come from when not from scraping the targets (the Prometheus source)
 
 
 def gather(state: State, links: Sequence[str] = (), version: str = "", warning: str = "") -> PageInput:
     reading = state.read()  # once: the targets, alerts, deploys and verdicts of one moment
     p = reading.published
     return PageInput(reading.targets, p.alerts or (), p.deploys.recent if p.deploys is not None else (),
-                     dict(p.verdicts), tuple(links), version, warning)
+                     dict(p.verdicts), tuple(links), version, warning, p.samples_source)
 
 
 class StatusPage:
@@ -451,6 +452,8 @@ def render(page: PageInput, now: float) -> bytes:
     """The whole page. Sizes are bounded: past DETAIL_LIMIT targets it summarises."""
     links = "".join(f'<li><a href="{_e(p)}">{_e(p)}</a></li>' for p in page.links)
     warning = f'<p class="warn"><strong>Warning:</strong> {_e(page.warning)}</p>' if page.warning else ""
+    if page.source:
+        warning += f'<p class="dim">{_e(page.source)}</p>'
     stamp = datetime.fromtimestamp(now, timezone.utc)
     body = (
         f'<header><h1>vLLM prefix cache: status</h1><p class="dim">exporter {_e(page.version)} · rendered '

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from typing import Iterator, Sequence
 
 from ..tools.cachemodel import BlockPool
-from . import exposition
+from . import metrics_text
 from .tokenizer import PIECE, Tokenizer, block_hash_chain, tenant_system_prompt
 
 GENERATIONS = ("v0", "v0.8", "v0.10", "current", "sglang")
@@ -454,7 +454,7 @@ class Replica:
     # --- exposition ------------------------------------------------------------------
     def render(self) -> str:
         with self.lock:
-            return exposition.render(self)
+            return metrics_text.render(self)
 
 
 def _chain(tokens: Sequence[int], shared: Sequence[int], bs: int, offset: int = 0) -> list[int]:

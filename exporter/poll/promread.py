@@ -1,0 +1,174 @@
+"""The Prometheus source (central mode at fleet size): the engines' samples read from the
+Prometheus that already scrapes every pod, instead of scraping each pod again.
+
+Every poll_interval one query (exporter/discovery/promseries.py) returns the raw samples
+since the last read (with a margin for scrapes Prometheus commits late: a pod's samples
+already read are left out). Each pod found is a target, sharded as discovered ones are;
+each of its samples goes through the scrape path's parser and the same engine
+(TargetPoller.ingest), at the time Prometheus scraped it, so the windows, rules, causes,
+versions and the gate are the scrape path's, at the resolution of Prometheus's scrape
+interval. A pod with no sample newer than `stale_after` is down (its series stopped), not
+frozen; one with none for discovery.accept_empty_after is forgotten.
+
+The query has one deadline (name resolution included) and a size cap; it runs on its
+own thread, so a slow Prometheus delays the next read, never a poll or SIGTERM.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from collections import Counter
+from dataclasses import replace
+
+from ..config.discovery import DiscoveryConfig
+from ..config.sections import Target
+from ..discovery import promseries
+from ..monitor.targetview import STALE
+from ..parse.vllm_metrics import parse
+from ..discovery.targets import DiscoveryError, Limits, SourceState, settle
+from ..peers.promapi import PrometheusAPI, PrometheusAPIError
+from ..peers.urls import redact_url
+
+log = logging.getLogger(__name__)
+
+READ_PROMETHEUS = "read_prometheus"
+MARGIN = 30.0  # seconds a read reaches back before the last one: scrapes that ended late are committed late
+MAX_RANGE = 300.0  # at most this far back (after a failure, or the first read)
+
+
+class PrometheusReader:
+    def __init__(self, cfg: DiscoveryConfig, poll_interval: float):
+        read = cfg.read_prometheus
+        assert read is not None
+        self.cfg = cfg
+        self.read = read
+        self.poll_interval = poll_interval
+        self.limits = Limits(cfg.target_limit, cfg.label_limit, cfg.label_value_length_limit)
+        self.api = PrometheusAPI(read.url, read.timeout, read.bearer_token, read.username, read.password,
+                                 max_answer=read.max_answer)
+        self.where = redact_url(self.api.base_url + "/api/v1/query")
+        self.source_url = redact_url(self.api.base_url)
+        self.last_read: float | None = None
+        self.newest: dict[str, float] = {}  # pod -> its newest sample read
+        self.gap: dict[str, float] = {}  # pod -> the last interval between two of its samples
+        self.targets: dict[str, Target] = {}  # pod -> its target, while not forgotten
+        self.state = SourceState(READ_PROMETHEUS)
+        self.query_seconds: float | None = None  # the last query's duration, for the status page and benchmarks
+
+    def carry_over(self, old: "PrometheusReader") -> None:
+        """A reload's new reader goes on from where the old one was."""
+        self.newest, self.gap, self.targets, self.last_read = dict(old.newest), dict(old.gap), dict(old.targets), old.last_read
+
+    def fetch(self, now: float) -> dict[str, promseries.Pod]:
+        """The samples since the last read; DiscoveryError when Prometheus gave none."""
+        reach = MAX_RANGE if self.last_read is None else min(MAX_RANGE, now - self.last_read + MARGIN)
+        reach = max(reach, 2 * self.poll_interval)
+        found: dict[str, promseries.Pod] = {}
+        for part in promseries.partitions(self.read.target_label, self.read.partitions):
+            try:
+                payload = self.api.get("/api/v1/query", {"query": promseries.query(self.read.match_labels, reach, part),
+                                                         "time": f"{now:.3f}"})
+            except PrometheusAPIError as exc:
+                raise DiscoveryError(str(exc)) from None
+            found.update(promseries.pods(payload, self.read.target_label, self.where, self.newest))
+            del payload  # one part's answer at a time in memory
+        return found
+
+    def failed(self, now: float, error: str) -> None:
+        old, self.state = self.state, settle(self.state, now, None, error, self.cfg.accept_empty_after)
+        if error != old.error:
+            log.warning("read_prometheus: %s; the targets' samples wait for the next read", error)
+
+    def update(self, now: float, pods: dict[str, promseries.Pod]) -> list[Target]:
+        """After a read: who is known (new pods in, long-silent ones out) -> the targets."""
+        dropped: Counter = Counter()
+        for name, pod in pods.items():
+            times = sorted(pod.times)
+            if len(times) > 1:
+                self.gap[name] = times[-1] - times[-2]
+            elif name in self.newest:
+                self.gap[name] = times[-1] - self.newest[name]
+            self.targets[name] = promseries.target(pod, self.source_url, self.limits, dropped)
+        for name in [n for n, t in self.newest.items() if n not in pods and now - t > self.cfg.accept_empty_after]:
+            log.info("read_prometheus: %s has had no sample for %gs; forgotten", name, self.cfg.accept_empty_after)
+            for known in (self.newest, self.gap, self.targets):
+                known.pop(name, None)
+        self.last_read = now
+        found = sorted(self.targets.values(), key=lambda t: t.name)
+        limited = found[:self.cfg.target_limit] if self.cfg.target_limit else found
+        if len(limited) < len(found):
+            dropped["target_limit"] += len(found) - len(limited)
+        old = self.state
+        self.state = replace(settle(old, now, limited, "", self.cfg.accept_empty_after), dropped=tuple(sorted(dropped.items())))
+        if old.error and not self.state.error:
+            log.info("read_prometheus: working again")
+        if len(self.state.targets) != len(old.targets):
+            log.info("read_prometheus: %d target(s) (was %d)", len(self.state.targets), len(old.targets))
+        return list(self.state.targets)
+
+    def read_samples(self, pod: promseries.Pod) -> list[float]:
+        """The pod's new sample times, oldest first; marks them read."""
+        times = sorted(pod.times)
+        self.newest[pod.name] = times[-1]
+        return times
+
+    def stale_after(self, name: str) -> float:
+        if self.read.stale_after:
+            return self.read.stale_after
+        return max(3 * self.gap.get(name, self.poll_interval), 2 * self.poll_interval)
+
+    def stale(self, now: float) -> dict[str, float]:
+        """pod -> its newest sample, for the pods whose samples stopped."""
+        return {name: t for name, t in self.newest.items() if now - t > self.stale_after(name)}
+
+    def resolution(self) -> float | None:
+        """Prometheus's scrape interval as the samples show it (the median pod's)."""
+        gaps = [g for g in self.gap.values() if g > 0 and math.isfinite(g)]
+        return statistics.median(gaps) if gaps else None
+
+    def close(self) -> None:
+        self.api.close()
+
+
+def read_once(poller) -> None:
+    """One read: ask, install the pods found (as a discovery change), feed each new sample
+    to its target's poller in time order, mark the silent ones down. `poller` is the
+    Poller (exporter/poll/poller.py), whose locks this takes in its order."""
+    reader = poller.reader
+    if reader is None:
+        return
+    now = poller.clock()
+    try:
+        pods = reader.fetch(now)
+    except DiscoveryError as exc:
+        reader.failed(now, str(exc))
+        poller.publish_discovery()
+        return
+    with poller.reload_lock:
+        if reader is not poller.reader:
+            return  # a reload replaced it while Prometheus answered
+        found = reader.update(now, pods)
+        if found != poller.read_found:
+            poller.read_found = found
+            poller._install(poller.config)
+        poller.publish_discovery()
+        ours = {name: poller.pollers[name] for name in poller.read_names if name in poller.pollers}
+        resolution = reader.resolution()
+        poller.state.update(samples_source=f"Samples of {len(found)} target(s) read from Prometheus at {reader.source_url}: "
+                                           "the windows' resolution is Prometheus's scrape interval"
+                                           + (f" (observed {resolution:g}s)" if resolution else "") + ", not global.poll_interval.")
+    by_pod = {t.url.rpartition("#")[2]: t.name for t in poller.current.targets if t.name in ours}
+    for pod_name, pod in pods.items():
+        times = reader.read_samples(pod)
+        target = ours.get(by_pod.get(pod_name, ""))
+        if target is None:
+            continue  # another shard's
+        for t in times:
+            target.ingest(t, parse(pod.text(t), target.series_limit))
+    for pod_name, newest in reader.stale(now).items():
+        target = ours.get(by_pod.get(pod_name, ""))
+        view = poller.state.target(target.target.name) if target is not None else None
+        if view is not None and (view.up or not view.polled):  # said once, as it goes down
+            target.mark_down(now, STALE, f"no sample in Prometheus since {now - newest:.0f}s ago "
+                                         f"(stale after {reader.stale_after(pod_name):g}s)")

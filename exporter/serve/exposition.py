@@ -1,0 +1,281 @@
+"""Our /metrics text: our families rendered from the state with a fragment cached per
+target, so a render costs what changed since the last one, not the fleet; the runtime
+collectors (process, GC, platform) read on every scrape, so `process_cpu_seconds_total`
+moves even while nothing else does.
+
+A target's fragment is its families' sample lines in the text format, written directly
+from the collector's families of that one target (TextFamilies: the lines
+prometheus_client's generate_latest writes, without building its objects), kept while the target's
+view (an immutable object, replaced on every poll), its skipped polls, its deploy events
+and the fleet's set of label names stay the same. The answer is then assembled family by
+family. A failed render is an HTTP 500, a log line and a count in
+prefixcache_collect_errors_total: never an empty 200.
+"""
+from __future__ import annotations
+
+import gzip
+import logging
+import threading
+import time
+from typing import Callable
+
+import math
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.utils import floatToGoString
+
+from .collector import METRICS, Families, PrefixCacheCollector, label_names
+from .state import State
+
+log = logging.getLogger(__name__)
+
+
+def _value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels_text(pairs) -> str:
+    return "{" + ",".join(f'{k}="{_value(v)}"' for k, v in sorted(pairs)) + "}" if pairs else ""
+
+
+class TextFamilies(Families):
+    """The collector's families written as text-format lines, family by family, in the
+    form prometheus_client's generate_latest gives them (labels sorted by name, values as
+    Go prints them): a render without a Metric object per family and a Sample per line.
+    `prefixes` keeps each series' `name{labels}` across renders of one target: from one
+    poll to the next only the values change."""
+
+    def __init__(self, windows: str, extra_label_names: tuple[str, ...], prefixes: dict | None = None):
+        super().__init__(windows, extra_label_names)
+        self.lines: dict[str, list[str]] = {}  # METRICS name -> its sample lines
+        self._label_names: dict[str, list[str]] = {}
+        self.prefixes = prefixes if prefixes is not None else {}
+
+    def _pairs(self, name: str, values: tuple, target) -> list[tuple[str, str]]:
+        names = self._label_names.get(name)
+        if names is None:
+            d = METRICS[name]
+            names = list(d.labels)
+            if "target" in names and d.target_labels:
+                names[1:1] = self.extra
+            self._label_names[name] = names
+        return list(zip(names, self._labels(name, values, target)))
+
+    def _out(self, name: str) -> list[str]:
+        out = self.lines.get(name)
+        if out is None:
+            out = self.lines[name] = []
+        return out
+
+    def add(self, name: str, values: tuple, value: float, target) -> None:
+        key = (name, values)
+        prefix = self.prefixes.get(key)
+        if prefix is None:
+            prefix = self.prefixes[key] = f"{METRICS[name].exposed_name}{_labels_text(self._pairs(name, values, target))} "
+        self._out(name).append(prefix + floatToGoString(value) + "\n")
+
+    def _series(self, name: str, values: tuple, target, kind: str, keys: tuple) -> tuple[list[str], str, str]:
+        """A histogram's or summary's line prefixes: one per bucket or quantile, _count, _sum."""
+        key = (name, values, kind, keys)
+        cached = self.prefixes.get(key)
+        if cached is None:
+            pairs = self._pairs(name, values, target)
+            label = "le" if kind == "histogram" else "quantile"
+            suffix = "_bucket" if kind == "histogram" else ""
+            text = _labels_text(pairs)
+            cached = self.prefixes[key] = ([f"{name}{suffix}{_labels_text(pairs + [(label, k)])} " for k in keys],
+                                           f"{name}_count{text} ", f"{name}_sum{text} ")
+        return cached
+
+    def histogram(self, name: str, values: tuple, buckets, total: float, target) -> None:
+        bounds = tuple("+Inf" if math.isinf(le) else repr(float(le)) for le, _ in buckets)
+        heads, count, sum_ = self._series(name, values, target, "histogram", bounds)
+        out = self._out(name)
+        out.extend(head + floatToGoString(c) + "\n" for head, (_, c) in zip(heads, buckets))
+        if buckets and total is not None:
+            out.append(count + floatToGoString(buckets[-1][1]) + "\n")
+            out.append(sum_ + floatToGoString(total) + "\n")
+
+    def summary(self, name: str, values: tuple, quantiles, totals: tuple[float, float], target) -> None:
+        heads, count, sum_ = self._series(name, values, target, "summary", tuple(repr(float(q)) for q, _ in quantiles))
+        out = self._out(name)
+        out.extend(head + floatToGoString(v) + "\n" for head, (_, v) in zip(heads, quantiles))
+        out.append(count + floatToGoString(totals[0]) + "\n")
+        out.append(sum_ + floatToGoString(totals[1]) + "\n")
+
+    def fragments(self) -> dict[str, tuple[str, str]]:
+        """Exposed family name -> (its HELP and TYPE lines, its sample lines)."""
+        out = {}
+        for name, lines in self.lines.items():
+            d = METRICS[name]
+            help_text = d.help.replace("{windows}", self.windows).replace("\\", "\\\\").replace("\n", "\\n")
+            out[d.exposed_name] = (f"# HELP {d.exposed_name} {help_text}\n# TYPE {d.exposed_name} {d.kind}\n", "".join(lines))
+        return out
+
+
+class ReservedNames:
+    """Registered in the runtime registry: describes our families and collects nothing, so
+    that a runtime collector exposing one of our names is refused at registration rather
+    than rendering a duplicate family next to ours."""
+
+    def __init__(self, collector: PrefixCacheCollector):
+        self.collector = collector
+
+    def describe(self):
+        return self.collector.describe()
+
+    def collect(self):
+        return []
+
+
+class FragmentRender:
+    """Renders the collector's families with a cache of each target's fragment."""
+
+    def __init__(self, collector: PrefixCacheCollector):
+        self.collector = collector
+        self._fragments: dict[str, tuple[tuple, dict[str, tuple[str, str]], dict]] = {}
+        self.rendered_targets = 0  # fragments rendered anew, for tests and benchmarks
+
+    def _text(self, fill: Callable[[Families], None], extra: tuple[str, ...], prefixes: dict | None = None) -> dict[str, tuple[str, str]]:
+        families = TextFamilies(self.collector.windows, extra, prefixes)
+        fill(families)
+        return families.fragments()
+
+    def render(self) -> bytes:
+        reading = self.collector.state.read()
+        extra = label_names(reading)
+        p = reading.published
+        parts = [self._text(lambda f: self.collector.head(f, reading), extra)]
+        fragments = {}
+        for view in sorted(reading.targets, key=lambda v: v.target.name):
+            name = view.target.name
+            more = self.collector.per_target(p, name)
+            cached = self._fragments.get(name)
+            if cached is not None and cached[0][0] is view and cached[0][1:] == (more, extra):
+                fragments[name] = cached
+            else:
+                # a series' name and labels stay while the target's labels and the fleet's label names do
+                prefixes = cached[2] if cached is not None and cached[0][0].target is view.target and cached[0][2] == extra else {}
+                text = self._text(lambda f, v=view, m=more: self.collector.target(f, v, *m), extra, prefixes)
+                fragments[name] = ((view, more, extra), text, prefixes)
+                self.rendered_targets += 1
+            parts.append(fragments[name][1])
+        self._fragments = fragments  # gone targets' fragments go with them
+        parts.append(self._text(lambda f: self.collector.tail(f, reading), extra))
+        headers: dict[str, str] = {}
+        samples: dict[str, list[str]] = {}
+        for part in parts:
+            for family, (header, lines) in part.items():
+                if family not in headers:
+                    headers[family] = header
+                    samples[family] = []
+                samples[family].append(lines)
+        return "".join(headers[f] + "".join(samples[f]) for f in headers).encode("utf-8")
+
+
+class Exposition:
+    """/metrics for every scraper. With `collector` (the sidecar): our families rendered
+    at most once per `min_interval` and only when the state changed, from cached
+    fragments, on a thread of their own, shared by every scraper with their gzip; a
+    scrape waits for a render in progress at most `wait` seconds, then gets the last one,
+    so /metrics answers at once however large the fleet and however busy the process.
+    The `registry` (the runtime collectors) is read on every scrape. Without `collector`
+    (tests that register our collector in the registry): the whole registry, rendered in
+    the request once per state change."""
+
+    def __init__(self, state: State, registry: CollectorRegistry, min_interval: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic, collector: PrefixCacheCollector | None = None,
+                 wait: float = 0.5):
+        self.state = state
+        self.registry = registry
+        # Each poll of each target is a state change: with many targets, renders are
+        # coalesced to at most one per `min_interval` (data at most that old), so a busy
+        # fleet does not turn every scrape into a render.
+        self.min_interval = min_interval
+        self.clock = clock
+        self.wait = wait
+        self.fragments = FragmentRender(collector) if collector is not None else None
+        self._lock = threading.Lock()
+        self._generation = -1
+        self._rendered_at = -1e18
+        self._body = b""
+        self._gzip: bytes | None = None
+        self._changed = threading.Condition(self._lock)
+        self._busy = False  # a render was asked for and has not finished
+        self._asked = -1  # the state's generation it renders
+        self._renders = 0  # renders finished (failed ones too)
+        self._renderer: threading.Thread | None = None
+        self._failed = False  # the last render failed: a scrape that waited for it answers 500
+        if self.fragments is not None:
+            # at once, while the state is small: from then on a scrape never waits longer than `wait`,
+            # even the first one after a thousand targets were polled
+            self._render(state.generation)
+            self._rendered_at = -1e18  # the first scrape renders what changed since, at once
+
+    def _due(self) -> bool:
+        generation = self.state.generation
+        return generation != self._generation and (self._generation == -1 or self.clock() - self._rendered_at >= self.min_interval)
+
+    def get(self, gzipped: bool) -> bytes:
+        if self.fragments is None:
+            return self._get_whole(gzipped)
+        with self._lock:
+            if self._due() and not self._busy:
+                self._busy, self._asked = True, self.state.generation
+                if self._renderer is None:
+                    # one thread for every render: its allocations stay in one malloc arena (a thread per
+                    # render spread the long-lived fragments over many, and the RSS with them)
+                    self._renderer = threading.Thread(target=self._render_loop, name="render", daemon=True)
+                    self._renderer.start()
+                self._changed.notify_all()
+            if self._busy:
+                before = self._renders
+                self._changed.wait_for(lambda: self._renders > before, None if not self._body else self.wait)
+                if self._failed and self._renders > before:
+                    raise RuntimeError("rendering /metrics failed")
+            ours = self._gzip if gzipped else self._body
+        runtime = generate_latest(self.registry)  # process CPU and memory, GC: as of this scrape
+        # a gzip stream may hold several members, read as one (RFC 1952; Go's and Python's readers do)
+        return ours + (gzip.compress(runtime, compresslevel=1) if gzipped else runtime)
+
+    def _render_loop(self) -> None:
+        while True:
+            with self._lock:
+                self._changed.wait_for(lambda: self._busy)
+                generation = self._asked
+            self._render(generation)
+
+    def _render(self, generation: int) -> None:
+        try:
+            body = self.fragments.render()
+            zipped = gzip.compress(body, compresslevel=1)
+        except Exception:  # noqa: BLE001 - logged, counted, and the scrapes waiting for it answer 500
+            log.exception("collect failed: /metrics answers 500 until a render succeeds")
+            self.state.count(collect_errors=1)
+            with self._lock:
+                self._generation, self._failed, self._busy = -1, True, False
+                self._renders += 1
+                self._changed.notify_all()
+            return
+        with self._lock:
+            self._body, self._gzip, self._generation, self._rendered_at = body, zipped, generation, self.clock()
+            self._failed, self._busy = False, False
+            self._renders += 1
+            self._changed.notify_all()
+
+    def _get_whole(self, gzipped: bool) -> bytes:
+        with self._lock:  # concurrent scrapers wait for one render instead of each rendering
+            generation = self.state.generation
+            if self._due():
+                try:
+                    body = generate_latest(self.registry)
+                except Exception:
+                    log.exception("collect failed: /metrics answers 500 until a render succeeds")
+                    self.state.count(collect_errors=1)
+                    self._generation = -1
+                    raise
+                self._body, self._gzip, self._generation, self._rendered_at = body, None, generation, self.clock()
+            if gzipped and self._gzip is None:
+                self._gzip = gzip.compress(self._body, compresslevel=1)
+            return self._gzip if gzipped else self._body

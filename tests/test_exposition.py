@@ -1,0 +1,136 @@
+"""/metrics from per-target fragments (exporter/serve/exposition.py): the same families
+and samples as the collector's whole render, a render that costs what changed, and the
+runtime collectors read on every scrape."""
+import functools
+import gzip
+import time
+from dataclasses import replace
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.alerting.rules_state import Alert
+from exporter.serve.collector import PrefixCacheCollector
+from exporter.serve.exposition import Exposition
+from exporter.serve.state import Deploys, State
+
+from helpers import simulated_state, simulated_view
+
+
+def samples(text: str) -> dict:
+    """family -> (type, help, sorted samples): what a scraper reads, whatever the order."""
+    return {f.name: (f.type, f.documentation, sorted((s.name, tuple(sorted(s.labels.items())), s.value) for s in f.samples))
+            for f in text_string_to_metric_families(text)}
+
+
+def whole(state) -> str:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PrefixCacheCollector(state, ["1m", "5m"]))
+    return generate_latest(registry).decode()
+
+
+@functools.lru_cache(maxsize=1)
+def fleet_views():
+    """Five targets' views, simulated once per worker (views are immutable)."""
+    base = simulated_state(seconds=120).targets()
+    return tuple(base) + tuple(
+        simulated_view(name=f"vllm-{i}", seconds=120, seed=i,
+                       labels=(("namespace", "llm"), ("team", f"t{i}" if i != 3 else "a\"b\\c\nd"))) for i in range(1, 4))
+
+
+def fleet_state():
+    state = State()
+    state.set_targets(list(fleet_views()))
+    state.update(config_reload_success=True, config_reload_time=1764480000.0,
+                 deploys=Deploys((), {"": {"api": 2}, "vllm-1": {"restart": 1}}, {"": 1764480000.0, "vllm-2": 1764480001.0}),
+                 skipped_polls={"vllm-down": 7},
+                 alerts=(Alert("PrefixCacheHitRateLow", "vllm-1", "demo/llama-3-8b", state="firing",
+                               labels=(("cause", "unknown"), ("severity", "warning"))),))
+    return state
+
+
+def test_the_fragments_render_every_family_and_sample_of_the_whole_render():
+    state = fleet_state()
+    exposition = Exposition(state, CollectorRegistry(), collector=PrefixCacheCollector(state, ["1m", "5m"]))
+    ours = exposition.get(False).decode()
+    assert samples(ours) == samples(whole(state))
+    assert 'prefixcache_skipped_polls_total{namespace="",target="vllm-down",team=""} 7.0' in ours
+
+
+def test_a_render_renders_again_only_the_targets_that_changed():
+    state = fleet_state()
+    collector = PrefixCacheCollector(state, ["1m", "5m"])
+    exposition = Exposition(state, CollectorRegistry(), min_interval=0.0, collector=collector)
+    exposition.get(False)
+    assert exposition.fragments.rendered_targets == 5
+    view = state.target("vllm-2")
+    state.publish(replace(view, scrapes=(("success", 500),)))
+    text = exposition.get(False).decode()
+    assert exposition.fragments.rendered_targets == 6
+    assert 'prefixcache_scrapes_total{namespace="llm",result="success",target="vllm-2",team="t2"} 500.0' in text
+    assert samples(text) == samples(whole(state))
+    state.update(skipped_polls={"vllm-down": 8})  # a target's own count changed: that target only
+    exposition.get(False)
+    assert exposition.fragments.rendered_targets == 7
+
+
+def test_the_runtime_collectors_are_read_on_every_scrape_while_ours_are_cached():
+    """process_cpu_seconds_total used to stand still between two changes of the state:
+    exactly when polling stalls it looked as if the process did nothing."""
+    state = fleet_state()
+    runtime = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=runtime)
+    exposition = Exposition(state, runtime, min_interval=3600.0, collector=PrefixCacheCollector(state, ["1m", "5m"]))
+
+    def cpu(body: bytes) -> float:
+        return samples(body.decode())["process_cpu_seconds"][2][0][2]
+
+    first = exposition.get(False)
+    began = time.process_time()
+    while time.process_time() - began < 0.3:
+        sum(range(10000))
+    second = exposition.get(False)
+    assert cpu(second) >= cpu(first) + 0.2
+    assert exposition.fragments.rendered_targets == 5  # ours came from the cache
+    zipped = exposition.get(True)
+    assert samples(gzip.decompress(zipped).decode()).keys() == samples(second.decode()).keys()
+
+
+def test_a_scrape_never_waits_long_for_a_render_and_a_failed_one_is_a_500():
+    """A render slower than the wait: the scrape gets the last render at once (the next
+    one shows the new state); a render that fails makes the scrape that waited for it a
+    500, counted, and the next good render recovers."""
+    import threading
+
+    import pytest
+
+    state = fleet_state()
+    collector = PrefixCacheCollector(state, ["1m", "5m"])
+    exposition = Exposition(state, CollectorRegistry(), min_interval=0.0, collector=collector, wait=0.2)
+    first = exposition.get(False)
+    gate = threading.Event()
+    real = exposition.fragments.render
+    exposition.fragments.render = lambda: (gate.wait(5.0), real())[1]
+    state.update(config_reload_success=False)
+    began = time.monotonic()
+    assert exposition.get(False) == first + b""  # the last render, after the wait
+    assert time.monotonic() - began < 1.0
+    gate.set()
+    assert wait_for(lambda: b"prefixcache_config_last_reload_successful 0.0" in exposition.get(False))
+    exposition.fragments.render = lambda: 1 / 0
+    state.update(config_reload_success=True)
+    with pytest.raises(RuntimeError):
+        exposition.get(False)
+    assert state.published.counters.collect_errors == 1
+    exposition.fragments.render = real
+    assert b"prefixcache_collect_errors_total 1.0" in exposition.get(False)
+
+
+def wait_for(check, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return check()

@@ -1,0 +1,163 @@
+"""The Prometheus source (exporter/poll/promread.py, exporter/discovery/promseries.py): the
+pods' samples read from a real Prometheus that scrapes them, fed to the same engine as the
+scrape path. Its windowed ratios equal PromQL's on the same samples and the scrape path's
+on the same fleet; versions, the gate and shards work on what it finds; a pod whose
+series stop is down, not frozen."""
+import math
+import time
+
+import pytest
+
+from exporter.config.sections import ConfigError, load
+from exporter.discovery import promseries
+from exporter.poll.poller import Poller
+from exporter.serve.state import State
+from exporter.series.window import stats_between
+from exporter.sim import simulator
+from exporter.sim.server import Fleet
+
+from prom import Prometheus
+
+MODEL = "demo/llama-3-8b"
+PODS = {"vllm-a": "v1", "vllm-b": "v1", "vllm-c": "v2"}
+
+
+def read_config(prom_url: str, **discovery) -> dict:
+    return {"global": {"poll_interval": "1s", "jitter": "0s", "min_query_tokens": 1, "windows": ["1m", "5m", "1h"], "connect_timeout": "500ms", "read_timeout": "1s"},
+            "discovery": {"read_prometheus": {"url": prom_url, "match_labels": {"job": "vllm"}}, **discovery}}
+
+
+def test_the_config_reads_the_source_strictly():
+    cfg = load(read_config("http://prometheus:9090"))
+    read = cfg.discovery.read_prometheus
+    assert read.url == "http://prometheus:9090" and read.match_labels == (("job", "vllm"),) and read.target_label == "pod"
+    assert cfg.discovery.enabled
+    with pytest.raises(ConfigError, match="match_labels"):
+        load({"discovery": {"read_prometheus": {"url": "http://prometheus:9090"}}})
+    with pytest.raises(ConfigError, match="read_prometheus.scrape_interval"):
+        load({"discovery": {"read_prometheus": {"url": "http://p:9090", "match_labels": {"job": "x"}, "scrape_interval": "1s"}}})
+
+
+def test_the_query_asks_every_name_the_parser_reads_of_the_matched_targets_only():
+    q = promseries.query((("job", "llm/vllm"), ("namespace", 'a"b')), 42.2)
+    assert q.endswith(',job="llm/vllm",namespace="a\\"b"}[43s]')
+    assert "vllm:prefix_cache_queries_total|" in q and "vllm:time_to_first_token_seconds_bucket" in q
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """Three simulated pods on one clock that moves in whole seconds (so that a pod's
+    answer is the same to whoever asks within a second), scraped every second by a real
+    Prometheus as a PodMonitor would: job, namespace, pod and version labels."""
+    work = tmp_path_factory.mktemp("promread")
+    now = math.floor(time.time())
+    replicas = [simulator.Replica(name, simulator.Scenario(request_rate=4.0), start=now - 900, seed=i, model_names=[MODEL])
+                for i, name in enumerate(PODS)]
+    for r in replicas:
+        r.advance(now)
+    fleet = Fleet(replicas, clock=lambda: math.floor(time.time())).start()
+    scrape_configs = [{"job_name": f"pod-{name}", "metrics_path": f"/{name}/metrics",
+                       "static_configs": [{"targets": [f"127.0.0.1:{fleet.port}"],
+                                           "labels": {"namespace": "llm", "pod": name, "version": version, "deployment": "llama"}}],
+                       "relabel_configs": [{"target_label": "job", "replacement": "vllm"}]} for name, version in PODS.items()]
+    prom = Prometheus(work, scrape_configs, scrape_interval="1s")
+    prom.start()
+    try:
+        prom.wait_for_history('vllm:prefix_cache_queries_total{pod="vllm-c"}', 5, 60)
+        yield prom, fleet
+    finally:
+        prom.stop()
+        fleet.stop()
+
+
+def wait_until(check, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.2)
+    return check()
+
+
+@pytest.mark.slow
+def test_read_from_prometheus_equals_promql_and_the_scrape_path_and_stale_pods_go_down(stack):
+    prom, fleet = stack
+    state = State()
+    reader = Poller(load(read_config(prom.url)), state)
+    direct_state = State()
+    direct_cfg = load({"global": {"poll_interval": "1s", "jitter": "0s", "min_query_tokens": 1, "windows": ["1m", "5m", "1h"], "connect_timeout": "500ms", "read_timeout": "1s"},
+                       "targets": [{"name": name, "url": fleet.metrics_url(name)} for name in PODS]})
+    # the scrape path on the same fleet, its clock in the fleet's whole seconds: each poll sees what Prometheus saw that second
+    direct = Poller(direct_cfg, direct_state, clock=lambda: math.floor(time.time()))
+    reader.start()
+    direct.start()
+    try:
+        assert wait_until(lambda: sorted(v.target.name for v in state.targets()) == sorted(PODS) and all(v.up for v in state.targets()), 30)
+        time.sleep(65)  # a full 1m window for the scrape path too
+        # discovery and versions: the pods with their labels from Prometheus
+        view = state.target("vllm-c")
+        assert dict(view.target.labels)["version"] == "v2" and dict(view.target.labels)["namespace"] == "llm"
+        assert view.target.url == prom.url + "#vllm-c" and dict(view.scrapes)["success"] >= 60
+        compared = 0
+        for name in PODS:
+            ours, theirs = state.target(name), direct_state.target(name)
+            t = ours.last_t
+            window = ours.stats[MODEL]["1m"]
+            # PromQL on the same samples: (t - 60, t] as ours; evaluated half a scrape interval later, so that a few ms
+            # of jitter in Prometheus's scrape times never puts a sample on one side of an edge and not the other
+            (promql,) = prom.query(f'increase(vllm:prefix_cache_hits_total{{pod="{name}"}}[1m]) / '
+                                   f'increase(vllm:prefix_cache_queries_total{{pod="{name}"}}[1m])', at=t + 0.5)
+            assert window.hit_ratio == pytest.approx(float(promql["value"][1]), rel=1e-9), name
+            # the scrape path over the same second's answers: Prometheus's sample at t is the fleet's second floor(t)
+            end = math.floor(t)
+            scraped = stats_between(theirs.samples, MODEL, end - 60, end, 1.0, theirs.snapshot.block_size)
+            if scraped.query_increase == window.query_increase:  # both saw the same first and last samples
+                assert abs(window.hit_ratio - scraped.hit_ratio) <= 0.001, name
+                compared += 1
+        assert compared >= 2
+        # the gate judges the versions it found
+        verdict = reader.analyze(time.time(), MODEL, "v2", None)
+        assert verdict.baseline_version == "v1" and verdict.replicas == 1 and verdict.baseline_replicas == 2, verdict
+        # a pod whose series stop is down, not frozen
+        fleet.remove("vllm-c")
+        assert wait_until(lambda: not state.target("vllm-c").up, 20)
+        assert state.target("vllm-c").last_result == "stale" and state.target("vllm-a").up
+        from exporter.serve.statuspage import StatusPage
+        page = StatusPage(state).get([], "test").decode()
+        assert "resolution is Prometheus&#x27;s scrape interval (observed 1s)" in page, page[:3000]
+        status = [s for s in state.published.discovery if s.name == "read_prometheus"]
+        assert status and status[0].ok and len(status[0].targets) == 3
+    finally:
+        reader.stop(1.0)
+        direct.stop(1.0)
+
+
+@pytest.mark.slow
+def test_shards_split_the_pods_read_from_prometheus(stack):
+    prom, _ = stack
+    names = []
+    for index in (0, 1):
+        raw = read_config(prom.url, shard={"index": index, "count": 2, "key_label": "pod"})
+        raw["discovery"]["read_prometheus"]["partitions"] = 3  # three queries a read, each of whole pods
+        cfg = load(raw)
+        state = State()
+        poller = Poller(cfg, state)
+        poller.read()
+        names.append({v.target.name for v in state.targets()})
+        assert all(v.polled for v in state.targets()) and not poller.dispatcher.entries  # read, never scraped
+        poller.stop(0.5)
+    assert names[0] | names[1] >= {"vllm-a", "vllm-b"} and not names[0] & names[1]
+
+
+def test_partitions_cover_every_pod_name_once():
+    import re
+    parts = promseries.partitions("pod", 4)
+    assert len(parts) == 4
+    for name in ("vllm-0", "vllm-7f9c-x2b4q", "vllm-z", "vllm-_", "vllm-Ä", "a"):
+        hits = 0
+        for part in parts:
+            label, op, regex = re.match(r'(\w+)(=~|!~)"(.*)"', part).groups()
+            matched = re.fullmatch(regex, name) is not None
+            hits += matched if op == "=~" else not matched
+        assert hits == 1, name
+    assert promseries.partitions("pod", 1) == [""]
