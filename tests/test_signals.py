@@ -299,5 +299,7 @@ def test_a_storm_of_sighups_is_one_pending_reload_and_the_last_config_wins(tmp_p
         proc.terminate()
         _, err = proc.communicate(timeout=30)
         fleet.stop()
-    assert most <= threads_before + 3, (threads_before, most)
+    # a few threads may start as the pools and the resolver grow lazily for target b; one a
+    # signal was 300 (and a process limit)
+    assert most <= threads_before + 10, (threads_before, most)
     assert proc.returncode == 0, err[-2000:]
