@@ -31,6 +31,7 @@ from .serve.exposition import ReservedNames
 from .serve.server import Server
 from .serve.state import State
 from .serve.webconfig import WebSecurity, load_web_config
+from .steadyclock import SteadyClock
 from .stopping import stop_event
 
 log = logging.getLogger("exporter")
@@ -260,7 +261,7 @@ def run(args) -> int:
         log.warning("config: %s", warning)
     tune_gc()
     try:
-        sidecar = build_sidecar(cfg, listen, security=security)
+        sidecar = build_sidecar(cfg, listen, clock=SteadyClock(), security=security)
         sidecar.shard = getattr(args, "shard", None)
         sidecar.web_config_file = args.web_config_file
     except OSError as exc:

@@ -32,7 +32,7 @@ LAYERS = (
     (("exporter.discovery",), ("exporter.monitor",)),
     (("exporter.serve",),),
     (("exporter.poll",), ("exporter.notify",)),
-    (("exporter.sidecar", "exporter.exitcodes", "exporter.stopping", "exporter.logs"),),
+    (("exporter.sidecar", "exporter.exitcodes", "exporter.stopping", "exporter.logs", "exporter.steadyclock"),),
     (("exporter.tools",),),
     (("exporter.sim",),),
     (("exporter.cli", "exporter.__main__", "exporter.healthcheck"),),
