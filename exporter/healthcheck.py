@@ -6,9 +6,7 @@ Exit 0 when it answers 200 within the timeout, else 1 with one line saying why."
 from __future__ import annotations
 
 import argparse
-import http.client
 import os
-import ssl
 import sys
 from typing import Callable
 
@@ -17,8 +15,11 @@ import yaml
 from .config.reader import parse_listen_address
 from .config.sections import ENV_CONFIG_FILE
 from .exitcodes import EXIT_ERROR, EXIT_OK
+from .peers import files, yamltext
+from .peers.http import Endpoint, PeerError, exchange
 
 DEFAULT_LISTEN = ":9464"
+MAX_ANSWER_BYTES = 64 * 1024  # /-/healthy says "ok"
 _PROGRAMS = ("vllm-prefix-cache-exporter", "exporter")  # the console script, or python -m exporter
 
 
@@ -27,8 +28,8 @@ class NotFound(Exception):
 
 
 def _read(path: str, limit: int = 1 << 20) -> bytes:
-    with open(path, "rb") as fh:
-        return fh.read(limit)
+    """A file of the process (its /proc entries, its config), bounded and never waited on."""
+    return files.read_bytes(path, limit)
 
 
 def run_arguments(argv: list[str], parse: Callable[[list[str]], argparse.Namespace]) -> argparse.Namespace:
@@ -58,41 +59,27 @@ def probe_url(args: argparse.Namespace, environ: dict[str, str], open_file: Call
     listen = args.listen_address
     config_file = args.config_file or environ.get(ENV_CONFIG_FILE)
     if not listen and config_file:
-        data = yaml.safe_load(open_file(config_file)) or {}
+        data = yamltext.load(open_file(config_file).decode("utf-8", "replace")) or {}
         listen = ((data.get("web") or {}) if isinstance(data, dict) else {}).get("listen_address")
     host, port = parse_listen_address(listen or DEFAULT_LISTEN)
     # a wildcard listens on loopback too; an address of its own is asked there
     host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
     scheme = "http"
     if args.web_config_file:
-        web = yaml.safe_load(open_file(args.web_config_file)) or {}
+        web = yamltext.load(open_file(args.web_config_file).decode("utf-8", "replace")) or {}
         if isinstance(web, dict) and web.get("tls_server_config"):
             scheme = "https"
     return f"{scheme}://{'[' + host + ']' if ':' in host else host}:{port}/-/healthy"
 
 
 def probe(url: str, timeout: float) -> tuple[bool, str]:
-    scheme, _, rest = url.partition("://")
-    netloc, _, path = rest.partition("/")
-    host, _, port = netloc.rpartition(":")
-    host = host.strip("[]")
-    if scheme == "https":
-        # our own process on loopback: its certificate names the Service, not 127.0.0.1; the
-        # question is only whether it serves
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-        conn: http.client.HTTPConnection = http.client.HTTPSConnection(host, int(port), timeout=timeout, context=context)
-    else:
-        conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    # our own process on loopback: its certificate names the Service, not 127.0.0.1; the
+    # question is only whether it serves
     try:
-        conn.request("GET", "/" + path)
-        status = conn.getresponse().status
-    except (OSError, http.client.HTTPException) as exc:
+        answer = exchange(Endpoint(url, verify=False), timeout=timeout, size_limit=MAX_ANSWER_BYTES, error_body_limit=0)
+    except PeerError as exc:
         return False, f"{url}: {exc}"
-    finally:
-        conn.close()
-    return status == 200, f"{url}: HTTP {status}"
+    return answer.status == 200, f"{url}: HTTP {answer.status}"
 
 
 def command(args: argparse.Namespace, parse: Callable[[list[str]], argparse.Namespace]) -> int:

@@ -238,8 +238,11 @@ class _TLSConnection(http.client.HTTPSConnection):
     rearm = _Connection.rearm
 
 
-def tls_context(ca_file: str = "") -> ssl.SSLContext:
+def tls_context(ca_file: str = "", verify: bool = True) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=ca_file or None)
+    if not verify:  # only our own process on loopback, whose certificate names the Service
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
     context.sslsocket_class = _DeadlineSSLSocket
     return context
 
@@ -251,9 +254,10 @@ def basic_auth(username: str, password: str) -> str:
 class Endpoint:
     """One URL, parsed once: host, port, path, and the basic auth its userinfo carries.
     `connect_to`: an address the URL's name resolved to, connected to without asking the
-    resolver again; the Host header and TLS (SNI, the certificate's name) stay the name's."""
+    resolver again; the Host header and TLS (SNI, the certificate's name) stay the name's.
+    `verify=False` accepts any certificate: for asking our own process whether it serves."""
 
-    def __init__(self, url: str, ca_file: str = "", connect_to: str | None = None):
+    def __init__(self, url: str, ca_file: str = "", connect_to: str | None = None, verify: bool = True):
         parts = urlsplit(url)
         self.url = url
         self.https = parts.scheme == "https"
@@ -268,7 +272,7 @@ class Endpoint:
         if parts.port is not None:
             host_header += f":{parts.port}"
         self.headers["Host"] = host_header
-        self.context = tls_context(ca_file) if self.https else None
+        self.context = tls_context(ca_file, verify) if self.https else None
 
     def connection(self, deadline: float, connect_timeout: float, idle: float | None, session=None) -> http.client.HTTPConnection:
         if self.https:
