@@ -39,9 +39,11 @@ def request_body(body: dict) -> dict:
 
 
 class Warmer:
-    def __init__(self, cfg: WarmupConfig, clock: Callable[[], float] = time.time):
+    def __init__(self, cfg: WarmupConfig, clock: Callable[[], float] = time.time,
+                 retry: tuple[float, float] = (FIRST_RETRY_SECONDS, LAST_RETRY_SECONDS)):
         self.cfg = cfg
         self.clock = clock
+        self.first_retry, self.last_retry = retry  # seconds before the first resend, and the most between two
         self.status = WarmupStatus()
         self.lock = threading.Lock()
         self.endpoint = Endpoint(cfg.url)
@@ -69,12 +71,12 @@ class Warmer:
 
     def _run(self) -> None:
         start = time.monotonic()
-        remaining, retry_in = list(self.cfg.requests), FIRST_RETRY_SECONDS
+        remaining, retry_in = list(self.cfg.requests), self.first_retry
         try:
             while not self._stop.is_set():
                 with self.lock:
                     if self._restarted:
-                        remaining, retry_in, self._restarted = list(self.cfg.requests), FIRST_RETRY_SECONDS, False
+                        remaining, retry_in, self._restarted = list(self.cfg.requests), self.first_retry, False
                 with ThreadPoolExecutor(max_workers=max(1, self.cfg.concurrency)) as pool:
                     results = list(pool.map(self._send, remaining))
                 with self.lock:
@@ -95,7 +97,7 @@ class Warmer:
                             len(remaining), len(results), failures, retry_in)
                 self._wake.wait(retry_in)  # a restart or a stop ends the wait
                 self._wake.clear()
-                retry_in = min(LAST_RETRY_SECONDS, retry_in * 2)
+                retry_in = min(self.last_retry, retry_in * 2)
         finally:
             with self.lock:
                 self.status.running = False
