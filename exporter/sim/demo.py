@@ -6,13 +6,13 @@ import json
 import secrets
 import sys
 import time
-import urllib.request
 from collections import deque
 from typing import Sequence
 
 from ..config import sections as config_mod
 from ..config.sections import Config, ConfigError
 from ..exitcodes import EXIT_ERROR, EXIT_OK
+from ..peers.http import Endpoint, PeerError, exchange
 from ..sidecar import Sidecar, build_sidecar
 from ..stopping import stop_event
 from ..tools import divergence, whatif
@@ -45,10 +45,10 @@ def demo_config(fleet: Fleet, names: Sequence[str], listen: str, alertmanager_ur
 
 def _post_deploy(sidecar: Sidecar, version: str, description: str) -> None:
     body = json.dumps({"version": version, "description": description}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{sidecar.server.port}/api/v1/deploys", data=body, method="POST",
-                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {sidecar.config.deploys.api_token}"})
-    with urllib.request.urlopen(req, timeout=5) as resp:
-        resp.read()
+    answer = exchange(Endpoint(f"http://127.0.0.1:{sidecar.server.port}/api/v1/deploys"), "POST", timeout=5.0, size_limit=64 * 1024,
+                      body=body, headers={"Content-Type": "application/json", "Authorization": f"Bearer {sidecar.config.deploys.api_token}"})
+    if not 200 <= answer.status < 300:
+        raise PeerError(f"the deploy API answered HTTP {answer.status}")
 
 
 def command(args) -> int:
