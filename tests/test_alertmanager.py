@@ -7,7 +7,7 @@ from exporter.notify.alertmanager import Notifier, payload, rfc3339
 from exporter.config.sections import AlertmanagerConfig
 from exporter.alerting.rules_state import FIRING, RESOLVED, Alert, Transition
 
-from conftest import free_port
+from conftest import free_port, wait_for
 from fakeserver import FakeServer, reply
 
 
@@ -228,14 +228,6 @@ def test_stop_and_the_delivery_thread_never_post_one_batch_twice():
 
 
 # --- misbehaving Alertmanagers -----------------------------------------------------------------------
-def wait_until(predicate, timeout=5.0):
-    import time
-    deadline = time.monotonic() + timeout
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return predicate()
-
-
 def test_a_dripping_alertmanager_delays_only_its_own_alerts_and_never_the_stop():
     import time
 
@@ -245,7 +237,7 @@ def test_a_dripping_alertmanager_delays_only_its_own_alerts_and_never_the_stop()
         n = Notifier(cfg, "http://sidecar:9464/", Clock()).start()
         n.transitions([Transition(1000.0, alert(), FIRING)])
         # the healthy one gets its alert at once, while the dripping one holds its POST
-        assert wait_until(lambda: n.stats()[1].notifications_ok == 1, timeout=3.0), n.stats()
+        assert wait_for(lambda: n.stats()[1].notifications_ok == 1, timeout=3.0), n.stats()
         assert n.stats()[0].pending == 1 and server.hits.get("drip") == 1
         started = time.monotonic()
         n.stop(1.0)
@@ -396,7 +388,6 @@ def test_a_resolver_that_hangs_costs_its_refresh_never_the_stop():
 
 def test_both_alertmanagers_behind_one_name_receive_every_alert():
     """Two Alertmanagers on one port of two loopback addresses, one name for both."""
-    import time
     one, two = Receiver(), Receiver()
     with FakeServer({"/api/v2/alerts": one}) as first:
         port = first.server.server_address[1]
@@ -405,11 +396,11 @@ def test_both_alertmanagers_behind_one_name_receive_every_alert():
                       refresh_interval=0.05).start()
             try:
                 n.transitions([Transition(1000.0, alert(), FIRING)])  # before the first answer: kept for the resend
-                assert wait_until(lambda: n.discovered() == 2)
+                assert wait_for(lambda: n.discovered() == 2)
                 n.resend([alert()])
-                assert wait_until(lambda: one.bodies and two.bodies), (one.bodies, two.bodies)
+                assert wait_for(lambda: one.bodies and two.bodies), (one.bodies, two.bodies)
                 n.transitions([Transition(1001.0, alert(RESOLVED, resolved_at=1001.0), RESOLVED)])
-                assert wait_until(lambda: len(one.bodies) >= 2 and len(two.bodies) >= 2), (one.bodies, two.bodies)
+                assert wait_for(lambda: len(one.bodies) >= 2 and len(two.bodies) >= 2), (one.bodies, two.bodies)
             finally:
                 n.stop(2.0)
     for receiver in (one, two):

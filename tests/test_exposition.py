@@ -15,6 +15,7 @@ from exporter.serve.collector import PrefixCacheCollector
 from exporter.serve.exposition import Exposition
 from exporter.serve.state import Deploys, State
 
+from conftest import wait_for
 from helpers import simulated_state, simulated_view
 
 
@@ -125,12 +126,3 @@ def test_a_scrape_never_waits_long_for_a_render_and_a_failed_one_is_a_500():
     assert state.published.counters.collect_errors == 1
     exposition.fragments.render = real
     assert b"prefixcache_collect_errors_total 1.0" in exposition.get(False)
-
-
-def wait_for(check, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return check()

@@ -15,7 +15,7 @@ from exporter.poll.poller import Poller, TargetPoller
 from exporter.serve.state import Counters, State
 from exporter.monitor.targetview import TargetView
 
-from conftest import FIXTURES, free_port
+from conftest import FIXTURES, free_port, wait_for
 from fakeserver import FakeServer, reply, slow, text
 
 GARBAGE = (FIXTURES / "edge" / "garbage.txt").read_text()
@@ -504,7 +504,7 @@ def test_a_healthy_target_keeps_its_cadence_beside_hundreds_of_hung_ones():
             poller = Poller(cfg, state)
             poller.start()
             try:
-                assert wait_until(lambda: state.target("ok").up, 5.0)
+                assert wait_for(lambda: state.target("ok").up, 5.0)
                 before = dict(state.target("ok").scrapes).get("success", 0)
                 time.sleep(2.0)
                 polled = dict(state.target("ok").scrapes).get("success", 0) - before
@@ -514,15 +514,6 @@ def test_a_healthy_target_keeps_its_cadence_beside_hundreds_of_hung_ones():
         hung.close()
     assert polled >= 7, f"the healthy target was polled {polled} times in 2 s at a 0.2 s interval"
     assert sum(state.published.skipped_polls.values()) > 0  # the hung ones are skipped, and counted
-
-
-def wait_until(check, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return check()
 
 
 class Ticks:
@@ -555,11 +546,11 @@ def test_a_poll_still_running_when_due_is_skipped_counted_and_logged_once(caplog
                 clock.t = float(t)
                 dispatcher.dispatch()
             release.set()
-            assert wait_until(lambda: not dispatcher.entries["a"].in_flight, 2.0)
+            assert wait_for(lambda: not dispatcher.entries["a"].in_flight, 2.0)
             for t in range(6, 9):  # on time three times in a row: back
                 clock.t = float(t)
                 dispatcher.dispatch()
-                assert wait_until(lambda: not dispatcher.entries["a"].in_flight, 2.0)
+                assert wait_for(lambda: not dispatcher.entries["a"].in_flight, 2.0)
     finally:
         release.set()
         dispatcher.close()
@@ -576,10 +567,10 @@ def test_a_dispatcher_that_fell_behind_keeps_the_phase_and_never_bursts():
     dispatcher.resize()
     try:
         dispatcher.dispatch()
-        assert wait_until(lambda: len(runs) == 1 and not dispatcher.entries["a"].in_flight, 2.0)
+        assert wait_for(lambda: len(runs) == 1 and not dispatcher.entries["a"].in_flight, 2.0)
         clock.t = 23.0  # the process stalled for four intervals
         assert dispatcher.dispatch() == 25.0
-        assert wait_until(lambda: len(runs) == 2, 2.0)
+        assert wait_for(lambda: len(runs) == 2, 2.0)
     finally:
         dispatcher.close()
     assert runs == [0.0, 23.0]
@@ -652,7 +643,7 @@ def test_a_poll_never_publishes_over_a_newer_one():
         poller = Poller(config(a), state, clock=Clock(0.0))
         first = threading.Thread(target=poller.pollers["a"].poll)
         first.start()
-        assert wait_until(lambda: len(calls) == 1, 2.0)
+        assert wait_for(lambda: len(calls) == 1, 2.0)
         poller.pollers["a"].poll()
         assert state.target("a").up
         gate.set()

@@ -16,6 +16,7 @@ from exporter.series.window import stats_between
 from exporter.sim import simulator
 from exporter.sim.server import Fleet
 
+from conftest import wait_for
 from prom import Prometheus
 
 MODEL = "demo/llama-3-8b"
@@ -70,15 +71,6 @@ def stack(tmp_path_factory):
         fleet.stop()
 
 
-def wait_until(check, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.2)
-    return check()
-
-
 @pytest.mark.slow
 def test_read_from_prometheus_equals_promql_and_the_scrape_path_and_stale_pods_go_down(stack):
     prom, fleet = stack
@@ -92,7 +84,7 @@ def test_read_from_prometheus_equals_promql_and_the_scrape_path_and_stale_pods_g
     reader.start()
     direct.start()
     try:
-        assert wait_until(lambda: sorted(v.target.name for v in state.targets()) == sorted(PODS) and all(v.up for v in state.targets()), 30)
+        assert wait_for(lambda: sorted(v.target.name for v in state.targets()) == sorted(PODS) and all(v.up for v in state.targets()), 30)
         time.sleep(65)  # a full 1m window for the scrape path too
         # discovery and versions: the pods with their labels from Prometheus
         view = state.target("vllm-c")
@@ -120,7 +112,7 @@ def test_read_from_prometheus_equals_promql_and_the_scrape_path_and_stale_pods_g
         assert verdict.baseline_version == "v1" and verdict.replicas == 1 and verdict.baseline_replicas == 2, verdict
         # a pod whose series stop is down, not frozen
         fleet.remove("vllm-c")
-        assert wait_until(lambda: not state.target("vllm-c").up, 20)
+        assert wait_for(lambda: not state.target("vllm-c").up, 20)
         assert state.target("vllm-c").last_result == "stale" and state.target("vllm-a").up
         from exporter.serve.statuspage import StatusPage
         page = StatusPage(state).get([], "test").decode()
