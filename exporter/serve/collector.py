@@ -383,14 +383,24 @@ class Families:
         self.extra = extra_label_names
         self._fams: dict[str, Metric] = {}
         self._summary_labels: dict[str, list[str]] = {}
+        self._label_names: dict[str, list[str]] = {}
+
+    def label_names(self, name: str) -> list[str]:
+        """The metric's label names, a target's configured extras right after `target`."""
+        names = self._label_names.get(name)
+        if names is None:
+            d = METRICS[name]
+            names = list(d.labels)
+            if "target" in names and d.target_labels:
+                names[1:1] = self.extra
+            self._label_names[name] = names
+        return names
 
     def _family(self, name: str) -> Metric:
         fam = self._fams.get(name)
         if fam is None:
             d = METRICS[name]
-            labels = list(d.labels)
-            if "target" in labels and d.target_labels:
-                labels[1:1] = self.extra
+            labels = self.label_names(name)
             help_text = _fmt_window_help(d.help, self.windows)
             base = name
             if d.kind == "summary":

@@ -49,18 +49,10 @@ class TextFamilies(Families):
     def __init__(self, windows: str, extra_label_names: tuple[str, ...], prefixes: dict | None = None):
         super().__init__(windows, extra_label_names)
         self.lines: dict[str, list[str]] = {}  # METRICS name -> its sample lines
-        self._label_names: dict[str, list[str]] = {}
         self.prefixes = prefixes if prefixes is not None else {}
 
     def _pairs(self, name: str, values: tuple, target) -> list[tuple[str, str]]:
-        names = self._label_names.get(name)
-        if names is None:
-            d = METRICS[name]
-            names = list(d.labels)
-            if "target" in names and d.target_labels:
-                names[1:1] = self.extra
-            self._label_names[name] = names
-        return list(zip(names, self._labels(name, values, target)))
+        return list(zip(self.label_names(name), self._labels(name, values, target)))
 
     def _out(self, name: str) -> list[str]:
         out = self.lines.get(name)
