@@ -95,10 +95,17 @@ def test_read_from_prometheus_equals_promql_and_the_scrape_path_and_stale_pods_g
             ours, theirs = state.target(name), direct_state.target(name)
             t = ours.last_t
             window = ours.stats[MODEL]["1m"]
-            # PromQL on the same samples: (t - 60, t] as ours; evaluated half a scrape interval later, so that a few ms
-            # of jitter in Prometheus's scrape times never puts a sample on one side of an edge and not the other
-            (promql,) = prom.query(f'increase(vllm:prefix_cache_hits_total{{pod="{name}"}}[1m]) / '
-                                   f'increase(vllm:prefix_cache_queries_total{{pod="{name}"}}[1m])', at=t + 0.5)
+            # PromQL over the samples ours holds, (t - 60, t]: its range starts halfway between the last sample
+            # left out and the first one in, so neither the range's closed or open left edge (Prometheus 2 or 3)
+            # nor a scrape that ran late on a loaded machine puts a sample on one side and not the other
+            (raw,) = prom.range_samples(f'vllm:prefix_cache_queries_total{{pod="{name}"}}', "2m", t)
+            stamps = [round(float(ts) * 1000) for ts, _ in raw["values"]]
+            end_ms = round(t * 1000)
+            first = next(i for i, ms in enumerate(stamps) if ms > end_ms - 60_000)
+            assert first > 0, stamps  # Prometheus holds a sample before the window: its edge is known
+            span_ms = end_ms - (stamps[first - 1] + stamps[first]) // 2
+            (promql,) = prom.query(f'increase(vllm:prefix_cache_hits_total{{pod="{name}"}}[{span_ms}ms]) / '
+                                   f'increase(vllm:prefix_cache_queries_total{{pod="{name}"}}[{span_ms}ms])', at=t)
             assert window.hit_ratio == pytest.approx(float(promql["value"][1]), rel=1e-9), name
             # the scrape path over the same second's answers: Prometheus's sample at t is the fleet's second floor(t)
             end = math.floor(t)
