@@ -109,3 +109,23 @@ def pytest_xdist_auto_num_workers(config):
     scrapes, a process's start, a peer's deadline) rather than compute: on 2 cores, 4
     workers ran the suite in 6 minutes where 2 took over 10."""
     return min(8, 2 * (os.cpu_count() or 1))
+
+
+
+@pytest.fixture(autouse=True)
+def _process_logging_undone():
+    """`run` and the other commands called in-process set the root logger up as the process's
+    own (exporter.logs.setup: a handler on the stderr of that moment, pytest's capture): that
+    handler goes after each test, so a later test's threads never log into a closed capture.
+    pytest's own handlers come and go with each phase and are left to it."""
+    import logging
+
+    from exporter.logs import StructuredFormatter
+
+    root = logging.getLogger()
+    level = root.level
+    yield
+    for handler in [h for h in root.handlers if isinstance(h.formatter, StructuredFormatter)]:
+        root.removeHandler(handler)
+        handler.close()
+    root.setLevel(level)
