@@ -134,6 +134,48 @@ def test_clients_holding_partial_requests_hold_no_worker(served):
         assert time.monotonic() - started < 0.5
 
 
+def test_a_client_reading_a_large_answer_slowly_holds_its_worker_only_until_the_write_deadline():
+    """One worker; a client asks for 32 MiB and reads 16 KiB every 0.2 s, never idle long
+    enough for the per-write timeout (10 s): the answer's deadline (0.5 s here) ends it, and a
+    probe waiting for that worker is answered while the slow client is still reading what the
+    kernel had buffered; the answer it gets is cut short."""
+    import threading
+
+    app = App(State(), CollectorRegistry())
+    size = 32 << 20
+    app.route("GET", "/big", lambda env: (200, "application/octet-stream", b"x" * size))
+    server = Server(app, "127.0.0.1", 0, threads=1, write_deadline=0.5).start()
+    try:
+        with socket.socket() as slow:
+            slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+            slow.settimeout(5)
+            slow.connect(("127.0.0.1", server.port))
+            slow.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+            received = len(slow.recv(16384))  # the worker is writing
+            answered: list[int] = []
+            probe = threading.Thread(target=lambda: answered.append(
+                requests.get(f"http://127.0.0.1:{server.port}/-/healthy", timeout=20).status_code))
+            probe.start()
+            for _ in range(100):  # 20 s at most, reading slowly until the probe is answered
+                if not probe.is_alive():
+                    break
+                time.sleep(0.2)
+                received += len(slow.recv(16384))
+            probe.join(1)
+            assert answered == [200], received
+            for _ in range(10_000):  # then the rest, as fast as it comes, to the connection's end
+                try:
+                    chunk = slow.recv(1 << 20)
+                except ConnectionResetError:
+                    break
+                if not chunk:
+                    break
+                received += len(chunk)
+        assert received < size, "the whole answer was written: no deadline cut it"
+    finally:
+        server.stop()
+
+
 # --- the real process under 100 hostile clients ---------------------------------------------
 
 HOSTILE = {

@@ -28,6 +28,8 @@ there instead of being kept by cheroot's per-read timeout. A connection that nev
 a byte waits in the selector, costing no worker, until the idle timeout. A body needs a
 Content-Length no larger than `max_body` (our largest route takes 64 KiB): a chunked one
 is answered 411, as RFC 9112 allows, since it could not be read ahead to a known end.
+The answer is written by the worker: a client that reads it slowly holds that worker until
+the answer's own deadline (`write_deadline`, 30 s), not for as long as it keeps reading.
 """
 from __future__ import annotations
 
@@ -213,8 +215,8 @@ class _DeadlineRequest(cheroot_server.HTTPRequest):
             has_body = self.chunked_read or int(self.inheaders.get(b"Content-Length", 0) or 0) > 0
         except ValueError:
             has_body = True
-        if not has_body:  # the head is in: what remains is ours to do, not the client's
-            self.server.deadlines.disarm(id(self.conn))
+        if not has_body:  # the head is in: what remains is our answer and the client's reading of it
+            self.server.deadlines.arm(id(self.conn), self.conn.socket, self.server.write_deadline)
         super().respond()
 
 
@@ -327,6 +329,7 @@ class _Server(wsgi.Server):
     ConnectionClass = _Connection
     deadlines: _Deadlines
     read_deadline: float
+    write_deadline: float
 
     def process_conn(self, conn):
         if not isinstance(conn, _Connection):
@@ -384,11 +387,15 @@ class Server:
     and idle timeouts, a real listen backlog, TLS from the web config, IPv4 and IPv6.
     `timeout` bounds an idle connection and each of a worker's reads and writes;
     `read_deadline` bounds a whole request's handshake, head and body (a scraper sends
-    its head in one packet; 5 s is generous on a busy network)."""
+    its head in one packet; 5 s is generous on a busy network); `write_deadline` bounds
+    the answer to a request without a body, our writing and the client's reading of it:
+    a client that reads a large /metrics a few bytes at a time, never idle long enough
+    for `timeout`, holds its worker that long at most (3x Prometheus's default scrape
+    timeout; a request with a body stays under its `read_deadline`)."""
 
     def __init__(self, app, host: str, port: int, security: WebSecurity | None = None,
                  threads: int = 16, backlog: int = 1024, timeout: float = 10.0, read_deadline: float = 5.0,
-                 max_body: int = 64 * 1024):
+                 write_deadline: float = 30.0, max_body: int = 64 * 1024):
         bind = (host or "0.0.0.0", port)
         self.app = _WithHeaders(app, security.headers if security is not None else ())
         self.httpd = _Server(bind, self.app, numthreads=threads, max=threads, request_queue_size=backlog,
@@ -398,6 +405,7 @@ class Server:
         self.httpd.max_request_header_size = 64 * 1024
         self.httpd.max_request_body_size = max_body
         self.httpd.read_deadline = read_deadline
+        self.httpd.write_deadline = write_deadline
         if security is not None and security.tls is not None:
             self.httpd.ssl_adapter = _TLSAdapter(TLSContexts(security.tls))
         self.httpd.prepare()  # binds now, so a busy port fails at build time
