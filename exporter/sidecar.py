@@ -165,6 +165,23 @@ def tune_gc() -> None:
     gc.freeze()  # what start-up allocated is never garbage: keep it out of every collection
 
 
+def raise_file_limit() -> None:
+    """The soft limit on open files up to the hard one, as Go programs (Prometheus, the
+    exporters) do at start: every target's kept-alive connection, every scraper's and every
+    peer's is a file, and a soft limit of 1024 is reached near a thousand targets."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError) as exc:
+            log.debug("open files limit stays %d: %s", soft, exc)
+
+
 def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.time, security: WebSecurity | None = None,
                   on_transitions: Callable[[list], None] | None = None) -> Sidecar:
     state = State()
@@ -260,6 +277,7 @@ def run(args) -> int:
     for warning in config_warnings(cfg):
         log.warning("config: %s", warning)
     tune_gc()
+    raise_file_limit()
     try:
         sidecar = build_sidecar(cfg, listen, clock=SteadyClock(), security=security)
         sidecar.shard = getattr(args, "shard", None)

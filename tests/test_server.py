@@ -176,6 +176,62 @@ def test_a_client_reading_a_large_answer_slowly_holds_its_worker_only_until_the_
         server.stop()
 
 
+_HOLDER = """
+import socket, sys
+held = []
+for _ in range(200):
+    try:
+        held.append(socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=2))
+        held[-1].sendall(b"GET /metrics HTTP/1.1\\r\\nHost: x\\r\\n")
+    except OSError:
+        pass
+print("held", len(held), flush=True)
+sys.stdin.read()
+"""
+
+_SERVER_WITH_80_FILES = """
+import resource, subprocess, sys, time, urllib.request
+resource.setrlimit(resource.RLIMIT_NOFILE, (80, 80))
+from prometheus_client import CollectorRegistry
+from exporter.serve.app import App
+from exporter.serve.server import Server
+from exporter.serve.state import State
+server = Server(App(State(), CollectorRegistry()), "127.0.0.1", 0).start()
+holder = subprocess.Popen([sys.executable, "-c", sys.argv[1], str(server.port)], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True)
+print(holder.stdout.readline().strip(), flush=True)
+began_cpu, began = time.process_time(), time.monotonic()
+time.sleep(2)
+print("cpu_share", (time.process_time() - began_cpu) / (time.monotonic() - began), flush=True)
+holder.stdin.close()
+holder.wait(10)
+for _ in range(50):
+    try:
+        url = "http://127.0.0.1:%d/-/healthy" % server.port
+        print("answer", urllib.request.urlopen(url, timeout=5).read().decode().strip())
+        break
+    except OSError:
+        time.sleep(0.1)
+server.stop()
+"""
+
+
+@pytest.mark.slow  # 3.4 s: a process of its own, 2 s at the limit
+def test_accepts_wait_when_out_of_file_descriptors_and_resume_once_one_is_free():
+    """A server in a process of its own with 80 open files at most, and a client process
+    holding up to 200 connections: accept() fails with EMFILE while the listening socket
+    stays readable. cheroot retried at once, a core spinning and a traceback a try (570,000
+    in 3 s); now the accepts back off, one warning says why, and once the client lets go a
+    new client is served."""
+    out = subprocess.run([sys.executable, "-c", _SERVER_WITH_80_FILES, _HOLDER], capture_output=True, text=True, timeout=60)
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    assert out.returncode == 0 and lines.get("answer") == "Healthy.", (out.stdout, out.stderr[-2000:])
+    assert int(lines["held"]) > 60  # the limit was reached: more connections than 80 files allow were tried
+    assert float(lines["cpu_share"]) < 0.5, out.stdout  # waiting, not spinning (it was 0.99)
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.count("cannot accept a connection: Too many open files") == 1, out.stderr[-2000:]
+
+
 # --- the real process under 100 hostile clients ---------------------------------------------
 
 HOSTILE = {

@@ -303,3 +303,14 @@ def test_a_storm_of_sighups_is_one_pending_reload_and_the_last_config_wins(tmp_p
     # signal was 300 (and a process limit)
     assert most <= threads_before + 10, (threads_before, most)
     assert proc.returncode == 0, err[-2000:]
+
+
+def test_the_sidecar_raises_its_open_files_limit_to_the_hard_one_as_go_programs_do():
+    """In a process of its own: the limit is the process's."""
+    code = ("import resource\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (64, 256))\n"
+            "from exporter.sidecar import raise_file_limit\n"
+            "raise_file_limit()\n"
+            "print(*resource.getrlimit(resource.RLIMIT_NOFILE))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout.split() == ["256", "256"], out

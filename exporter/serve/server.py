@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import _pyio
 import _socket
+import errno
 import io
 import json
 import logging
@@ -43,7 +44,7 @@ import ssl
 import threading
 import time
 
-from cheroot import server as cheroot_server, wsgi
+from cheroot import connections as cheroot_connections, server as cheroot_server, wsgi
 from cheroot.makefile import MakeFile, StreamReader
 from cheroot.ssl import Adapter
 
@@ -320,6 +321,45 @@ class _Connection(cheroot_server.HTTPConnection):
             self.server.deadlines.disarm(id(self))
 
 
+# accept() failing for want of a file descriptor or kernel memory: the listening socket
+# stays readable, so cheroot's loop retried at once, a core spinning and a traceback
+# logged each time (570,000 in 3 s with the fd limit reached)
+_OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+
+class _Accepts(cheroot_connections.ConnectionManager):
+    """cheroot's connection manager, which waits before the next accept() when one fails
+    for want of resources, as Go's net/http does: 5 ms, doubling to 100 ms (not Go's 1 s:
+    this thread also reads the other connections ahead), back to none after a success; a
+    warning at most every 10 s says why new clients wait."""
+
+    def __init__(self, server, clock=time.monotonic, sleep=time.sleep):
+        super().__init__(server)
+        self.clock, self.sleep = clock, sleep
+        self.backoff = 0.0
+        self.failed = 0
+        self._warned_at: float | None = None
+
+    def _from_server_socket(self, server_socket):
+        try:
+            conn = super()._from_server_socket(server_socket)
+        except OSError as exc:
+            if exc.errno not in _OUT_OF_RESOURCES:
+                raise
+            self.failed += 1
+            self.backoff = min(0.1, self.backoff * 2 or 0.005)
+            now = self.clock()
+            if self._warned_at is None or now - self._warned_at >= 10.0:
+                self._warned_at = now
+                log.warning("cannot accept a connection: %s (%d failed accepts so far); new clients wait, "
+                            "the open ones are served; raise the file limit (ulimit -n) or find who holds them",
+                            exc.strerror or exc, self.failed)
+            self.sleep(self.backoff)
+            return None
+        self.backoff = 0.0
+        return conn
+
+
 class _Server(wsgi.Server):
     """A new connection first waits in the selector, like an idle keep-alive one; each time
     it has bytes, the selector's thread reads them (`read_ahead`), and a worker gets it
@@ -330,6 +370,11 @@ class _Server(wsgi.Server):
     deadlines: _Deadlines
     read_deadline: float
     write_deadline: float
+
+    def prepare(self):
+        super().prepare()
+        cheroot_made, self._connections = self._connections, _Accepts(self)
+        cheroot_made.close()  # its selector: nothing but the listening socket, which stays open
 
     def process_conn(self, conn):
         if not isinstance(conn, _Connection):
