@@ -178,15 +178,18 @@ class Exposition:
     """/metrics for every scraper. With `collector` (the sidecar): our families rendered
     at most once per `min_interval` and only when the state changed, from cached
     fragments, on a thread of their own, shared by every scraper with their gzip; a
-    scrape waits for a render in progress at most `wait` seconds, then gets the last one,
-    so /metrics answers at once however large the fleet and however busy the process.
+    scrape starts a render that is due and gets the last one while it read the state at
+    most `max_age` seconds ago (twice `min_interval` unless given): scrapers that come
+    often, or many at once, never wait for a render. One whose last render is older waits
+    for the render in progress at most `wait` seconds, then gets the last one, so
+    /metrics answers at once however large the fleet and however busy the process.
     The `registry` (the runtime collectors) is read on every scrape. Without `collector`
     (tests that register our collector in the registry): the whole registry, rendered in
     the request once per state change."""
 
     def __init__(self, state: State, registry: CollectorRegistry, min_interval: float = 1.0,
                  clock: Callable[[], float] = time.monotonic, collector: PrefixCacheCollector | None = None,
-                 wait: float = 0.5):
+                 wait: float = 0.5, max_age: float | None = None):
         self.state = state
         self.registry = registry
         # Each poll of each target is a state change: with many targets, renders are
@@ -195,6 +198,8 @@ class Exposition:
         self.min_interval = min_interval
         self.clock = clock
         self.wait = wait
+        self.max_age = 2 * min_interval if max_age is None else max_age
+        self._read_at = -1e18  # when the last render read the state: the age of what a scrape gets
         self.fragments = FragmentRender(collector) if collector is not None else None
         self._lock = threading.Lock()
         self._generation = -1
@@ -211,7 +216,7 @@ class Exposition:
             # at once, while the state is small: from then on a scrape never waits longer than `wait`,
             # even the first one after a thousand targets were polled
             self._render(state.generation)
-            self._rendered_at = -1e18  # the first scrape renders what changed since, at once
+            self._rendered_at = self._read_at = -1e18  # the first scrape renders what changed since, and waits for it
 
     def _due(self) -> bool:
         generation = self.state.generation
@@ -229,7 +234,7 @@ class Exposition:
                     self._renderer = threading.Thread(target=self._render_loop, name="render", daemon=True)
                     self._renderer.start()
                 self._changed.notify_all()
-            if self._busy:
+            if self._busy and self.clock() - self._read_at > self.max_age:
                 before = self._renders
                 self._changed.wait_for(lambda: self._renders > before, None if not self._body else self.wait)
                 if self._failed and self._renders > before:
@@ -247,6 +252,7 @@ class Exposition:
             self._render(generation)
 
     def _render(self, generation: int) -> None:
+        began = self.clock()
         try:
             body = self.fragments.render()
             zipped = gzip.compress(body, compresslevel=1)
@@ -260,7 +266,7 @@ class Exposition:
             return
         with self._lock:
             self._body, self._gzip, self._generation, self._rendered_at = body, zipped, generation, self.clock()
-            self._failed, self._busy = False, False
+            self._failed, self._busy, self._read_at = False, False, began
             self._renders += 1
             self._changed.notify_all()
 
