@@ -3,7 +3,7 @@ keep-alive connection, hammer a sidecar that polls 200 simulated targets every 5
 Reports a single scraper's time (one at a time, the median of 20), then throughput,
 p50/p99/max latency and errors of 50 at once and back to back, and their p99 as a
 multiple of the single scrape's time (a ratio that holds across machines), side by side
-with the same load on /-/healthy (the server's floor, no rendering).
+with the same loads on /-/healthy (the server's floor, no rendering).
 
 Clients run in separate processes (5 x 10 threads) so that their own interpreter lock
 does not become the bottleneck being measured. With --old REV, the code of REV is measured
@@ -133,6 +133,7 @@ def phase(label: str, code: Path | None, urls: list[str], args) -> dict:
                     time.sleep(0.25)
             single_ms = statistics.median(single) * 1000
             aligned = load(port, "/metrics", args.scrapers, args.seconds, interval=1.0)
+            floor_aligned = load(port, "/-/healthy", args.scrapers, args.seconds / 2, interval=1.0)
             floor = load(port, "/-/healthy", args.scrapers, args.seconds / 2)
             metrics = load(port, "/metrics", args.scrapers, args.seconds)
         finally:
@@ -140,17 +141,18 @@ def phase(label: str, code: Path | None, urls: list[str], args) -> dict:
             sidecar.wait(timeout=30)
     print(f"scrapers ({label}): one scraper alone on /metrics ({args.targets} targets polled every {args.poll}, exposition "
           f"{size / 1024:.0f} KiB, gzip): median {single_ms:.1f} ms of 20")
-    for name, mode, r in (("/metrics", "all scraping at once every 1 s", aligned),
+    for name, mode, r in (("/metrics", "all scraping at once every 1 s", aligned), ("/-/healthy", "all at once every 1 s", floor_aligned),
                           ("/-/healthy", "back to back, saturation", floor), ("/metrics", "back to back, saturation", metrics)):
         print(f"scrapers ({label}): {args.scrapers} concurrent on {name}, {mode} ({args.targets} targets polled every {args.poll}"
               f"{f', exposition {size / 1024:.0f} KiB' if name == '/metrics' else ''}) | {r['rps']:.0f} req/s | "
               f"p50 {r['p50_ms']:.1f} ms | p99 {r['p99_ms']:.1f} ms | max {r['max_ms']:.1f} ms | errors {r['errors']} of "
               f"{r['requests'] + r['errors']}")
     print(f"scrapers ({label}): 50 at once every second: p99 {aligned['p99_ms']:.1f} ms = {aligned['p99_ms'] / single_ms:.1f}x one "
-          f"scrape alone, {aligned['errors']} errors (saturated, back to back: p99 {metrics['p99_ms']:.1f} ms, {metrics['errors']} "
+          f"scrape alone, {aligned['errors']} errors; /-/healthy the same way (no rendering, a 9-byte answer): p99 "
+          f"{floor_aligned['p99_ms']:.1f} ms (saturated, back to back: p99 {metrics['p99_ms']:.1f} ms, {metrics['errors']} "
           f"errors; 2 cores shared by the server and the 50 clients)")
-    return {"code": label, "single_ms": single_ms, "aligned": aligned, "healthy": floor, "metrics": metrics,
-            "exposition_bytes": size}
+    return {"code": label, "single_ms": single_ms, "aligned": aligned, "healthy_aligned": floor_aligned, "healthy": floor,
+            "metrics": metrics, "exposition_bytes": size}
 
 
 def main(argv=None) -> list[dict]:
