@@ -13,6 +13,7 @@ prefixcache_collect_errors_total: never an empty 200.
 """
 from __future__ import annotations
 
+import functools
 import gzip
 import logging
 import threading
@@ -104,14 +105,20 @@ class TextFamilies(Families):
         out.append(count + floatToGoString(totals[0]) + "\n")
         out.append(sum_ + floatToGoString(totals[1]) + "\n")
 
-    def fragments(self) -> dict[str, tuple[str, str]]:
-        """Exposed family name -> (its HELP and TYPE lines, its sample lines)."""
-        out = {}
-        for name, lines in self.lines.items():
-            d = METRICS[name]
-            help_text = d.help.replace("{windows}", self.windows).replace("\\", "\\\\").replace("\n", "\\n")
-            out[d.exposed_name] = (f"# HELP {d.exposed_name} {help_text}\n# TYPE {d.exposed_name} {d.kind}\n", "".join(lines))
-        return out
+    def fragments(self) -> dict[str, tuple[bytes, bytes]]:
+        """Exposed family name -> (its HELP and TYPE lines, its sample lines), encoded: the
+        answer is then joined from them as they are, in one copy."""
+        return {METRICS[name].exposed_name: (_header(name, self.windows), "".join(lines).encode("utf-8"))
+                for name, lines in self.lines.items()}
+
+
+@functools.lru_cache(maxsize=1024)
+def _header(name: str, windows: str) -> bytes:
+    """A family's HELP and TYPE lines: one string shared by every target's fragment (not
+    a copy of each family's help a target, formatted anew at every render of each)."""
+    d = METRICS[name]
+    help_text = d.help.replace("{windows}", windows).replace("\\", "\\\\").replace("\n", "\\n")
+    return f"# HELP {d.exposed_name} {help_text}\n# TYPE {d.exposed_name} {d.kind}\n".encode("utf-8")
 
 
 class ReservedNames:
@@ -134,10 +141,10 @@ class FragmentRender:
 
     def __init__(self, collector: PrefixCacheCollector):
         self.collector = collector
-        self._fragments: dict[str, tuple[tuple, dict[str, tuple[str, str]], dict]] = {}
+        self._fragments: dict[str, tuple[tuple, dict[str, tuple[bytes, bytes]], dict]] = {}
         self.rendered_targets = 0  # fragments rendered anew, for tests and benchmarks
 
-    def _text(self, fill: Callable[[Families], None], extra: tuple[str, ...], prefixes: dict | None = None) -> dict[str, tuple[str, str]]:
+    def _text(self, fill: Callable[[Families], None], extra: tuple[str, ...], prefixes: dict | None = None) -> dict[str, tuple[bytes, bytes]]:
         families = TextFamilies(self.collector.windows, extra, prefixes)
         fill(families)
         return families.fragments()
@@ -163,15 +170,15 @@ class FragmentRender:
             parts.append(fragments[name][1])
         self._fragments = fragments  # gone targets' fragments go with them
         parts.append(self._text(lambda f: self.collector.tail(f, reading), extra))
-        headers: dict[str, str] = {}
-        samples: dict[str, list[str]] = {}
+        families: dict[str, list[bytes]] = {}  # family -> its header, then every part's lines
         for part in parts:
             for family, (header, lines) in part.items():
-                if family not in headers:
-                    headers[family] = header
-                    samples[family] = []
-                samples[family].append(lines)
-        return "".join(headers[f] + "".join(samples[f]) for f in headers).encode("utf-8")
+                chunks = families.get(family)
+                if chunks is None:
+                    chunks = families[family] = [header]
+                chunks.append(lines)
+        # one copy of the answer: no text of it whole beside its encoding
+        return b"".join(chunk for chunks in families.values() for chunk in chunks)
 
 
 class Exposition:
