@@ -205,7 +205,7 @@ class Exposition:
         self.min_interval = min_interval
         self.clock = clock
         self.wait = wait
-        self.max_age = 2 * min_interval if max_age is None else max_age
+        self._max_age = max_age  # None: twice min_interval, whatever it is set to later
         self._read_at = -1e18  # when the last render read the state: the age of what a scrape gets
         self.fragments = FragmentRender(collector) if collector is not None else None
         self._lock = threading.Lock()
@@ -224,6 +224,10 @@ class Exposition:
             # even the first one after a thousand targets were polled
             self._render(state.generation)
             self._rendered_at = self._read_at = -1e18  # the first scrape renders what changed since, and waits for it
+
+    @property
+    def max_age(self) -> float:
+        return 2 * self.min_interval if self._max_age is None else self._max_age
 
     def _due(self) -> bool:
         generation = self.state.generation
