@@ -3,14 +3,17 @@ keep-alive connection, hammer a sidecar that polls 200 simulated targets every 5
 Reports a single scraper's time (one at a time, the median of 20), then throughput,
 p50/p99/max latency and errors of 50 at once and back to back, and their p99 as a
 multiple of the single scrape's time (a ratio that holds across machines), side by side
-with the same load on /-/healthy (the server's floor, no rendering).
+with the same loads on /-/healthy (the server's floor, no rendering).
 
 Clients run in separate processes (5 x 10 threads) so that their own interpreter lock
-does not become the bottleneck being measured."""
+does not become the bottleneck being measured. With --old REV, the code of REV is measured
+the same way right after, against the same simulated targets."""
 import argparse
 import http.client
 import json
 import multiprocessing
+import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -22,6 +25,9 @@ from pathlib import Path
 
 import requests
 import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_discovery import old_checkout  # noqa: E402
 
 
 def free_port() -> int:
@@ -97,23 +103,16 @@ def load(port: int, path: str, scrapers: int, seconds: float, interval: float = 
             "p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000, "max_ms": (latencies[-1] if latencies else 0) * 1000}
 
 
-def main(argv=None) -> dict:
-    p = argparse.ArgumentParser()
-    p.add_argument("--targets", type=int, default=200)
-    p.add_argument("--poll", default="5s")
-    p.add_argument("--scrapers", type=int, default=50)
-    p.add_argument("--seconds", type=float, default=20.0)
-    args = p.parse_args(argv)
-    fleet = subprocess.Popen([sys.executable, "-m", "exporter", "simulate", f"--replicas={args.targets}", "--rate=2"],
-                             stdout=subprocess.PIPE, text=True)
-    urls = json.loads(fleet.stdout.readline())["targets"]
+def phase(label: str, code: Path | None, urls: list[str], args) -> dict:
+    """One sidecar (this checkout's code, or `code`'s) polling `urls`, measured under every load."""
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "config.yml"
         cfg.write_text(yaml.safe_dump({"global": {"poll_interval": args.poll, "connect_timeout": "500ms", "read_timeout": "1s"},
                                        "targets": [{"name": f"vllm-{i}", "url": u} for i, u in enumerate(urls)]}))
+        env = {**os.environ, "PYTHONPATH": str(code)} if code is not None else None
         sidecar = subprocess.Popen([sys.executable, "-m", "exporter", "run", f"--config.file={cfg}",
-                                    f"--web.listen-address=127.0.0.1:{port}", "--log.level=warning"])
+                                    f"--web.listen-address=127.0.0.1:{port}", "--log.level=warning"], cwd=code, env=env)
         try:
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
@@ -134,25 +133,52 @@ def main(argv=None) -> dict:
                     time.sleep(0.25)
             single_ms = statistics.median(single) * 1000
             aligned = load(port, "/metrics", args.scrapers, args.seconds, interval=1.0)
+            floor_aligned = load(port, "/-/healthy", args.scrapers, args.seconds / 2, interval=1.0)
             floor = load(port, "/-/healthy", args.scrapers, args.seconds / 2)
             metrics = load(port, "/metrics", args.scrapers, args.seconds)
         finally:
             sidecar.terminate()
             sidecar.wait(timeout=30)
-            fleet.terminate()
-            fleet.wait(timeout=30)
-    print(f"scrapers: one scraper alone on /metrics ({args.targets} targets polled every {args.poll}, exposition "
+    print(f"scrapers ({label}): one scraper alone on /metrics ({args.targets} targets polled every {args.poll}, exposition "
           f"{size / 1024:.0f} KiB, gzip): median {single_ms:.1f} ms of 20")
-    for name, mode, r in (("/metrics", "all scraping at once every 1 s", aligned),
+    for name, mode, r in (("/metrics", "all scraping at once every 1 s", aligned), ("/-/healthy", "all at once every 1 s", floor_aligned),
                           ("/-/healthy", "back to back, saturation", floor), ("/metrics", "back to back, saturation", metrics)):
-        print(f"scrapers: {args.scrapers} concurrent on {name}, {mode} ({args.targets} targets polled every {args.poll}"
+        print(f"scrapers ({label}): {args.scrapers} concurrent on {name}, {mode} ({args.targets} targets polled every {args.poll}"
               f"{f', exposition {size / 1024:.0f} KiB' if name == '/metrics' else ''}) | {r['rps']:.0f} req/s | "
               f"p50 {r['p50_ms']:.1f} ms | p99 {r['p99_ms']:.1f} ms | max {r['max_ms']:.1f} ms | errors {r['errors']} of "
               f"{r['requests'] + r['errors']}")
-    print(f"scrapers: 50 at once every second: p99 {aligned['p99_ms']:.1f} ms = {aligned['p99_ms'] / single_ms:.1f}x one scrape "
-          f"alone, {aligned['errors']} errors (saturated, back to back: p99 {metrics['p99_ms']:.1f} ms, {metrics['errors']} errors; "
-          f"2 cores shared by the server and the 50 clients)")
-    return {"single_ms": single_ms, "aligned": aligned, "healthy": floor, "metrics": metrics, "exposition_bytes": size}
+    print(f"scrapers ({label}): 50 at once every second: p99 {aligned['p99_ms']:.1f} ms = {aligned['p99_ms'] / single_ms:.1f}x one "
+          f"scrape alone, {aligned['errors']} errors; /-/healthy the same way (no rendering, a 9-byte answer): p99 "
+          f"{floor_aligned['p99_ms']:.1f} ms (saturated, back to back: p99 {metrics['p99_ms']:.1f} ms, {metrics['errors']} "
+          f"errors; 2 cores shared by the server and the 50 clients)")
+    return {"code": label, "single_ms": single_ms, "aligned": aligned, "healthy_aligned": floor_aligned, "healthy": floor,
+            "metrics": metrics, "exposition_bytes": size}
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser()
+    p.add_argument("--targets", type=int, default=200)
+    p.add_argument("--poll", default="5s")
+    p.add_argument("--scrapers", type=int, default=50)
+    p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--old", default="", help="a git revision whose code is measured the same way after this checkout's")
+    args = p.parse_args(argv)
+    fleet = subprocess.Popen([sys.executable, "-m", "exporter", "simulate", f"--replicas={args.targets}", "--rate=2"],
+                             stdout=subprocess.PIPE, text=True)
+    rows = []
+    try:
+        urls = json.loads(fleet.stdout.readline())["targets"]
+        rows.append(phase("this checkout", None, urls, args))
+        if args.old:
+            code = old_checkout(args.old)
+            try:
+                rows.append(phase(f"old: {args.old}", code, urls, args))
+            finally:
+                shutil.rmtree(code, ignore_errors=True)
+    finally:
+        fleet.terminate()
+        fleet.wait(timeout=30)
+    return rows
 
 
 if __name__ == "__main__":

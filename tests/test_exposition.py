@@ -126,3 +126,31 @@ def test_a_scrape_never_waits_long_for_a_render_and_a_failed_one_is_a_500():
     assert state.published.counters.collect_errors == 1
     exposition.fragments.render = real
     assert b"prefixcache_collect_errors_total 1.0" in exposition.get(False)
+
+
+def test_a_scrape_waits_for_a_render_only_when_the_last_one_is_older_than_max_age():
+    """Fifty scrapers at once, or one every second, get the last render while it is at
+    most `max_age` old and start the next one without waiting for it; a scrape after a
+    longer quiet (a Prometheus every 15 s) waits for the state as it is now."""
+    import threading
+
+    state = fleet_state()
+    now = [0.0]
+    exposition = Exposition(state, CollectorRegistry(), min_interval=1.0, clock=lambda: now[0], wait=30.0,
+                            collector=PrefixCacheCollector(state, ["1m", "5m"]), max_age=2.0)
+    state.update(config_reload_success=False)
+    assert b"prefixcache_config_last_reload_successful 0.0" in exposition.get(False)  # the first scrape waits
+    gate = threading.Event()
+    real = exposition.fragments.render
+    exposition.fragments.render = lambda: (gate.wait(30.0), real())[1]
+    state.update(config_reload_success=True)
+    now[0] = 1.5  # due, and the last render read the state 1.5 s ago
+    answers = [exposition.get(False) for _ in range(50)]
+    assert all(b"prefixcache_config_last_reload_successful 0.0" in a for a in answers)  # none waited for the gated render
+    gate.set()
+    assert wait_for(lambda: b"prefixcache_config_last_reload_successful 1.0" in exposition.get(False))
+    exposition.fragments.render = real
+    state.update(config_reload_success=False)
+    now[0] = 60.0  # quiet for a minute: this scrape waits for the render it starts
+    assert b"prefixcache_config_last_reload_successful 0.0" in exposition.get(False)
+

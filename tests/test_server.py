@@ -52,10 +52,14 @@ def test_the_search_for_the_heads_end_resumes_where_it_stopped():
     assert request_state(b"\r\n\r\n" + data[:-4], HEAD, BODY, scanned=6)[0] == WAIT
 
 
+LARGE = bytes(range(256)) * 8192  # 2 MiB
+
+
 @pytest.fixture(scope="module")
 def served():
     app = App(State(), CollectorRegistry())
     app.route("POST", "/echo", lambda env: (200, "text/plain", env["wsgi.input"].read(int(env["CONTENT_LENGTH"]))))
+    app.route("GET", "/large", lambda env: (200, "application/octet-stream", LARGE))
     server = Server(app, "127.0.0.1", 0, read_deadline=3.0).start()
     yield server.port
     server.stop()
@@ -83,6 +87,21 @@ def test_pipelined_requests_are_all_answered(served):
     """Two requests in one packet: the second, read ahead with the first, is answered too."""
     out = exchange(served, b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\nGET /-/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert out.count(b"HTTP/1.1 200") == 2 and b"Healthy." in out and out.endswith(b"Ready.\n")
+
+
+def test_a_large_answer_to_a_client_that_reads_it_in_small_pieces_arrives_whole(served):
+    """2 MiB through a small receive buffer: the server's sends are partial, each resumed
+    where the last one stopped, and the client reads it whole (its head, then its body)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.settimeout(10)
+        s.connect(("127.0.0.1", served))
+        s.sendall(b"GET /large HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        out = bytearray()
+        while chunk := s.recv(4096):
+            out += chunk
+    head, _, got = bytes(out).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and f"Content-Length: {len(LARGE)}".encode() in head and got == LARGE
 
 
 def test_a_body_in_pieces_reaches_the_app_whole(served):

@@ -80,6 +80,20 @@ def _with_ingest_notes(snapshot: Snapshot, track: Track) -> Snapshot:
     return snapshot.noted(steps + track.detector.notes, counts)
 
 
+def _peers(by_model: dict[str, list[tuple[str, float]]], events_of: dict[str, tuple[DeployEvent, ...]]):
+    """-> peers(model, target): the model's ratios on the other targets, whether one had an event of it."""
+    fleets = {}
+    for model, found in by_model.items():
+        eventful = [t for t, _ in found if any(e.model is None or e.model == model for e in events_of.get(t, ()))]
+        fleets[model] = ({t: i for i, (t, _) in enumerate(found)}, tuple(r for _, r in found), eventful)
+
+    def peers(model: str, target: str) -> tuple[tuple[float, ...], bool]:
+        index, ratios, eventful = fleets.get(model, ({}, (), []))
+        i = index.get(target)
+        return (ratios if i is None else ratios[:i] + ratios[i + 1:]), any(t != target for t in eventful)
+    return peers
+
+
 class Engine:
     def __init__(self, config: Config):
         self.config = config
@@ -293,17 +307,16 @@ class Engine:
             events_of[name] = tuple(sorted(mine, key=lambda e: e.t))
         evaluated: set[tuple[str, str, str, str]] = set()
         references: dict[tuple[str, str], tuple[float, float]] = {}  # rebuilt: gone targets and models drop out
+        peers_of = _peers(by_model, events_of)
         for name, track in list(self.tracks.items()):
             view = track.view
             # a decode pod's prompt arrives as KV from prefill pods: its ratio is near zero by design
             for model in [""] + ([] if self._decode(track) else sorted(view.stats)):
-                peers = [(other, r) for other, r in by_model.get(model, ()) if other != name] if model else []
+                peer_ratios, peers_had_events = peers_of(model, name) if model else ((), False)
                 mine = tuple(e for e in events_of[name] if e.model is None or e.model == model)
                 base = Facts(now=now, target=name, model=model, up=view.up, down_since=view.down_since,
                              snapshot=view.snapshot, samples=view.samples, stats=view.stats.get(model, {}),
-                             windows=window_names, events=mine, peer_ratios=tuple(r for _, r in peers),
-                             peers_had_events=any(e.model is None or e.model == model for other, _ in peers
-                                                  for e in events_of.get(other, ())),
+                             windows=window_names, events=mine, peer_ratios=peer_ratios, peers_had_events=peers_had_events,
                              block_size=view.snapshot.block_size if view.snapshot else None,
                              ever_up=view.ever_up, fleet_baseline=self.fleet_baselines.get((name, model)),
                              hits_reference=self._hits_reference(name, model, view, references) if model else None)
@@ -312,9 +325,8 @@ class Engine:
                     key = (alertname, name, model, "")
                     evaluated.add(key)
                     alert = self.alerts.get(key) or Alert(alertname, name, model)
-                    facts = replace(base, active_since=alert.active_at if alert.state in (PENDING, FIRING) else None,
-                                    anchor=alert.anchor if alert.state in (PENDING, FIRING) else None,
-                                    anchor_baseline=alert.baseline if alert.state in (PENDING, FIRING) else None)
+                    facts = base if alert.state not in (PENDING, FIRING) else replace(  # base has none of these three
+                        base, active_since=alert.active_at, anchor=alert.anchor, anchor_baseline=alert.baseline)
                     cond = rule.condition(facts, settings, rc)
                     new, transition = step(alert, cond, now, settings, lambda a, c, f=facts: self._describe(a, c, f))
                     self._keep(key, new, transition, transitions)

@@ -13,6 +13,7 @@ prefixcache_collect_errors_total: never an empty 200.
 """
 from __future__ import annotations
 
+import functools
 import gzip
 import logging
 import threading
@@ -96,14 +97,20 @@ class TextFamilies(Families):
         out.append(count + floatToGoString(totals[0]) + "\n")
         out.append(sum_ + floatToGoString(totals[1]) + "\n")
 
-    def fragments(self) -> dict[str, tuple[str, str]]:
-        """Exposed family name -> (its HELP and TYPE lines, its sample lines)."""
-        out = {}
-        for name, lines in self.lines.items():
-            d = METRICS[name]
-            help_text = d.help.replace("{windows}", self.windows).replace("\\", "\\\\").replace("\n", "\\n")
-            out[d.exposed_name] = (f"# HELP {d.exposed_name} {help_text}\n# TYPE {d.exposed_name} {d.kind}\n", "".join(lines))
-        return out
+    def fragments(self) -> dict[str, tuple[bytes, bytes]]:
+        """Exposed family name -> (its HELP and TYPE lines, its sample lines), encoded: the
+        answer is then joined from them as they are, in one copy."""
+        return {METRICS[name].exposed_name: (_header(name, self.windows), "".join(lines).encode("utf-8"))
+                for name, lines in self.lines.items()}
+
+
+@functools.lru_cache(maxsize=1024)
+def _header(name: str, windows: str) -> bytes:
+    """A family's HELP and TYPE lines: one string shared by every target's fragment (not
+    a copy of each family's help a target, formatted anew at every render of each)."""
+    d = METRICS[name]
+    help_text = d.help.replace("{windows}", windows).replace("\\", "\\\\").replace("\n", "\\n")
+    return f"# HELP {d.exposed_name} {help_text}\n# TYPE {d.exposed_name} {d.kind}\n".encode("utf-8")
 
 
 class ReservedNames:
@@ -126,10 +133,10 @@ class FragmentRender:
 
     def __init__(self, collector: PrefixCacheCollector):
         self.collector = collector
-        self._fragments: dict[str, tuple[tuple, dict[str, tuple[str, str]], dict]] = {}
+        self._fragments: dict[str, tuple[tuple, dict[str, tuple[bytes, bytes]], dict]] = {}
         self.rendered_targets = 0  # fragments rendered anew, for tests and benchmarks
 
-    def _text(self, fill: Callable[[Families], None], extra: tuple[str, ...], prefixes: dict | None = None) -> dict[str, tuple[str, str]]:
+    def _text(self, fill: Callable[[Families], None], extra: tuple[str, ...], prefixes: dict | None = None) -> dict[str, tuple[bytes, bytes]]:
         families = TextFamilies(self.collector.windows, extra, prefixes)
         fill(families)
         return families.fragments()
@@ -155,30 +162,33 @@ class FragmentRender:
             parts.append(fragments[name][1])
         self._fragments = fragments  # gone targets' fragments go with them
         parts.append(self._text(lambda f: self.collector.tail(f, reading), extra))
-        headers: dict[str, str] = {}
-        samples: dict[str, list[str]] = {}
+        families: dict[str, list[bytes]] = {}  # family -> its header, then every part's lines
         for part in parts:
             for family, (header, lines) in part.items():
-                if family not in headers:
-                    headers[family] = header
-                    samples[family] = []
-                samples[family].append(lines)
-        return "".join(headers[f] + "".join(samples[f]) for f in headers).encode("utf-8")
+                chunks = families.get(family)
+                if chunks is None:
+                    chunks = families[family] = [header]
+                chunks.append(lines)
+        # one copy of the answer: no text of it whole beside its encoding
+        return b"".join(chunk for chunks in families.values() for chunk in chunks)
 
 
 class Exposition:
     """/metrics for every scraper. With `collector` (the sidecar): our families rendered
     at most once per `min_interval` and only when the state changed, from cached
     fragments, on a thread of their own, shared by every scraper with their gzip; a
-    scrape waits for a render in progress at most `wait` seconds, then gets the last one,
-    so /metrics answers at once however large the fleet and however busy the process.
+    scrape starts a render that is due and gets the last one while it read the state at
+    most `max_age` seconds ago (twice `min_interval` unless given): scrapers that come
+    often, or many at once, never wait for a render. One whose last render is older waits
+    for the render in progress at most `wait` seconds, then gets the last one, so
+    /metrics answers at once however large the fleet and however busy the process.
     The `registry` (the runtime collectors) is read on every scrape. Without `collector`
     (tests that register our collector in the registry): the whole registry, rendered in
     the request once per state change."""
 
     def __init__(self, state: State, registry: CollectorRegistry, min_interval: float = 1.0,
                  clock: Callable[[], float] = time.monotonic, collector: PrefixCacheCollector | None = None,
-                 wait: float = 0.5):
+                 wait: float = 0.5, max_age: float | None = None):
         self.state = state
         self.registry = registry
         # Each poll of each target is a state change: with many targets, renders are
@@ -187,6 +197,8 @@ class Exposition:
         self.min_interval = min_interval
         self.clock = clock
         self.wait = wait
+        self._max_age = max_age  # None: twice min_interval, whatever it is set to later
+        self._read_at = -1e18  # when the last render read the state: the age of what a scrape gets
         self.fragments = FragmentRender(collector) if collector is not None else None
         self._lock = threading.Lock()
         self._generation = -1
@@ -203,7 +215,11 @@ class Exposition:
             # at once, while the state is small: from then on a scrape never waits longer than `wait`,
             # even the first one after a thousand targets were polled
             self._render(state.generation)
-            self._rendered_at = -1e18  # the first scrape renders what changed since, at once
+            self._rendered_at = self._read_at = -1e18  # the first scrape renders what changed since, and waits for it
+
+    @property
+    def max_age(self) -> float:
+        return 2 * self.min_interval if self._max_age is None else self._max_age
 
     def _due(self) -> bool:
         generation = self.state.generation
@@ -221,7 +237,7 @@ class Exposition:
                     self._renderer = threading.Thread(target=self._render_loop, name="render", daemon=True)
                     self._renderer.start()
                 self._changed.notify_all()
-            if self._busy:
+            if self._busy and self.clock() - self._read_at > self.max_age:
                 before = self._renders
                 self._changed.wait_for(lambda: self._renders > before, None if not self._body else self.wait)
                 if self._failed and self._renders > before:
@@ -239,6 +255,7 @@ class Exposition:
             self._render(generation)
 
     def _render(self, generation: int) -> None:
+        began = self.clock()
         try:
             body = self.fragments.render()
             zipped = gzip.compress(body, compresslevel=1)
@@ -252,7 +269,7 @@ class Exposition:
             return
         with self._lock:
             self._body, self._gzip, self._generation, self._rendered_at = body, zipped, generation, self.clock()
-            self._failed, self._busy = False, False
+            self._failed, self._busy, self._read_at = False, False, began
             self._renders += 1
             self._changed.notify_all()
 

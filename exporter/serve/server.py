@@ -45,7 +45,7 @@ import threading
 import time
 
 from cheroot import connections as cheroot_connections, server as cheroot_server, wsgi
-from cheroot.makefile import MakeFile, StreamReader
+from cheroot.makefile import MakeFile, StreamReader, StreamWriter
 from cheroot.ssl import Adapter
 
 from ..config.reader import ConfigError
@@ -210,6 +210,24 @@ class _ReadAheadReader(StreamReader):
         return self.io.pending
 
 
+class _Writer(StreamWriter):
+    """Sends each write (an answer's head, then its body) from a view of it: cheroot's
+    writer copies the answer into a buffer and copies what is left of it again at every
+    partial send, so a /metrics answer of a few hundred KiB to a scraper that reads it in
+    pieces was copied again and again. Each send still waits at most the socket's timeout."""
+
+    def write(self, b):
+        self._checkClosed()
+        with self._write_lock:
+            if self._write_buf:
+                self._flush_unlocked()
+            sock, view = self.raw._sock, memoryview(b).cast("B")
+            while view:
+                view = view[sock.send(view):]
+        self.bytes_written += len(b)
+        return len(b)
+
+
 class _DeadlineRequest(cheroot_server.HTTPRequest):
     def respond(self):
         try:
@@ -230,7 +248,7 @@ class _Connection(cheroot_server.HTTPConnection):
 
     def __init__(self, server, sock, makefile=MakeFile):
         def files(s, mode, bufsize):
-            return _ReadAheadReader(s, bufsize) if "r" in mode else makefile(s, mode, bufsize)
+            return _ReadAheadReader(s, bufsize) if "r" in mode else _Writer(s, mode, bufsize)
         super().__init__(server, sock, files)
 
     @property
