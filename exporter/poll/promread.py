@@ -25,7 +25,6 @@ from ..config.discovery import DiscoveryConfig
 from ..config.sections import Target
 from ..discovery import promseries
 from ..monitor.targetview import STALE
-from ..parse.vllm_metrics import parse
 from ..discovery.targets import DiscoveryError, Limits, SourceState, settle
 from ..peers.promapi import PrometheusAPI, PrometheusAPIError
 from ..peers.urls import redact_url
@@ -165,7 +164,7 @@ def read_once(poller) -> None:
         if target is None:
             continue  # another shard's
         for t in times:
-            target.ingest(t, parse(pod.text(t), target.series_limit))
+            target.ingest(t, pod.snapshot(t, target.series_limit))
     for pod_name, newest in reader.stale(now).items():
         target = ours.get(by_pod.get(pod_name, ""))
         view = poller.state.target(target.target.name) if target is not None else None
