@@ -204,3 +204,50 @@ def test_a_pods_samples_from_the_answer_make_the_snapshot_its_body_makes(fixture
     assert sorted(later["vllm-0"].times) == [115.0]
     assert later["vllm-0"].snapshot(115.0) == pods["vllm-0"].snapshot(115.0)
     assert promseries.pods(answer_of({100.0: text, 115.0: grown}, pod), "pod", "test", {"vllm-0": 115.0}) == {}
+
+
+def test_a_read_goes_part_by_part_and_a_failed_part_waits_for_the_next_read():
+    """Each part's pods are polled and fed as its answer comes; a part that fails ends the
+    read (the source is failing), what the parts before it fed stays fed and is not fed
+    again, and the next read brings the rest."""
+    import json
+    from urllib.parse import parse_qs, urlsplit
+    from fakeserver import FakeServer, reply
+    now = 20_000.0
+    replicas = {name: simulator.Replica(name, simulator.Scenario(request_rate=4.0), start=now - 900, seed=i, model_names=[MODEL])
+                for i, name in enumerate(("vllm-a", "vllm-z"))}
+    bodies = {}
+    for name, r in replicas.items():
+        r.advance(now - 20)
+        first = r.render()
+        r.advance(now - 5)
+        bodies[name] = {now - 20: first, now - 5: r.render()}
+    failing = {"on": True}
+
+    def query(h):
+        q = parse_qs(urlsplit(h.path).query)["query"][0]
+        name = "vllm-z" if "!~" in q else "vllm-a"  # the last part takes the names the others do not
+        if name == "vllm-z" and failing["on"]:
+            return reply(h, 500, b'{"status":"error","error":"overloaded"}')
+        reply(h, 200, json.dumps(answer_of(bodies[name], {"job": "vllm", "pod": name})).encode())
+
+    with FakeServer({"/api/v1/query": query}) as prom:
+        raw = read_config(prom.base)
+        raw["discovery"]["read_prometheus"]["partitions"] = 2
+        state = State()
+        poller = Poller(load(raw), state, clock=lambda: now)
+        try:
+            poller.read()
+            assert [v.target.name for v in state.targets() if v.up] == ["vllm-a"]
+            assert dict(state.target("vllm-a").scrapes)["success"] == 2
+            (source,) = [s for s in state.published.discovery if s.name == "read_prometheus"]
+            assert not source.ok and "overloaded" in source.error
+            failing["on"] = False
+            poller.read()
+            assert sorted(v.target.name for v in state.targets() if v.up) == ["vllm-a", "vllm-z"]
+            assert dict(state.target("vllm-a").scrapes)["success"] == 2  # its samples were fed once
+            assert dict(state.target("vllm-z").scrapes)["success"] == 2
+            (source,) = [s for s in state.published.discovery if s.name == "read_prometheus"]
+            assert source.ok and len(source.targets) == 2
+        finally:
+            poller.stop(0.5)
