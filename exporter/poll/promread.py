@@ -19,7 +19,6 @@ import gc
 import logging
 import math
 import statistics
-import threading
 from collections import Counter
 from dataclasses import replace
 
@@ -74,10 +73,7 @@ class PrometheusReader:
         """One part's samples since the last read; DiscoveryError when Prometheus gave none.
         The answer's JSON (some 270 lists and dicts a pod) holds no cycle: the cycle
         collector is kept from walking it again and again while it is decoded and read
-        (measured: a third of a read's CPU), and runs once it is gone. As the next part is
-        asked while one is fed, that is most of a read: a read makes no cyclic garbage to
-        speak of (snapshots, views and window stats are trees), and what there is waits
-        seconds for the collection."""
+        (measured: a third of a read's CPU), and runs once it is gone."""
         collecting = gc.isenabled()
         gc.disable()
         try:
@@ -158,10 +154,9 @@ class PrometheusReader:
 
 
 def read_once(poller) -> None:
-    """One read, part by part: ask, install the part's new pods (as a discovery change),
-    feed each new sample to its target's poller in time order, while the next part is
-    asked (two parts' answers in memory at most); after the last part, forget the
-    long-silent pods and mark the silent ones down.
+    """One read, part by part (one answer in memory at a time): ask, install the part's
+    new pods (as a discovery change), feed each new sample to its target's poller in time
+    order; after the last part, forget the long-silent pods and mark the silent ones down.
     `poller` is the Poller (exporter/poll/poller.py), whose locks this takes in its order.
     A part that fails ends the read: what earlier parts fed stays fed (each pod's newest
     sample read is kept), the rest waits for the next read, which reaches back to the last
@@ -170,14 +165,11 @@ def read_once(poller) -> None:
     if reader is None:
         return
     now = poller.clock()
-    reach, seen, parts = reader.reach(now), set(), reader.parts()
+    reach, seen = reader.reach(now), set()
     reader.dropped.clear()
-    ahead = _Ahead(reader.fetch, now, reach, parts[0])
-    for i in range(len(parts)):
+    for part in reader.parts():
         try:
-            pods = ahead.get()
-            # the next part is asked while this one is fed: Prometheus encodes one answer while we read the last
-            ahead = _Ahead(reader.fetch, now, reach, parts[i + 1]) if i + 1 < len(parts) else None
+            pods = reader.fetch(now, reach, part)
         except DiscoveryError as exc:
             reader.failed(now, str(exc))
             poller.publish_discovery()
@@ -191,7 +183,7 @@ def read_once(poller) -> None:
             ours = {name: poller.pollers[name] for name in poller.read_names if name in poller.pollers}
             by_pod = by_name(poller)
         _ingest(reader, pods, ours, by_pod)
-        del pods  # this part's samples, before the next part's are read
+        del pods  # this part's samples, before the next part is asked
     with poller.reload_lock:
         if reader is not poller.reader:
             return
@@ -209,30 +201,6 @@ def read_once(poller) -> None:
         if view is not None and (view.up or not view.polled):  # said once, as it goes down
             target.mark_down(now, STALE, f"no sample in Prometheus since {now - newest:.0f}s ago "
                                          f"(stale after {reader.stale_after(pod_name):g}s)")
-
-
-class _Ahead:
-    """A part asked on a thread of its own (a daemon: SIGTERM never waits for it; the
-    query has its deadline); get() waits for its pods or raises its error."""
-
-    def __init__(self, fetch, *args) -> None:
-        self.pods: dict[str, promseries.Pod] | None = None
-        self.error: Exception | None = None
-        self.thread = threading.Thread(target=self._run, args=(fetch, args), name="read-ahead", daemon=True)
-        self.thread.start()
-
-    def _run(self, fetch, args) -> None:
-        try:
-            self.pods = fetch(*args)
-        except Exception as exc:  # noqa: BLE001 - handed to the reading thread, which counts it
-            self.error = exc
-
-    def get(self) -> dict[str, promseries.Pod]:
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        assert self.pods is not None
-        return self.pods
 
 
 def by_name(poller) -> dict[str, str]:
