@@ -160,3 +160,93 @@ def test_partitions_cover_every_pod_name_once():
             hits += matched if op == "=~" else not matched
         assert hits == 1, name
     assert promseries.partitions("pod", 1) == [""]
+
+
+def answer_of(scrapes: dict[float, str], pod_labels: dict[str, str]) -> dict:
+    """Prometheus's matrix answer for one pod scraped at each time of `scrapes` with that
+    body (its samples read by prometheus_client's parser, not ours), as the API gives it:
+    a series per label set, its values oldest first, the target's labels on every series."""
+    from prometheus_client.parser import text_string_to_metric_families
+    series: dict[tuple, list] = {}
+    for t, text in sorted(scrapes.items()):
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                metric = {"__name__": s.name, **s.labels, **pod_labels}
+                series.setdefault(tuple(sorted(metric.items())), []).append([t, repr(float(s.value))])
+    return {"status": "success", "data": {"resultType": "matrix",
+                                          "result": [{"metric": dict(k), "values": v} for k, v in series.items()]}}
+
+
+@pytest.mark.parametrize("fixture", ["vllm-metrics/v1-main-2026-08_vllm-pr-51670.txt", "vllm-metrics/v1-0.10.0_production-stack-issue-617.txt",
+                                     "engine-metrics/lmcache-in-vllm_lmcache-pr-1300_tp4-worker-ids.txt",
+                                     "engine-metrics/vllm_loggers_connector-sleep_asleep-level-2.txt",
+                                     "engine-metrics/sglang_0.5.1_issue-13485_scheduler-labels.txt"])
+def test_a_pods_samples_from_the_answer_make_the_snapshot_its_body_makes(fixture):
+    """The samples of a scrape as Prometheus holds them, filed without a text written and
+    read back, make the scrape path's snapshot of the body (but the warnings' line numbers:
+    sample i stands for line i, and the answer has no comment lines)."""
+    from pathlib import Path
+    from dataclasses import replace
+    from exporter.parse.vllm_metrics import parse
+    text = (Path(__file__).parent / "fixtures" / fixture).read_text()
+    grown = "\n".join(line if line.startswith("#") or not line.strip() else
+                      line.rpartition(" ")[0] + " " + repr(float(line.rpartition(" ")[2]) * 2) for line in text.splitlines()) + "\n"
+    pod = {"job": "vllm", "namespace": "llm", "pod": "vllm-0", "instance": "10.0.0.1:8000"}
+    pods = promseries.pods(answer_of({100.0: text, 115.0: grown}, pod), "pod", "test")
+    assert list(pods) == ["vllm-0"] and sorted(pods["vllm-0"].times) == [100.0, 115.0]
+    for t, body in ((100.0, text), (115.0, grown)):
+        ours, theirs = pods["vllm-0"].snapshot(t), parse(body)
+        assert theirs.series and replace(ours, warnings=(), warnings_dropped=0) == replace(theirs, warnings=(), warnings_dropped=0)
+        assert len(ours.warnings) == len(theirs.warnings)
+    # samples at or before a pod's last read are left out, the newer ones kept
+    later = promseries.pods(answer_of({100.0: text, 115.0: grown}, pod), "pod", "test", {"vllm-0": 100.0})
+    assert sorted(later["vllm-0"].times) == [115.0]
+    assert later["vllm-0"].snapshot(115.0) == pods["vllm-0"].snapshot(115.0)
+    assert promseries.pods(answer_of({100.0: text, 115.0: grown}, pod), "pod", "test", {"vllm-0": 115.0}) == {}
+
+
+def test_a_read_goes_part_by_part_and_a_failed_part_waits_for_the_next_read():
+    """Each part's pods are polled and fed as its answer comes; a part that fails ends the
+    read (the source is failing), what the parts before it fed stays fed and is not fed
+    again, and the next read brings the rest."""
+    import json
+    from urllib.parse import parse_qs, urlsplit
+    from fakeserver import FakeServer, reply
+    now = 20_000.0
+    replicas = {name: simulator.Replica(name, simulator.Scenario(request_rate=4.0), start=now - 900, seed=i, model_names=[MODEL])
+                for i, name in enumerate(("vllm-a", "vllm-z"))}
+    bodies = {}
+    for name, r in replicas.items():
+        r.advance(now - 20)
+        first = r.render()
+        r.advance(now - 5)
+        bodies[name] = {now - 20: first, now - 5: r.render()}
+    failing = {"on": True}
+
+    def query(h):
+        q = parse_qs(urlsplit(h.path).query)["query"][0]
+        name = "vllm-z" if "!~" in q else "vllm-a"  # the last part takes the names the others do not
+        if name == "vllm-z" and failing["on"]:
+            return reply(h, 500, b'{"status":"error","error":"overloaded"}')
+        reply(h, 200, json.dumps(answer_of(bodies[name], {"job": "vllm", "pod": name})).encode())
+
+    with FakeServer({"/api/v1/query": query}) as prom:
+        raw = read_config(prom.base)
+        raw["discovery"]["read_prometheus"]["partitions"] = 2
+        state = State()
+        poller = Poller(load(raw), state, clock=lambda: now)
+        try:
+            poller.read()
+            assert [v.target.name for v in state.targets() if v.up] == ["vllm-a"]
+            assert dict(state.target("vllm-a").scrapes)["success"] == 2
+            (source,) = [s for s in state.published.discovery if s.name == "read_prometheus"]
+            assert not source.ok and "overloaded" in source.error
+            failing["on"] = False
+            poller.read()
+            assert sorted(v.target.name for v in state.targets() if v.up) == ["vllm-a", "vllm-z"]
+            assert dict(state.target("vllm-a").scrapes)["success"] == 2  # its samples were fed once
+            assert dict(state.target("vllm-z").scrapes)["success"] == 2
+            (source,) = [s for s in state.published.discovery if s.name == "read_prometheus"]
+            assert source.ok and len(source.targets) == 2
+        finally:
+            poller.stop(0.5)

@@ -88,7 +88,7 @@ class Facts:
     stats: dict[str, WindowStats]  # configured window name -> stats
     windows: dict[float, str]  # seconds -> configured window name
     events: tuple[DeployEvent, ...]  # this target's, oldest first
-    peer_ratios: tuple[float, ...] = ()
+    fleet_ratios: tuple[tuple[str, float], ...] = ()  # (target, judged ratio) of the model on every target, this one's too
     peers_had_events: bool = False
     block_size: int | None = None
     ever_up: bool = True
@@ -475,7 +475,8 @@ def evidence(f: Facts, rc: RulesConfig) -> causes.Evidence:
         # after a deploy, KV usage around it matters; with none, a slide over the long window
         kv_usage_max=now_ws.kv_cache_usage_max if deploys else long_ws.kv_cache_usage_max,
         preemptions=now_ws.preemption_increase,
-        events=f.events, peer_ratios=f.peer_ratios, peers_had_events=f.peers_had_events,
+        events=f.events, peer_ratios=tuple(r for other, r in f.fleet_ratios if other != f.target),
+        peers_had_events=f.peers_had_events,
         requests=now_ws.ttft_count_increase,
         token_rates=rates, baseline_token_rates=baseline_rates,
         tiers=tuple(tier_shares(after_tiers).items()), baseline_tiers=tuple(tier_shares(before_tiers).items()),

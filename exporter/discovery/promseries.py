@@ -6,8 +6,9 @@ The question is one instant query of a range selector,
 a matrix of the raw samples each series got in the range (Prometheus's API, which Thanos
 Querier, Mimir and VictoriaMetrics answer alike; no PromQL function is applied, so no
 server-side extrapolation either). The samples of one scrape share its timestamp, so
-grouping a pod's samples by timestamp gives back each scrape, which becomes the text the
-scrape path's parser reads: both paths run the same parser and the same engine.
+grouping a pod's samples by timestamp gives back each scrape, whose samples the scrape
+path's parser files (vllm_metrics.parse_samples: the same roles and checks as a body's
+lines, without writing a text to read back): both paths run the same parser and engine.
 A pod is named by its `target_label` (`pod`), else its `instance`; its labels are those
 Prometheus gave its target (the labels of `process_start_time_seconds`, which has none of
 its own, else the labels every series of the pod shares less the engine's own).
@@ -21,6 +22,8 @@ from typing import Any
 
 from ..config.sections import Target
 from ..parse.names import PROCESS_START_TIME, SAMPLE_NAMES
+from ..parse.snapshot import Snapshot
+from ..parse.vllm_metrics import parse_samples
 from .targets import DiscoveryError, Limits, _bounded_labels, _own_labels, _without_userinfo
 
 # labels an engine puts on its own series: never a pod's
@@ -60,19 +63,22 @@ def _escape(value: str) -> str:
 
 @dataclass
 class Pod:
-    """One target's samples of one answer: sample time -> exposition lines."""
+    """One target's samples of one answer: sample time -> (name, own labels, value text)
+    of each of that scrape's samples, in the answer's order."""
 
     name: str
     labels: dict[str, str]  # its target's labels (Prometheus's, after relabelling)
-    times: dict[float, list[str]] = field(default_factory=dict)
+    times: dict[float, list[tuple[str, dict[str, str], str]]] = field(default_factory=dict)
 
-    def text(self, t: float) -> str:
-        return "\n".join(self.times[t]) + "\n"
+    def snapshot(self, t: float, series_limit: int = 0) -> Snapshot:
+        """The scrape at `t` through the scrape path's parser (its samples, not a text)."""
+        return parse_samples(self.times[t], series_limit)
 
 
 def pods(payload: Any, target_label: str, where: str, newer_than: dict[str, float] | None = None) -> dict[str, Pod]:
     """A query answer -> pod name -> its samples, those of a pod at or before
-    `newer_than[pod]` (already read) left out."""
+    `newer_than[pod]` (already read) left out. A series' values are in time order (the
+    API's matrix), so its reading stops at the first sample already read."""
     if not isinstance(payload, dict) or payload.get("status") != "success" or not isinstance(payload.get("data"), dict):
         raise DiscoveryError(f"{where}: not a successful query answer")
     data = payload["data"]
@@ -96,16 +102,22 @@ def pods(payload: Any, target_label: str, where: str, newer_than: dict[str, floa
         after = newer_than.get(pod, -math.inf)
         times: dict[float, list[str]] = {}
         for name, metric, values in series:
-            own = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(metric.items())
-                           if k != "__name__" and k not in labels and isinstance(v, str))
-            head = f"{name}{{{own}}} " if own else f"{name} "
-            for sample in values:
+            own = None  # one dict of the series' own labels, shared by its samples
+            # a series' samples come oldest first: read from the newest back to the first already read
+            for sample in reversed(values):
                 try:
                     t, value = float(sample[0]), sample[1]
                 except (TypeError, ValueError, IndexError):
                     raise DiscoveryError(f"{where}: a sample of {name} of {pod} is not [time, \"value\"]") from None
-                if t > after and isinstance(value, str):
-                    times.setdefault(t, []).append(head + value)
+                if t <= after:
+                    break
+                if isinstance(value, str):
+                    if own is None:
+                        own = {k: v for k, v in metric.items() if k != "__name__" and k not in labels and isinstance(v, str)}
+                    scrape = times.get(t)
+                    if scrape is None:
+                        scrape = times[t] = []
+                    scrape.append((name, own, value))
         if times:
             out[pod] = Pod(pod, labels, times)
     return out

@@ -80,20 +80,6 @@ def _with_ingest_notes(snapshot: Snapshot, track: Track) -> Snapshot:
     return snapshot.noted(steps + track.detector.notes, counts)
 
 
-def _peers(by_model: dict[str, list[tuple[str, float]]], events_of: dict[str, tuple[DeployEvent, ...]]):
-    """-> peers(model, target): the model's ratios on the other targets, whether one had an event of it."""
-    fleets = {}
-    for model, found in by_model.items():
-        eventful = [t for t, _ in found if any(e.model is None or e.model == model for e in events_of.get(t, ()))]
-        fleets[model] = ({t: i for i, (t, _) in enumerate(found)}, tuple(r for _, r in found), eventful)
-
-    def peers(model: str, target: str) -> tuple[tuple[float, ...], bool]:
-        index, ratios, eventful = fleets.get(model, ({}, (), []))
-        i = index.get(target)
-        return (ratios if i is None else ratios[:i] + ratios[i + 1:]), any(t != target for t in eventful)
-    return peers
-
-
 class Engine:
     def __init__(self, config: Config):
         self.config = config
@@ -104,6 +90,7 @@ class Engine:
         self.last_event_t: dict[str, float] = {}  # target ('' for all) -> newest event of any kind
         self.last_restart_t: dict[str, float] = {}  # target ('' for all) -> newest restart
         self.alerts: dict[tuple[str, str, str, str], Alert] = {}
+        self._decoding: dict[str, bool] | None = None  # target -> a decode pod, during an evaluation
         self.rollouts: dict[str, rollouts.Rollout] = {}  # model -> its newest rollout (exporter/alerting/rollouts.py)
         self.verdicts: dict[str, analysis.Verdict] = {}  # model -> the gate's verdict at the last evaluation, while versions are judged
         self.fleet_baselines: dict[tuple[str, str], tuple[float, float]] = {}  # (target, model) -> (ratio, pod start)
@@ -286,6 +273,13 @@ class Engine:
         """Run every enabled rule on every (target, model). An alert whose key was not
         evaluated (target gone, rule disabled, model vanished, a TargetDown that was
         raised before the first scrape) resolves. Reads only the tracks' views."""
+        self._decoding = {}  # each target's role judged once an evaluation, not once a question
+        try:
+            return self._evaluate(now, events)
+        finally:
+            self._decoding = None
+
+    def _evaluate(self, now: float, events: tuple[DeployEvent, ...] | None) -> list[Transition]:
         if events is None:
             events = self.take_events(now)
         fleet = self._fleet_changes(now)
@@ -307,16 +301,20 @@ class Engine:
             events_of[name] = tuple(sorted(mine, key=lambda e: e.t))
         evaluated: set[tuple[str, str, str, str]] = set()
         references: dict[tuple[str, str], tuple[float, float]] = {}  # rebuilt: gone targets and models drop out
-        peers_of = _peers(by_model, events_of)
+        # per model, its fleet once (not a list of peers per target: that was quadratic in the targets)
+        fleets = {model: tuple(ratios) for model, ratios in by_model.items()}
+        with_events = {model: {other for other, _ in ratios if any(e.model is None or e.model == model for e in events_of.get(other, ()))}
+                       for model, ratios in by_model.items()}
         for name, track in list(self.tracks.items()):
             view = track.view
             # a decode pod's prompt arrives as KV from prefill pods: its ratio is near zero by design
             for model in [""] + ([] if self._decode(track) else sorted(view.stats)):
-                peer_ratios, peers_had_events = peers_of(model, name) if model else ((), False)
+                eventful = with_events.get(model, ()) if model else ()
                 mine = tuple(e for e in events_of[name] if e.model is None or e.model == model)
                 base = Facts(now=now, target=name, model=model, up=view.up, down_since=view.down_since,
                              snapshot=view.snapshot, samples=view.samples, stats=view.stats.get(model, {}),
-                             windows=window_names, events=mine, peer_ratios=peer_ratios, peers_had_events=peers_had_events,
+                             windows=window_names, events=mine, fleet_ratios=fleets.get(model, ()) if model else (),
+                             peers_had_events=len(eventful) > (name in eventful),
                              block_size=view.snapshot.block_size if view.snapshot else None,
                              ever_up=view.ever_up, fleet_baseline=self.fleet_baselines.get((name, model)),
                              hits_reference=self._hits_reference(name, model, view, references) if model else None)
@@ -325,7 +323,7 @@ class Engine:
                     key = (alertname, name, model, "")
                     evaluated.add(key)
                     alert = self.alerts.get(key) or Alert(alertname, name, model)
-                    facts = base if alert.state not in (PENDING, FIRING) else replace(  # base has none of these three
+                    facts = base if alert.state not in (PENDING, FIRING) else replace(  # an inactive alert's: None each
                         base, active_since=alert.active_at, anchor=alert.anchor, anchor_baseline=alert.baseline)
                     cond = rule.condition(facts, settings, rc)
                     new, transition = step(alert, cond, now, settings, lambda a, c, f=facts: self._describe(a, c, f))
@@ -407,10 +405,12 @@ class Engine:
             references[(name, model)] = ref
         return ref
 
-    @staticmethod
-    def _decode(track: Track) -> bool:
+    def _decode(self, track: Track) -> bool:
         """A P/D decode pod (exporter/parse/roles.py): the hit-rate rules and the fleet leave it out."""
-        return roles.role(track.target.labels, track.view.snapshot)[0] == roles.DECODE
+        memo, name = self._decoding if self._decoding is not None else {}, track.target.name
+        if name not in memo:
+            memo[name] = roles.role(track.target.labels, track.view.snapshot)[0] == roles.DECODE
+        return memo[name]
 
     # --- a router's prediction against the engines ------------------------------------------
     def _evaluate_routing(self, now: float, evaluated: set, transitions: list[Transition]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 
 # what the parser builds; the types live in snapshot.py, which their users import
 from . import cacheconfig, tiers, trtllm
@@ -158,18 +159,26 @@ def parse(text: str, series_limit: int = 0) -> Snapshot:
     `series_limit`, parsing stops at the first (model, engine) series past it: a body of
     236,000 series is refused after the limit's worth, not read whole first."""
     warnings = _Warnings()
-    series: dict[tuple[str, str | None], _SeriesBuilder] = {}
-    infos: dict[str, list[dict[str, str]]] = {}
     helps: dict[str, str] = {}
-    process_start: float | None = None
-    rejected: dict[str, int] = {}
-    kinds: set[str] = set()
     declared: set[str] = set()  # TRT-LLM block-counter families with a `# TYPE` line
-    trtllm_keys: set[tuple[str, str | None]] = set()
-    router = RouterBuilder()
-    roles = ROLE_BY_NAME
-    over_series_limit = False
+    return _build(_text_samples(text, warnings, helps, declared), series_limit, warnings, helps, declared)
 
+
+def parse_samples(samples: Iterable[tuple[str, dict[str, str], str]], series_limit: int = 0) -> Snapshot:
+    """One scrape's samples as a source holds them apart (Prometheus's API): (name, its
+    own labels, value text) each, in the body's order -> the Snapshot parse() makes of the
+    body they are (the same roles, checks and warnings; sample i stands for line i). No
+    text is written and read back; a source has no HELP or TYPE lines to give."""
+    warnings = _Warnings()
+    roles = ROLE_BY_NAME
+    return _build(((i, name, labels, value) for i, (name, labels, value) in enumerate(samples, 1) if name in roles),
+                  series_limit, warnings, {}, set())
+
+
+def _text_samples(text: str, warnings: _Warnings, helps: dict[str, str], declared: set[str]):
+    """(line number, name, labels, value text) of the body's samples that the table names;
+    HELP and TYPE lines noted, malformed samples warned of."""
+    roles = ROLE_BY_NAME
     for lineno, line in _lines(text):
         if not line:
             continue
@@ -187,8 +196,7 @@ def parse(text: str, series_limit: int = 0) -> Snapshot:
         space = line.find(" ")
         cut = brace if brace != -1 and (space == -1 or brace < space) else space
         name = line[:cut] if cut != -1 else line
-        role = roles.get(name)
-        if role is None:
+        if name not in roles:
             continue
         parsed = _sample(line, cut if cut == brace else -1)
         if parsed is None:
@@ -198,7 +206,24 @@ def parse(text: str, series_limit: int = 0) -> Snapshot:
         if labels is None:
             warnings.append(f"line {lineno}: malformed labels for {name} (bad syntax or a label twice)")
             continue
-        if any(len(v) > MAX_LABEL_VALUE for v in labels.values()):
+        yield lineno, name, labels, value_text
+
+
+def _build(samples, series_limit: int, warnings: _Warnings, helps: dict[str, str], declared: set[str]) -> Snapshot:
+    """(line number, name, labels, value text) of the named samples -> the Snapshot."""
+    series: dict[tuple[str, str | None], _SeriesBuilder] = {}
+    infos: dict[str, list[dict[str, str]]] = {}
+    process_start: float | None = None
+    rejected: dict[str, int] = {}
+    kinds: set[str] = set()
+    trtllm_keys: set[tuple[str, str | None]] = set()
+    router = RouterBuilder()
+    roles = ROLE_BY_NAME
+    over_series_limit = False
+
+    for lineno, name, labels, value_text in samples:
+        role = roles[name]
+        if labels and max(map(len, labels.values())) > MAX_LABEL_VALUE:
             rejected["label_value_too_long"] = rejected.get("label_value_too_long", 0) + 1
             warnings.append(f"line {lineno}: {name} has a label value over {MAX_LABEL_VALUE} characters; sample dropped")
             continue

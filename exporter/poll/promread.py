@@ -15,6 +15,7 @@ own thread, so a slow Prometheus delays the next read, never a poll or SIGTERM.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import statistics
@@ -25,7 +26,6 @@ from ..config.discovery import DiscoveryConfig
 from ..config.sections import Target
 from ..discovery import promseries
 from ..monitor.targetview import STALE
-from ..parse.vllm_metrics import parse
 from ..discovery.targets import DiscoveryError, Limits, SourceState, settle
 from ..peers.promapi import PrometheusAPI, PrometheusAPIError
 from ..peers.urls import redact_url
@@ -55,50 +55,72 @@ class PrometheusReader:
         self.targets: dict[str, Target] = {}  # pod -> its target, while not forgotten
         self.state = SourceState(READ_PROMETHEUS)
         self.query_seconds: float | None = None  # the last query's duration, for the status page and benchmarks
+        self.dropped: Counter = Counter()  # labels and targets the limits dropped in this read
 
     def carry_over(self, old: "PrometheusReader") -> None:
         """A reload's new reader goes on from where the old one was."""
         self.newest, self.gap, self.targets, self.last_read = dict(old.newest), dict(old.gap), dict(old.targets), old.last_read
 
-    def fetch(self, now: float) -> dict[str, promseries.Pod]:
-        """The samples since the last read; DiscoveryError when Prometheus gave none."""
+    def reach(self, now: float) -> float:
+        """How far back this read asks: since the last read, with the margin."""
         reach = MAX_RANGE if self.last_read is None else min(MAX_RANGE, now - self.last_read + MARGIN)
-        reach = max(reach, 2 * self.poll_interval)
-        found: dict[str, promseries.Pod] = {}
-        for part in promseries.partitions(self.read.target_label, self.read.partitions):
-            try:
-                payload = self.api.get("/api/v1/query", {"query": promseries.query(self.read.match_labels, reach, part),
-                                                         "time": f"{now:.3f}"})
-            except PrometheusAPIError as exc:
-                raise DiscoveryError(str(exc)) from None
-            found.update(promseries.pods(payload, self.read.target_label, self.where, self.newest))
-            del payload  # one part's answer at a time in memory
-        return found
+        return max(reach, 2 * self.poll_interval)
+
+    def parts(self) -> list[str]:
+        return promseries.partitions(self.read.target_label, self.read.partitions)
+
+    def fetch(self, now: float, reach: float, part: str) -> dict[str, promseries.Pod]:
+        """One part's samples since the last read; DiscoveryError when Prometheus gave none.
+        The answer's JSON (some 270 lists and dicts a pod) holds no cycle: the cycle
+        collector is kept from walking it again and again while it is decoded and read
+        (measured: a third of a read's CPU), and runs once it is gone."""
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            payload = self.api.get("/api/v1/query", {"query": promseries.query(self.read.match_labels, reach, part),
+                                                     "time": f"{now:.3f}"})
+            return promseries.pods(payload, self.read.target_label, self.where, self.newest)
+        except PrometheusAPIError as exc:
+            raise DiscoveryError(str(exc)) from None
+        finally:
+            payload = None
+            if collecting:
+                gc.enable()
 
     def failed(self, now: float, error: str) -> None:
         old, self.state = self.state, settle(self.state, now, None, error, self.cfg.accept_empty_after)
         if error != old.error:
             log.warning("read_prometheus: %s; the targets' samples wait for the next read", error)
 
-    def update(self, now: float, pods: dict[str, promseries.Pod]) -> list[Target]:
-        """After a read: who is known (new pods in, long-silent ones out) -> the targets."""
-        dropped: Counter = Counter()
+    def learn(self, pods: dict[str, promseries.Pod]) -> None:
+        """A part's pods: each a target (anew: its labels may have changed), the interval
+        between its last two samples noted."""
         for name, pod in pods.items():
             times = sorted(pod.times)
             if len(times) > 1:
                 self.gap[name] = times[-1] - times[-2]
             elif name in self.newest:
                 self.gap[name] = times[-1] - self.newest[name]
-            self.targets[name] = promseries.target(pod, self.source_url, self.limits, dropped)
-        for name in [n for n, t in self.newest.items() if n not in pods and now - t > self.cfg.accept_empty_after]:
+            self.targets[name] = promseries.target(pod, self.source_url, self.limits, self.dropped)
+
+    def found(self) -> list[Target]:
+        """The targets known now, within the target limit (what a part's new pods are polled
+        as before the read ends)."""
+        found = sorted(self.targets.values(), key=lambda t: t.name)
+        return found[:self.cfg.target_limit] if self.cfg.target_limit else found
+
+    def update(self, now: float, seen: set[str]) -> list[Target]:
+        """After a read whose parts were all learnt: who is known (long-silent pods out) ->
+        the targets."""
+        dropped, self.dropped = self.dropped, Counter()
+        for name in [n for n, t in self.newest.items() if n not in seen and now - t > self.cfg.accept_empty_after]:
             log.info("read_prometheus: %s has had no sample for %gs; forgotten", name, self.cfg.accept_empty_after)
             for known in (self.newest, self.gap, self.targets):
                 known.pop(name, None)
         self.last_read = now
-        found = sorted(self.targets.values(), key=lambda t: t.name)
-        limited = found[:self.cfg.target_limit] if self.cfg.target_limit else found
-        if len(limited) < len(found):
-            dropped["target_limit"] += len(found) - len(limited)
+        limited = self.found()
+        if len(limited) < len(self.targets):
+            dropped["target_limit"] += len(self.targets) - len(limited)
         old = self.state
         self.state = replace(settle(old, now, limited, "", self.cfg.accept_empty_after), dropped=tuple(sorted(dropped.items())))
         if old.error and not self.state.error:
@@ -132,43 +154,72 @@ class PrometheusReader:
 
 
 def read_once(poller) -> None:
-    """One read: ask, install the pods found (as a discovery change), feed each new sample
-    to its target's poller in time order, mark the silent ones down. `poller` is the
-    Poller (exporter/poll/poller.py), whose locks this takes in its order."""
+    """One read, part by part (one answer in memory at a time): ask, install the part's
+    new pods (as a discovery change), feed each new sample to its target's poller in time
+    order; after the last part, forget the long-silent pods and mark the silent ones down.
+    `poller` is the Poller (exporter/poll/poller.py), whose locks this takes in its order.
+    A part that fails ends the read: what earlier parts fed stays fed (each pod's newest
+    sample read is kept), the rest waits for the next read, which reaches back to the last
+    whole one."""
     reader = poller.reader
     if reader is None:
         return
     now = poller.clock()
-    try:
-        pods = reader.fetch(now)
-    except DiscoveryError as exc:
-        reader.failed(now, str(exc))
-        poller.publish_discovery()
-        return
+    reach, seen = reader.reach(now), set()
+    reader.dropped.clear()
+    for part in reader.parts():
+        try:
+            pods = reader.fetch(now, reach, part)
+        except DiscoveryError as exc:
+            reader.failed(now, str(exc))
+            poller.publish_discovery()
+            return
+        seen.update(pods)
+        with poller.reload_lock:
+            if reader is not poller.reader:
+                return  # a reload replaced it while Prometheus answered
+            reader.learn(pods)
+            _install(poller, reader.found())  # a part's new pods are polled before their samples come
+            ours = {name: poller.pollers[name] for name in poller.read_names if name in poller.pollers}
+            by_pod = by_name(poller)
+        _ingest(reader, pods, ours, by_pod)
+        del pods  # this part's samples, before the next part is asked
     with poller.reload_lock:
         if reader is not poller.reader:
-            return  # a reload replaced it while Prometheus answered
-        found = reader.update(now, pods)
-        if found != poller.read_found:
-            poller.read_found = found
-            poller._install(poller.config)
+            return
+        _install(poller, reader.update(now, seen))
         poller.publish_discovery()
         ours = {name: poller.pollers[name] for name in poller.read_names if name in poller.pollers}
+        by_pod = by_name(poller)
         resolution = reader.resolution()
-        poller.state.update(samples_source=f"Samples of {len(found)} target(s) read from Prometheus at {reader.source_url}: "
+        poller.state.update(samples_source=f"Samples of {len(reader.state.targets)} target(s) read from Prometheus at {reader.source_url}: "
                                            "the windows' resolution is Prometheus's scrape interval"
                                            + (f" (observed {resolution:g}s)" if resolution else "") + ", not global.poll_interval.")
-    by_pod = {t.url.rpartition("#")[2]: t.name for t in poller.current.targets if t.name in ours}
-    for pod_name, pod in pods.items():
-        times = reader.read_samples(pod)
-        target = ours.get(by_pod.get(pod_name, ""))
-        if target is None:
-            continue  # another shard's
-        for t in times:
-            target.ingest(t, parse(pod.text(t), target.series_limit))
     for pod_name, newest in reader.stale(now).items():
         target = ours.get(by_pod.get(pod_name, ""))
         view = poller.state.target(target.target.name) if target is not None else None
         if view is not None and (view.up or not view.polled):  # said once, as it goes down
             target.mark_down(now, STALE, f"no sample in Prometheus since {now - newest:.0f}s ago "
                                          f"(stale after {reader.stale_after(pod_name):g}s)")
+
+
+def by_name(poller) -> dict[str, str]:
+    """pod -> the name of the target polled as it (of this shard's)."""
+    read = poller.read_names
+    return {t.url.rpartition("#")[2]: t.name for t in poller.current.targets if t.name in read}
+
+
+def _install(poller, found: list[Target]) -> None:
+    if found != poller.read_found:
+        poller.read_found = found
+        poller._install(poller.config)
+
+
+def _ingest(reader: PrometheusReader, pods: dict[str, promseries.Pod], ours: dict, by_pod: dict[str, str]) -> None:
+    for pod_name, pod in pods.items():
+        times = reader.read_samples(pod)
+        target = ours.get(by_pod.get(pod_name, ""))
+        if target is None:
+            continue  # another shard's
+        for t in times:
+            target.ingest(t, pod.snapshot(t, target.series_limit))
