@@ -102,29 +102,38 @@ _WANTED_FAMILIES = {n for name in ROLE_BY_NAME for n in (name, name.removesuffix
                                                            name.removesuffix("_sum"), name.removesuffix("_count"))}
 
 
-def _lines(text: str):
-    """(line number, line) of the body, jumping over the samples of families we never
-    read. The jump happens only when every line up to the next comment really starts
-    with that family's name, so stray or misplaced samples are still seen."""
-    pos, lineno, end_of_text = 0, 0, len(text)
+def _chunks(text: str):
+    """(number of its first line, lines) of each stretch of the body that starts at a
+    comment line (or the body's start) and runs up to the next one, split in one call,
+    jumping over the samples of families we never read. The jump happens only when every
+    line up to the next comment really starts with that family's name, so stray or
+    misplaced samples are still seen: then the `# TYPE` line comes alone."""
+    pos, lineno, end_of_text = 0, 1, len(text)
+    crlf = "\r" in text
     while pos < end_of_text:
-        end = text.find("\n", pos)
-        if end == -1:
-            end = end_of_text
-        line = text[pos:end]
-        lineno += 1
-        yield lineno, line.rstrip("\r")
-        pos = end + 1
-        if line.startswith("# TYPE "):
+        # text.find("\n#", pos), at memchr's speed: '#' is rare and a one-character find is fast
+        stop = text.find("#", pos + 1)
+        while stop != -1 and text[stop - 1] != "\n":
+            stop = text.find("#", stop + 1)
+        stop = end_of_text if stop == -1 else stop - 1
+        if text.startswith("# TYPE ", pos):
+            eol = text.find("\n", pos, stop)
+            eol = stop if eol == -1 else eol
+            line = text[pos:eol]
             family = line[7:].partition(" ")[0]
-            if family in _WANTED_FAMILIES:
-                continue
-            stop = text.find("\n#", end)
-            stop = end_of_text if stop == -1 else stop
-            lines = text.count("\n", end, stop)
-            if text.count("\n" + family, end, stop) == lines:
-                lineno += lines
-                pos = stop + 1
+            if family not in _WANTED_FAMILIES:
+                lines = text.count("\n", eol, stop)
+                if text.count("\n" + family, eol, stop) == lines:
+                    yield lineno, (line.rstrip("\r"),)
+                    lineno += 1 + lines
+                    pos = stop + 1
+                    continue
+        lines = text[pos:stop].split("\n")
+        if crlf:
+            lines = [line.rstrip("\r") for line in lines]
+        yield lineno, lines
+        lineno += len(lines)
+        pos = stop + 1
 
 
 class _SeriesBuilder:
@@ -170,133 +179,137 @@ def parse(text: str, series_limit: int = 0) -> Snapshot:
     roles = ROLE_BY_NAME
     over_series_limit = False
 
-    for lineno, line in _lines(text):
-        if not line:
-            continue
-        if line[0] == "#":
-            if line.startswith("# HELP "):
-                name, _, help_text = line[7:].partition(" ")
-                if name in UNIT_FROM_HELP:
-                    helps[name] = help_text
-            elif line.startswith("# TYPE "):
-                family = line[7:].partition(" ")[0]
-                if family in DECLARED_FAMILY:
-                    declared.add(DECLARED_FAMILY[family])
-            continue
-        brace = line.find("{")
-        space = line.find(" ")
-        cut = brace if brace != -1 and (space == -1 or brace < space) else space
-        name = line[:cut] if cut != -1 else line
-        role = roles.get(name)
-        if role is None:
-            continue
-        parsed = _sample(line, cut if cut == brace else -1)
-        if parsed is None:
-            warnings.append(f"line {lineno}: malformed sample for {name}")
-            continue
-        labels, value_text = parsed
-        if labels is None:
-            warnings.append(f"line {lineno}: malformed labels for {name} (bad syntax or a label twice)")
-            continue
-        if any(len(v) > MAX_LABEL_VALUE for v in labels.values()):
-            rejected["label_value_too_long"] = rejected.get("label_value_too_long", 0) + 1
-            warnings.append(f"line {lineno}: {name} has a label value over {MAX_LABEL_VALUE} characters; sample dropped")
-            continue
-        try:
-            value = float(value_text)
-        except ValueError:
-            warnings.append(f"line {lineno}: bad value {value_text[:40]!r} for {name}")
-            continue
-        kind, field_name = role
-        if kind in ("counter", "bucket", "sum", "max", "by_source", "by_cached_source", "bucket_sum", "router", "tier", "hist_bucket") and not (0.0 <= value < math.inf):
-            # one +Inf or NaN would poison every window of the series for good
-            reason = "negative_counter" if value < 0 else "non_finite_counter"
-            rejected[reason] = rejected.get(reason, 0) + 1
-            warnings.append(f"line {lineno}: {name} has the value {value_text[:40]}; a counter must be finite and not negative; sample dropped")
-            continue
-        if kind == "info":
-            infos.setdefault(field_name, []).append(labels)
-            continue
-        if kind in ("process", "created") and not math.isfinite(value):
-            # NaN != NaN: kept, it would be a changed start time, a restart, on every poll
-            rejected["non_finite_start_time"] = rejected.get("non_finite_start_time", 0) + 1
-            warnings.append(f"line {lineno}: {name} has the value {value_text[:40]}; a start time must be a finite time; sample dropped")
-            continue
-        if kind == "process":
-            process_start = value
-            continue
-        if kind == "router":
-            router.add(field_name, labels, value)
-            continue
-        model = labels.get("model_name")
-        if model is None and ENGINE_OF[name] == "sglang":
-            model = labels.get("name")  # pre-release SGLang builds
-        if model is None:
-            warnings.append(f"line {lineno}: {name} has no model_name label")
-            continue
-        engine_kind = ENGINE_OF[name]
-        if engine_kind is not None:
-            kinds.add(engine_kind)
-        key = (model, labels.get("engine") if engine_kind == "vllm" else None)
-        builder = series.get(key)
-        if builder is None:
-            if series_limit and len(series) >= series_limit:
-                over_series_limit = True
-                break
-            builder = series[key] = _SeriesBuilder()
-        if engine_kind == "trtllm":
-            trtllm_keys.add(key)
-        if kind in ("bucket", "bucket_sum"):
-            le = _le(labels.get("le", ""))
-            if le is None:
-                warnings.append(f"line {lineno}: {name} has a bad le label")
+    for first, chunk in _chunks(text):
+        for lineno, line in enumerate(chunk, first):
+            if not line:
                 continue
-            builder.buckets[le] = value + (builder.buckets.get(le, 0.0) if kind == "bucket_sum" else 0.0)
-        elif kind == "sum":
-            builder.values[field_name] = builder.values.get(field_name, 0.0) + value
-            if name == SGLANG_CACHED_TOKENS:
-                tier = tiers.of_sglang(labels.get("cache_source"))
+            if line[0] == "#":
+                if line.startswith("# HELP "):
+                    name, _, help_text = line[7:].partition(" ")
+                    if name in UNIT_FROM_HELP:
+                        helps[name] = help_text
+                elif line.startswith("# TYPE "):
+                    family = line[7:].partition(" ")[0]
+                    if family in DECLARED_FAMILY:
+                        declared.add(DECLARED_FAMILY[family])
+                continue
+            brace = line.find("{")
+            space = line.find(" ")
+            cut = brace if brace != -1 and (space == -1 or brace < space) else space
+            name = line[:cut] if cut != -1 else line
+            role = roles.get(name)
+            if role is None:
+                continue
+            parsed = _sample(line, cut if cut == brace else -1)
+            if parsed is None:
+                warnings.append(f"line {lineno}: malformed sample for {name}")
+                continue
+            labels, value_text = parsed
+            if labels is None:
+                warnings.append(f"line {lineno}: malformed labels for {name} (bad syntax or a label twice)")
+                continue
+            # a value is part of its line: a line within the bound holds no value beyond it
+            if len(line) > MAX_LABEL_VALUE and any(len(v) > MAX_LABEL_VALUE for v in labels.values()):
+                rejected["label_value_too_long"] = rejected.get("label_value_too_long", 0) + 1
+                warnings.append(f"line {lineno}: {name} has a label value over {MAX_LABEL_VALUE} characters; sample dropped")
+                continue
+            try:
+                value = float(value_text)
+            except ValueError:
+                warnings.append(f"line {lineno}: bad value {value_text[:40]!r} for {name}")
+                continue
+            kind, field_name = role
+            if kind in ("counter", "bucket", "sum", "max", "by_source", "by_cached_source", "bucket_sum", "router", "tier", "hist_bucket") and not (0.0 <= value < math.inf):
+                # one +Inf or NaN would poison every window of the series for good
+                reason = "negative_counter" if value < 0 else "non_finite_counter"
+                rejected[reason] = rejected.get(reason, 0) + 1
+                warnings.append(f"line {lineno}: {name} has the value {value_text[:40]}; a counter must be finite and not negative; sample dropped")
+                continue
+            if kind == "info":
+                infos.setdefault(field_name, []).append(labels)
+                continue
+            if kind in ("process", "created") and not math.isfinite(value):
+                # NaN != NaN: kept, it would be a changed start time, a restart, on every poll
+                rejected["non_finite_start_time"] = rejected.get("non_finite_start_time", 0) + 1
+                warnings.append(f"line {lineno}: {name} has the value {value_text[:40]}; a start time must be a finite time; sample dropped")
+                continue
+            if kind == "process":
+                process_start = value
+                continue
+            if kind == "router":
+                router.add(field_name, labels, value)
+                continue
+            model = labels.get("model_name")
+            if model is None and ENGINE_OF[name] == "sglang":
+                model = labels.get("name")  # pre-release SGLang builds
+            if model is None:
+                warnings.append(f"line {lineno}: {name} has no model_name label")
+                continue
+            engine_kind = ENGINE_OF[name]
+            if engine_kind is not None:
+                kinds.add(engine_kind)
+            key = (model, labels.get("engine") if engine_kind == "vllm" else None)
+            builder = series.get(key)
+            if builder is None:
+                if series_limit and len(series) >= series_limit:
+                    over_series_limit = True
+                    break
+                builder = series[key] = _SeriesBuilder()
+            if engine_kind == "trtllm":
+                trtllm_keys.add(key)
+            if kind in ("bucket", "bucket_sum"):
+                le = _le(labels.get("le", ""))
+                if le is None:
+                    warnings.append(f"line {lineno}: {name} has a bad le label")
+                    continue
+                builder.buckets[le] = value + (builder.buckets.get(le, 0.0) if kind == "bucket_sum" else 0.0)
+            elif kind == "sum":
+                builder.values[field_name] = builder.values.get(field_name, 0.0) + value
+                if name == SGLANG_CACHED_TOKENS:
+                    tier = tiers.of_sglang(labels.get("cache_source"))
+                    builder.tiers[tier] = builder.tiers.get(tier, 0.0) + value
+            elif kind == "tier":
+                tier = tiers.of_trtllm(labels.get(field_name))
                 builder.tiers[tier] = builder.tiers.get(tier, 0.0) + value
-        elif kind == "tier":
-            tier = tiers.of_trtllm(labels.get(field_name))
-            builder.tiers[tier] = builder.tiers.get(tier, 0.0) + value
-        elif kind == "hist_bucket":
-            le = _le(labels.get("le", ""))
-            if le is None:
-                warnings.append(f"line {lineno}: {name} has a bad le label")
-                continue
-            builder.hists.setdefault(field_name, {})[le] = value
-        elif kind in ("max", "gauge_max"):
-            builder.values[field_name] = max(builder.values.get(field_name, value), value)
-        elif kind == "by_source":
-            source = labels.get("source")
-            if source not in BY_SOURCE:
-                warnings.append(f"line {lineno}: {name} has an unknown source {source!r}")
-                continue
-            builder.values[field_name + source] = value
-        elif kind == "by_sleep_state":
-            state = labels.get("sleep_state")
-            if state not in SLEEP_STATES:
-                warnings.append(f"line {lineno}: {name} has an unknown sleep_state {state!r}")
-                continue
-            builder.values[field_name + state] = value
-        elif kind == "by_cached_source":
-            source = labels.get("source")
-            if source not in CACHED_BY_SOURCE:
-                warnings.append(f"line {lineno}: {name} has an unknown source {source!r}")
-                continue
-            builder.values[field_name + source] = value
-        elif kind == "created":
-            builder.created[field_name] = value
-        elif field_name in builder.values:
-            if kind != "gauge" or "pid" not in labels:
-                warnings.append(f"line {lineno}: duplicate sample for {name} {key}; keeping the last")
-                builder.values[field_name] = value
+            elif kind == "hist_bucket":
+                le = _le(labels.get("le", ""))
+                if le is None:
+                    warnings.append(f"line {lineno}: {name} has a bad le label")
+                    continue
+                builder.hists.setdefault(field_name, {})[le] = value
+            elif kind in ("max", "gauge_max"):
+                builder.values[field_name] = max(builder.values.get(field_name, value), value)
+            elif kind == "by_source":
+                source = labels.get("source")
+                if source not in BY_SOURCE:
+                    warnings.append(f"line {lineno}: {name} has an unknown source {source!r}")
+                    continue
+                builder.values[field_name + source] = value
+            elif kind == "by_sleep_state":
+                state = labels.get("sleep_state")
+                if state not in SLEEP_STATES:
+                    warnings.append(f"line {lineno}: {name} has an unknown sleep_state {state!r}")
+                    continue
+                builder.values[field_name + state] = value
+            elif kind == "by_cached_source":
+                source = labels.get("source")
+                if source not in CACHED_BY_SOURCE:
+                    warnings.append(f"line {lineno}: {name} has an unknown source {source!r}")
+                    continue
+                builder.values[field_name + source] = value
+            elif kind == "created":
+                builder.created[field_name] = value
+            elif field_name in builder.values:
+                if kind != "gauge" or "pid" not in labels:
+                    warnings.append(f"line {lineno}: duplicate sample for {name} {key}; keeping the last")
+                    builder.values[field_name] = value
+                else:
+                    # multiprocess mode gives some gauges a pid label, one row a process
+                    builder.values[field_name] = max(builder.values[field_name], value)
             else:
-                # multiprocess mode gives some gauges a pid label, one row a process
-                builder.values[field_name] = max(builder.values[field_name], value)
-        else:
-            builder.values[field_name] = value
+                builder.values[field_name] = value
+        if over_series_limit:
+            break
 
     gpu_unit = _gpu_pair_unit(helps)
     for key in trtllm_keys:
