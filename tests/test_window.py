@@ -336,3 +336,31 @@ def test_the_tiers_an_engine_names_are_windowed_and_the_judged_ratio_counts_ever
     assert hitratio.tier_shares(ws) == pytest.approx({"device": 0.3, "host": 0.3})
     last = window_stats(h.samples(), "m", 60, "31s", 31, min_query_tokens=100)
     assert hitratio.tier_shares(last) == pytest.approx({"device": 0.3, "host": 0.0})  # the host tier stopped
+
+
+def test_the_windows_of_a_summary_share_a_models_ttft_source_yet_each_has_its_own_quantiles():
+    """summarize gives each model one lazy TTFT for all its windows of a layout: each
+    window's quantiles are still those of its own span (as window_stats computes them),
+    and models never mix."""
+    h = History(600.0, windows=(60.0, 300.0))
+    counts = {"m": 0.0, "n": 0.0}
+    fast_part = {"m": 0.0, "n": 0.0}
+    for i in range(60):
+        series = []
+        for model, slow_after in (("m", 40), ("n", 10)):
+            counts[model] += 10
+            fast_part[model] += 0.0 if i >= slow_after else 10
+            buckets = [(0.1, fast_part[model]), (1.0, counts[model]), (INF, counts[model])]
+            series.append(snap(1000.0 * i, 500.0 * i, buckets, 0.5 * counts[model], model=model).series[0])
+        h.append(i * 5.0, Snapshot(True, 16, tuple(series), ()))
+    now = 59 * 5.0
+    out = summarize(h.samples(), now, [("1m", 60.0), ("5m", 300.0)], 1)
+    assert out["m"]["1m"].lazy_ttft is out["m"]["5m"].lazy_ttft
+    assert out["m"]["1m"].lazy_ttft is not out["n"]["1m"].lazy_ttft
+    for model in ("m", "n"):
+        for name, seconds in (("1m", 60.0), ("5m", 300.0)):
+            alone = window_stats(h.samples(), model, now, name, seconds, 1)
+            assert out[model][name].ttft_quantiles == alone.ttft_quantiles
+    # m turned slow 95 s ago: its last minute is all slow, its 5 minutes mostly fast
+    assert out["m"]["1m"].ttft_quantiles[0.5] > 0.1 >= out["m"]["5m"].ttft_quantiles[0.5]
+    assert out["n"]["5m"].ttft_quantiles[0.5] > 0.1

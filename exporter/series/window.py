@@ -64,18 +64,22 @@ class _TTFTSource:
 
 
 class _LazyTTFT:
-    """Where a window's TTFT bucket increase comes from (a shared source and the model's
-    series, or explicit edges), and its quantiles once asked for."""
+    """Where a model's TTFT bucket increases come from, for each window (seconds -> a
+    source, shared by every model of the summary; the model's series, or explicit edges),
+    and their quantiles once asked for. The windows of a model that share a layout share
+    one: at 10,000 models, one object a window was 30,000 more a poll for the garbage
+    collector to walk."""
 
-    __slots__ = ("source", "keys", "quantiles")
+    __slots__ = ("sources", "keys", "quantiles")
 
-    def __init__(self, source: _TTFTSource | None = None, keys=None):
-        self.source, self.keys, self.quantiles = source, keys, None
+    def __init__(self, sources: dict[float, _TTFTSource] | None = None, keys=None):
+        self.sources, self.keys, self.quantiles = sources, keys, {}
 
-    def compute(self) -> dict[float, float]:
-        if self.quantiles is None:
+    def compute(self, seconds: float) -> dict[float, float]:
+        quantiles = self.quantiles.get(seconds)
+        if quantiles is None:
             quantiles = {}
-            src = self.source
+            src = self.sources.get(seconds) if self.sources else None
             if src is not None:
                 edges = self.keys if isinstance(self.keys, dict) else {k: (src.lo, src.hi - 1) for k in self.keys}
                 buckets = _ttft_bucket_increase(src.view, src.runs, edges)
@@ -83,9 +87,8 @@ class _LazyTTFT:
                     for q, value in zip(QUANTILES, histogram_quantiles(QUANTILES, buckets)):
                         if not math.isnan(value):
                             quantiles[q] = value
-            self.quantiles = quantiles
-            self.source = self.keys = None  # let the samples go
-        return self.quantiles
+            self.quantiles[seconds] = quantiles
+        return quantiles
 
 
 class WindowStats(_WindowValues):
@@ -103,7 +106,7 @@ class WindowStats(_WindowValues):
     @property
     def ttft_quantiles(self) -> dict[float, float]:
         """p50/p90/p99 of the window's TTFT bucket increase (histogram_quantile)."""
-        return self.lazy_ttft.compute()
+        return self.lazy_ttft.compute(self.seconds)
 
 
 def _key_edges(view: Samples, runs: list[tuple[Layout, int, int]], key: SeriesKey) -> tuple[int, int] | None:
@@ -288,7 +291,7 @@ def window_stats(
                 units.add(u)
     unit = units.pop() if len(units) == 1 else None
     return _stats(view, model_name, now, window, seconds, lo, hi, _increases(view, edges), unit,
-                  _LazyTTFT(_TTFTSource(view, runs, lo, hi), edges), min_query_tokens, block_size, detailed)
+                  _LazyTTFT({seconds: _TTFTSource(view, runs, lo, hi)}, edges), min_query_tokens, block_size, detailed)
 
 
 def _stats(view: Samples, model_name: str, now: float, window: str, seconds: float, lo: int, hi: int,
@@ -334,14 +337,22 @@ def _stats(view: Samples, model_name: str, now: float, window: str, seconds: flo
     ), increase, min_query_tokens)
 
 
+_NO_TIERS = [None] * len(TIER_SLOTS)
+assert _WindowValues._fields[-2:] == ("tier_increases", "effective_hit_ratio")  # _with_tiers sets them by position
+
+
 def _with_tiers(ws: WindowStats, increase: list[float | None], min_query_tokens: float) -> WindowStats:
     """The window with the tiers the engine names and the ratio of every tier judged
-    (exporter/series/hitratio.py), None under the token floor as the other ratios are."""
-    tiers = tuple((name, v) for name, v in zip(TIER_SLOTS, increase[TIER_BASE:TIER_BASE + len(TIER_SLOTS)]) if v is not None)
-    ws = ws._replace(tier_increases=tiers) if tiers else ws
+    (exporter/series/hitratio.py), None under the token floor as the other ratios are.
+    Both are WindowStats' last two fields, set by slicing: this runs per model, window and
+    poll, and NamedTuple._replace walks every field in Python."""
+    named = increase[TIER_BASE:TIER_BASE + len(TIER_SLOTS)]
+    if named != _NO_TIERS:  # the engine names its tiers (or a connector's slot has data)
+        tiers = tuple((name, v) for name, v in zip(TIER_SLOTS, named) if v is not None)
+        ws = tuple.__new__(WindowStats, ws[:-2] + (tiers, ws[-1]))
     hits, queries = effective_counts(ws)
     if queries > 0 and queries >= max(min_query_tokens, 1e-12):
-        ws = ws._replace(effective_hit_ratio=ratio(hits, queries))
+        ws = tuple.__new__(WindowStats, ws[:-1] + (ratio(hits, queries),))
     return ws
 
 
@@ -362,7 +373,8 @@ def _admitted(increase: list[float | None], min_tokens: float) -> tuple[float | 
 
 
 def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float, lo: int, hi: int, layout: Layout,
-                          models, min_query_tokens: float, block_size: int | None) -> dict[str, WindowStats]:
+                          models, min_query_tokens: float, block_size: int | None,
+                          sources: dict | None = None, lazies: dict | None = None) -> dict[str, WindowStats]:
     """Every model of a window whose samples share one layout (the usual case): the
     increases of all series come from one vector of last - first, and the correlation
     and KV maximum from the running sums when `now` is the latest sample."""
@@ -374,7 +386,10 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
     span = view.times[hi - 1] - view.times[lo]
     floor = max(min_query_tokens, 1e-12)
     latest = bool(view.times) and view.times[-1] == now
-    source = _TTFTSource(view, [(layout, lo, hi - 1)], lo, hi)
+    # the windows of one summary: one source each, one lazy TTFT a model for all its windows of this layout
+    sources = {} if sources is None else sources
+    lazies = {} if lazies is None else lazies
+    sources[seconds] = _TTFTSource(view, [(layout, lo, hi - 1)], lo, hi)
     running_of = view.running if latest else {}
     by_model, unit_of_model = layout.by_model, layout.unit_of_model
     increases = [d if d == d else None for d in delta]  # one pass for every series; a model slices its own
@@ -409,9 +424,12 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
         running = running.get(seconds) if running is not None else None
         if running is not None:
             fit = least_squares_fit(running.n, running.sx, running.sy, running.sxy, running.sxx, running.syy) if running.n >= 3 else None
-            kv_max = running.kv[0][1] if running.kv else None
+            kv_max = running.kv[1] if running.kv else None
         else:
             fit, kv_max = _log_fit_and_kv(view, model, now, seconds, True)
+        lazy = lazies.get(model)
+        if lazy is None or lazy.keys is not keys or lazy.sources is not sources:
+            lazy = lazies[model] = _LazyTTFT(sources, keys)
         # positional, in _WindowValues' field order: the hot path of a poll
         out[model] = _with_tiers(tuple.__new__(WindowStats, (
             window, seconds, queries, hits, unit, hit_ratio,
@@ -420,7 +438,7 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
             ratio(ext_h, ext_q) if ext_q and ext_h is not None else None,
             ttft_sum / ttft_count if ttft_sum is not None and ttft_count else None,
             ttft_count, fit[0] if fit else None, fit[1] * 0.1 if fit else None, prompt, preempt, kv_max, hi - lo,
-            a_hits, a_prompt, a_ratio, _LazyTTFT(source, keys), block_size, ext_h, increase[11], (), None)),
+            a_hits, a_prompt, a_ratio, lazy, block_size, ext_h, increase[11], (), None)),
             increase, min_query_tokens)
     return out
 
@@ -446,12 +464,15 @@ def summarize(
     longest = max(s for _, s in windows)
     models = sorted(view.models(*view.span(now - longest, now)))
     out: dict[str, dict[str, WindowStats]] = {m: {} for m in models}
+    sources: dict[float, _TTFTSource] = {}
+    lazies: dict[str, _LazyTTFT] = {}
     for name, secs in windows:
         lo, hi = view.span(now - secs, now)
         runs = view.clipped_runs(lo, hi)
         fast = {}
         if len(runs) == 1 and hi - lo >= 2:
-            fast = _window_of_one_layout(view, now, name, secs, lo, hi, runs[0][0], models, min_query_tokens, block_size)
+            fast = _window_of_one_layout(view, now, name, secs, lo, hi, runs[0][0], models, min_query_tokens, block_size,
+                                         sources, lazies)
         for m in models:
             out[m][name] = fast.get(m) or window_stats(view, m, now, name, secs, min_query_tokens, block_size)
     return out
