@@ -16,7 +16,7 @@ from operator import sub
 from typing import NamedTuple
 
 from .history import COUNTERS, TIER_BASE, TIER_SLOTS, Layout, Samples, SeriesKey, _as_samples
-from .hitratio import effective_counts, ratio, tokens
+from .hitratio import counts, effective_counts, ratio, tokens
 from .modellog import least_squares_fit
 from .promql import histogram_quantile, histogram_quantiles
 
@@ -430,16 +430,21 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
         lazy = lazies.get(model)
         if lazy is None or lazy.keys is not keys or lazy.sources is not sources:
             lazy = lazies[model] = _LazyTTFT(sources, keys)
+        # what _with_tiers adds, from the values at hand
+        named = increase[TIER_BASE:TIER_BASE + len(TIER_SLOTS)]
+        tiers = tuple((name, v) for name, v in zip(TIER_SLOTS, named) if v is not None) if named != _NO_TIERS else ()
+        transfer = increase[11]
+        e_hits, e_queries = counts(queries, hits, ext_h, a_hits, a_prompt, transfer, unit, block_size)
         # positional, in _WindowValues' field order: the hot path of a poll
-        out[model] = _with_tiers(tuple.__new__(WindowStats, (
+        out[model] = tuple.__new__(WindowStats, (
             window, seconds, queries, hits, unit, hit_ratio,
             queries / span if queries is not None and span > 0 else None,
             hits / span if hits is not None and span > 0 else None,
             ratio(ext_h, ext_q) if ext_q and ext_h is not None else None,
             ttft_sum / ttft_count if ttft_sum is not None and ttft_count else None,
             ttft_count, fit[0] if fit else None, fit[1] * 0.1 if fit else None, prompt, preempt, kv_max, hi - lo,
-            a_hits, a_prompt, a_ratio, lazy, block_size, ext_h, increase[11], (), None)),
-            increase, min_query_tokens)
+            a_hits, a_prompt, a_ratio, lazy, block_size, ext_h, transfer, tiers,
+            ratio(e_hits, e_queries) if e_queries > 0 and e_queries >= floor else None))
     return out
 
 
