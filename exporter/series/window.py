@@ -73,9 +73,12 @@ class _LazyTTFT:
     __slots__ = ("sources", "keys", "quantiles")
 
     def __init__(self, sources: dict[float, _TTFTSource] | None = None, keys=None):
-        self.sources, self.keys, self.quantiles = sources, keys, {}
+        self.sources, self.keys = sources, keys
+        self.quantiles: dict[float, dict[float, float]] | None = None  # seconds -> quantiles, made when first asked
 
     def compute(self, seconds: float) -> dict[float, float]:
+        if self.quantiles is None:
+            self.quantiles = {}
         quantiles = self.quantiles.get(seconds)
         if quantiles is None:
             quantiles = {}
