@@ -130,15 +130,15 @@ def _chunks(text: str):
             line = text[pos:eol]
             family = line[7:].partition(" ")[0]
             if family not in _WANTED_FAMILIES:
-                lines = text.count("\n", eol, stop)
-                if text.count("\n" + family, eol, stop) == lines:
+                samples = text.count("\n", eol, stop)
+                if text.count("\n" + family, eol, stop) == samples:
                     yield lineno, (line.rstrip("\r"),)
-                    lineno += 1 + lines
+                    lineno += 1 + samples
                     pos = stop + 1
                     continue
         lines = text[pos:stop].split("\n")
         if crlf:
-            lines = [line.rstrip("\r") for line in lines]
+            lines = [text_line.rstrip("\r") for text_line in lines]
         yield lineno, lines
         lineno += len(lines)
         pos = stop + 1
