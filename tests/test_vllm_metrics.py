@@ -325,3 +325,29 @@ def test_parsing_stops_at_the_series_limit():
     snap = parse(body, series_limit=2000)
     assert snap.over_series_limit and len(snap.series) == 2000
     assert not parse(body[: body.index('m2000"')].rpartition("\n")[0] + "\n", series_limit=2000).over_series_limit
+
+
+def test_warnings_name_the_right_line_across_skipped_families_comments_and_crlf():
+    """The body is read a stretch between comment lines at a time, skipped families in
+    one jump: every line keeps its number, CRLF reads as LF, and a '#' inside a label
+    value or a sample line starting with '#' do not end or start a stretch wrongly."""
+    lines = [
+        "# HELP vllm:e2e_request_latency_seconds skipped whole",
+        "# TYPE vllm:e2e_request_latency_seconds histogram",
+        *[f'vllm:e2e_request_latency_seconds_bucket{{le="{i}",model_name="m"}} 1.0' for i in range(5)],
+        "# TYPE vllm:prefix_cache_queries counter",
+        'vllm:prefix_cache_queries_total{model_name="m#1"} 10',  # line 9: a '#' inside a value
+        "",
+        'vllm:prefix_cache_queries_total{model_name="m"} x',  # line 11: a bad value
+        "#vllm:prefix_cache_hits_total{model_name=\"m\"} 99",  # a comment, not a sample
+        "# TYPE vllm:unknown_family gauge",
+        'vllm:unknown_family{model_name="m"} 1',
+        'vllm:prefix_cache_hits_total{model_name="m"} y',  # line 15: misplaced in a skipped family, still read
+        'vllm:prefix_cache_hits_total{model_name="m#1"} 4',
+    ]
+    text = "\n".join(lines) + "\n"
+    for body in (text, text.replace("\n", "\r\n"), text.rstrip("\n")):
+        snap = parse(body)
+        assert [w.split(":")[0] for w in snap.warnings] == ["line 11", "line 15"], body[-20:]
+        (s,) = snap.series
+        assert (s.model_name, s.prefix_cache.queries, s.prefix_cache.hits) == ("m#1", 10.0, 4.0)

@@ -336,3 +336,61 @@ def test_the_tiers_an_engine_names_are_windowed_and_the_judged_ratio_counts_ever
     assert hitratio.tier_shares(ws) == pytest.approx({"device": 0.3, "host": 0.3})
     last = window_stats(h.samples(), "m", 60, "31s", 31, min_query_tokens=100)
     assert hitratio.tier_shares(last) == pytest.approx({"device": 0.3, "host": 0.0})  # the host tier stopped
+
+
+def test_the_windows_of_a_summary_share_a_models_ttft_source_yet_each_has_its_own_quantiles():
+    """summarize gives each model one lazy TTFT for all its windows of a layout: each
+    window's quantiles are still those of its own span (as window_stats computes them),
+    and models never mix."""
+    h = History(600.0, windows=(60.0, 300.0))
+    counts = {"m": 0.0, "n": 0.0}
+    fast_part = {"m": 0.0, "n": 0.0}
+    for i in range(60):
+        series = []
+        for model, slow_after in (("m", 40), ("n", 10)):
+            counts[model] += 10
+            fast_part[model] += 0.0 if i >= slow_after else 10
+            buckets = [(0.1, fast_part[model]), (1.0, counts[model]), (INF, counts[model])]
+            series.append(snap(1000.0 * i, 500.0 * i, buckets, 0.5 * counts[model], model=model).series[0])
+        h.append(i * 5.0, Snapshot(True, 16, tuple(series), ()))
+    now = 59 * 5.0
+    out = summarize(h.samples(), now, [("1m", 60.0), ("5m", 300.0)], 1)
+    assert out["m"]["1m"].lazy_ttft is out["m"]["5m"].lazy_ttft
+    assert out["m"]["1m"].lazy_ttft is not out["n"]["1m"].lazy_ttft
+    for model in ("m", "n"):
+        for name, seconds in (("1m", 60.0), ("5m", 300.0)):
+            alone = window_stats(h.samples(), model, now, name, seconds, 1)
+            assert out[model][name].ttft_quantiles == alone.ttft_quantiles
+    # m turned slow 95 s ago: its last minute is all slow, its 5 minutes mostly fast
+    assert out["m"]["1m"].ttft_quantiles[0.5] > 0.1 >= out["m"]["5m"].ttft_quantiles[0.5]
+    assert out["n"]["5m"].ttft_quantiles[0.5] > 0.1
+
+
+@pytest.mark.parametrize("unit", ["tokens", "blocks"])
+def test_a_summarys_windows_equal_window_stats_field_by_field(unit):
+    """summarize builds a window's stats in one go from the increases at hand (tiers and
+    the judged ratio included); window_stats builds them field by field: they agree."""
+    from dataclasses import replace
+
+    def body(i):
+        plain = snap(1000.0 * i, 400.0 * i, unit=unit, model="plain").series[0]
+        tiered = replace(snap(800.0 * i, 300.0 * i, unit=unit, model="tiered").series[0],
+                         cached_tokens_by_tier=(("device", 100.0 * i), ("disk", 50.0 * i)))
+        admitted = replace(snap(900.0 * i, 100.0 * i, unit=unit, model="admitted").series[0],
+                           external_prefix_cache=CounterPair(800.0 * i, 200.0 * i, "tokens"), prompt_tokens=1000.0 * i,
+                           prompt_tokens_by_source=(("local_cache_hit", 150.0 * i), ("external_kv_transfer", 250.0 * i)))
+        lookup_external = replace(snap(700.0 * i, 200.0 * i, unit=unit, model="external").series[0],
+                                  external_prefix_cache=CounterPair(500.0 * i, 100.0 * i, "tokens"))
+        return Snapshot(True, 16, (plain, tiered, admitted, lookup_external), ())
+    h = History(600.0, windows=(60.0, 300.0))
+    for i in range(1, 40):
+        h.append(i * 5.0, body(i))
+    now = 39 * 5.0
+    windows = [("1m", 60.0), ("5m", 300.0)]
+    out = summarize(h.samples(), now, windows, 500)
+    for model in ("plain", "tiered", "admitted", "external"):
+        for name, seconds in windows:
+            alone = window_stats(h.samples(), model, now, name, seconds, 500, block_size=None)
+            fast = out[model][name]
+            assert fast._asdict() | {"lazy_ttft": None} == alone._asdict() | {"lazy_ttft": None}, (model, name)
+    assert out["tiered"]["1m"].tier_increases and out["admitted"]["1m"].effective_hit_ratio is not None

@@ -102,13 +102,22 @@ def effective_counts(ws) -> tuple[float, float]:
     without data. What the judged ratio is over, and what replicas pool."""
     if ws is None:
         return 0.0, 0.0
-    if _admitted(ws):
-        external = getattr(ws, "external_transfer_increase", None) or 0.0
-        return max(0.0, ws.admitted_hit_increase) + max(0.0, external), ws.admitted_prompt_increase
-    if ws.hit_increase is None or not ws.query_increase:
+    return counts(ws.query_increase, ws.hit_increase, getattr(ws, "external_hit_increase", None), ws.admitted_hit_increase,
+                  ws.admitted_prompt_increase, getattr(ws, "external_transfer_increase", None), getattr(ws, "unit", None),
+                  getattr(ws, "block_size", None))
+
+
+def counts(queries: float | None, hits: float | None, external_hits: float | None, admitted_hits: float | None,
+           admitted_prompt: float | None, external_transfer: float | None, unit: str | None,
+           block_size: int | None) -> tuple[float, float]:
+    """effective_counts from a window's fields, for the summary that has them at hand
+    before the window is built (it runs per model, window and poll)."""
+    if admitted_hits is not None and admitted_prompt:
+        return max(0.0, admitted_hits) + max(0.0, external_transfer or 0.0), admitted_prompt
+    if hits is None or not queries:
         return 0.0, 0.0
-    external = getattr(ws, "external_hit_increase", None) or 0.0
-    return hit_tokens(ws) + max(0.0, _in_tokens(ws, external)), query_tokens(ws)
+    return (max(0.0, tokens(hits, unit, block_size)) + max(0.0, tokens(external_hits or 0.0, unit, block_size)),
+            tokens(queries, unit, block_size))
 
 
 def judged_ratio(ws) -> float | None:

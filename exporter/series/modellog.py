@@ -59,7 +59,9 @@ class RunningSums:
         self.seconds = seconds
         self.lo_start = lo
         self.n = self.sx = self.sy = self.sxy = self.sxx = self.syy = 0.0
-        self.kv: deque = deque()  # (t, kv), kv decreasing: the front is the window's max
+        # t, kv, t, kv, ... with kv decreasing: the front's kv (kv[1]) is the window's max. Flat
+        # floats, not (t, kv) tuples: no object the garbage collector walks, per model and window
+        self.kv: deque = deque()
         self.removed = 0
 
     def add(self, x: float, y: float, sign: float = 1.0) -> None:
@@ -89,7 +91,7 @@ class RunningSums:
         return least_squares_fit(self.n, self.sx, self.sy, self.sxy, self.sxx, self.syy)
 
     def kv_max(self) -> float | None:
-        return self.kv[0][1] if self.kv else None
+        return self.kv[1] if self.kv else None
 
 
 def advance(runs, log: ModelLog, i: int, now: float) -> None:
@@ -124,10 +126,13 @@ def advance(runs, log: ModelLog, i: int, now: float) -> None:
         r.lo_start = lo
         peaks = r.kv
         if kv == kv:
-            while peaks and peaks[-1][1] <= kv:
+            while peaks and peaks[-1] <= kv:
                 peaks.pop()
-            peaks.append((t, kv))
-        while peaks and peaks[0][0] <= edge:
+                peaks.pop()
+            peaks.append(t)
+            peaks.append(kv)
+        while peaks and peaks[0] <= edge:
+            peaks.popleft()
             peaks.popleft()
         if r.removed >= 512:
             r.rebuild(log, i)

@@ -16,7 +16,7 @@ from operator import sub
 from typing import NamedTuple
 
 from .history import COUNTERS, TIER_BASE, TIER_SLOTS, Layout, Samples, SeriesKey, _as_samples
-from .hitratio import effective_counts, ratio, tokens
+from .hitratio import counts, effective_counts, ratio, tokens
 from .modellog import least_squares_fit
 from .promql import histogram_quantile, histogram_quantiles
 
@@ -64,18 +64,25 @@ class _TTFTSource:
 
 
 class _LazyTTFT:
-    """Where a window's TTFT bucket increase comes from (a shared source and the model's
-    series, or explicit edges), and its quantiles once asked for."""
+    """Where a model's TTFT bucket increases come from, for each window (seconds -> a
+    source, shared by every model of the summary; the model's series, or explicit edges),
+    and their quantiles once asked for. The windows of a model that share a layout share
+    one: at 10,000 models, one object a window was 30,000 more a poll for the garbage
+    collector to walk."""
 
-    __slots__ = ("source", "keys", "quantiles")
+    __slots__ = ("sources", "keys", "quantiles")
 
-    def __init__(self, source: _TTFTSource | None = None, keys=None):
-        self.source, self.keys, self.quantiles = source, keys, None
+    def __init__(self, sources: dict[float, _TTFTSource] | None = None, keys=None):
+        self.sources, self.keys = sources, keys
+        self.quantiles: dict[float, dict[float, float]] | None = None  # seconds -> quantiles, made when first asked
 
-    def compute(self) -> dict[float, float]:
+    def compute(self, seconds: float) -> dict[float, float]:
         if self.quantiles is None:
+            self.quantiles = {}
+        quantiles = self.quantiles.get(seconds)
+        if quantiles is None:
             quantiles = {}
-            src = self.source
+            src = self.sources.get(seconds) if self.sources else None
             if src is not None:
                 edges = self.keys if isinstance(self.keys, dict) else {k: (src.lo, src.hi - 1) for k in self.keys}
                 buckets = _ttft_bucket_increase(src.view, src.runs, edges)
@@ -83,9 +90,8 @@ class _LazyTTFT:
                     for q, value in zip(QUANTILES, histogram_quantiles(QUANTILES, buckets)):
                         if not math.isnan(value):
                             quantiles[q] = value
-            self.quantiles = quantiles
-            self.source = self.keys = None  # let the samples go
-        return self.quantiles
+            self.quantiles[seconds] = quantiles
+        return quantiles
 
 
 class WindowStats(_WindowValues):
@@ -103,7 +109,7 @@ class WindowStats(_WindowValues):
     @property
     def ttft_quantiles(self) -> dict[float, float]:
         """p50/p90/p99 of the window's TTFT bucket increase (histogram_quantile)."""
-        return self.lazy_ttft.compute()
+        return self.lazy_ttft.compute(self.seconds)
 
 
 def _key_edges(view: Samples, runs: list[tuple[Layout, int, int]], key: SeriesKey) -> tuple[int, int] | None:
@@ -288,7 +294,7 @@ def window_stats(
                 units.add(u)
     unit = units.pop() if len(units) == 1 else None
     return _stats(view, model_name, now, window, seconds, lo, hi, _increases(view, edges), unit,
-                  _LazyTTFT(_TTFTSource(view, runs, lo, hi), edges), min_query_tokens, block_size, detailed)
+                  _LazyTTFT({seconds: _TTFTSource(view, runs, lo, hi)}, edges), min_query_tokens, block_size, detailed)
 
 
 def _stats(view: Samples, model_name: str, now: float, window: str, seconds: float, lo: int, hi: int,
@@ -334,14 +340,22 @@ def _stats(view: Samples, model_name: str, now: float, window: str, seconds: flo
     ), increase, min_query_tokens)
 
 
+_NO_TIERS = [None] * len(TIER_SLOTS)
+assert _WindowValues._fields[-2:] == ("tier_increases", "effective_hit_ratio")  # _with_tiers sets them by position
+
+
 def _with_tiers(ws: WindowStats, increase: list[float | None], min_query_tokens: float) -> WindowStats:
     """The window with the tiers the engine names and the ratio of every tier judged
-    (exporter/series/hitratio.py), None under the token floor as the other ratios are."""
-    tiers = tuple((name, v) for name, v in zip(TIER_SLOTS, increase[TIER_BASE:TIER_BASE + len(TIER_SLOTS)]) if v is not None)
-    ws = ws._replace(tier_increases=tiers) if tiers else ws
+    (exporter/series/hitratio.py), None under the token floor as the other ratios are.
+    Both are WindowStats' last two fields, set by slicing: this runs per model, window and
+    poll, and NamedTuple._replace walks every field in Python."""
+    named = increase[TIER_BASE:TIER_BASE + len(TIER_SLOTS)]
+    if named != _NO_TIERS:  # the engine names its tiers (or a connector's slot has data)
+        tiers = tuple((name, v) for name, v in zip(TIER_SLOTS, named) if v is not None)
+        ws = tuple.__new__(WindowStats, ws[:-2] + (tiers, ws[-1]))
     hits, queries = effective_counts(ws)
     if queries > 0 and queries >= max(min_query_tokens, 1e-12):
-        ws = ws._replace(effective_hit_ratio=ratio(hits, queries))
+        ws = tuple.__new__(WindowStats, ws[:-1] + (ratio(hits, queries),))
     return ws
 
 
@@ -362,7 +376,8 @@ def _admitted(increase: list[float | None], min_tokens: float) -> tuple[float | 
 
 
 def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float, lo: int, hi: int, layout: Layout,
-                          models, min_query_tokens: float, block_size: int | None) -> dict[str, WindowStats]:
+                          models, min_query_tokens: float, block_size: int | None,
+                          sources: dict | None = None, lazies: dict | None = None) -> dict[str, WindowStats]:
     """Every model of a window whose samples share one layout (the usual case): the
     increases of all series come from one vector of last - first, and the correlation
     and KV maximum from the running sums when `now` is the latest sample."""
@@ -374,7 +389,10 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
     span = view.times[hi - 1] - view.times[lo]
     floor = max(min_query_tokens, 1e-12)
     latest = bool(view.times) and view.times[-1] == now
-    source = _TTFTSource(view, [(layout, lo, hi - 1)], lo, hi)
+    # the windows of one summary: one source each, one lazy TTFT a model for all its windows of this layout
+    sources = {} if sources is None else sources
+    lazies = {} if lazies is None else lazies
+    sources[seconds] = _TTFTSource(view, [(layout, lo, hi - 1)], lo, hi)
     running_of = view.running if latest else {}
     by_model, unit_of_model = layout.by_model, layout.unit_of_model
     increases = [d if d == d else None for d in delta]  # one pass for every series; a model slices its own
@@ -409,19 +427,27 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
         running = running.get(seconds) if running is not None else None
         if running is not None:
             fit = least_squares_fit(running.n, running.sx, running.sy, running.sxy, running.sxx, running.syy) if running.n >= 3 else None
-            kv_max = running.kv[0][1] if running.kv else None
+            kv_max = running.kv[1] if running.kv else None
         else:
             fit, kv_max = _log_fit_and_kv(view, model, now, seconds, True)
+        lazy = lazies.get(model)
+        if lazy is None or lazy.keys is not keys or lazy.sources is not sources:
+            lazy = lazies[model] = _LazyTTFT(sources, keys)
+        # what _with_tiers adds, from the values at hand
+        named = increase[TIER_BASE:TIER_BASE + len(TIER_SLOTS)]
+        tiers = tuple((name, v) for name, v in zip(TIER_SLOTS, named) if v is not None) if named != _NO_TIERS else ()
+        transfer = increase[11]
+        e_hits, e_queries = counts(queries, hits, ext_h, a_hits, a_prompt, transfer, unit, block_size)
         # positional, in _WindowValues' field order: the hot path of a poll
-        out[model] = _with_tiers(tuple.__new__(WindowStats, (
+        out[model] = tuple.__new__(WindowStats, (
             window, seconds, queries, hits, unit, hit_ratio,
             queries / span if queries is not None and span > 0 else None,
             hits / span if hits is not None and span > 0 else None,
             ratio(ext_h, ext_q) if ext_q and ext_h is not None else None,
             ttft_sum / ttft_count if ttft_sum is not None and ttft_count else None,
             ttft_count, fit[0] if fit else None, fit[1] * 0.1 if fit else None, prompt, preempt, kv_max, hi - lo,
-            a_hits, a_prompt, a_ratio, _LazyTTFT(source, keys), block_size, ext_h, increase[11], (), None)),
-            increase, min_query_tokens)
+            a_hits, a_prompt, a_ratio, lazy, block_size, ext_h, transfer, tiers,
+            ratio(e_hits, e_queries) if e_queries > 0 and e_queries >= floor else None))
     return out
 
 
@@ -444,14 +470,20 @@ def summarize(
     if not windows:
         return {}
     longest = max(s for _, s in windows)
-    models = sorted(view.models(*view.span(now - longest, now)))
+    runs = view.clipped_runs(*view.span(now - longest, now))
+    # one layout (the usual case): its models in the body's order, which the parser sorted, so
+    # sorting them is one pass; a set of 10,000 names in hash order took a full sort every poll
+    models = sorted(runs[0][0].by_model if len(runs) == 1 else view.models(*view.span(now - longest, now)))
     out: dict[str, dict[str, WindowStats]] = {m: {} for m in models}
+    sources: dict[float, _TTFTSource] = {}
+    lazies: dict[str, _LazyTTFT] = {}
     for name, secs in windows:
         lo, hi = view.span(now - secs, now)
         runs = view.clipped_runs(lo, hi)
         fast = {}
         if len(runs) == 1 and hi - lo >= 2:
-            fast = _window_of_one_layout(view, now, name, secs, lo, hi, runs[0][0], models, min_query_tokens, block_size)
+            fast = _window_of_one_layout(view, now, name, secs, lo, hi, runs[0][0], models, min_query_tokens, block_size,
+                                         sources, lazies)
         for m in models:
             out[m][name] = fast.get(m) or window_stats(view, m, now, name, secs, min_query_tokens, block_size)
     return out
