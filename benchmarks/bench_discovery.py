@@ -91,6 +91,19 @@ def old_checkout(rev: str) -> Path:
     return where
 
 
+def this_and_old(measure, old: str | None) -> list[dict]:
+    """measure(label, code) for this checkout (code None: the Python path as it is), then,
+    with `old`, for that revision's code against the same peers, right after."""
+    rows = [measure("this checkout", None)]
+    if old:
+        code = old_checkout(old)
+        try:
+            rows.append(measure(f"old: {old}", code))
+        finally:
+            shutil.rmtree(code, ignore_errors=True)
+    return rows
+
+
 def phase(label: str, code: Path | None, sd: Path, prom: Prometheus, seconds: float, workdir: Path) -> dict:
     cfg = {"global": {"poll_interval": "5s"}, "discovery": {"file_sd": {"files": [str(sd)]}}}
     sidecar, url = start_sidecar_with(cfg, workdir, ready_within=180.0, code=code)
@@ -125,13 +138,7 @@ def bench_discovered(targets: int, seconds: float, old: str | None) -> list[dict
         prom = Prometheus([{"job_name": "vllm", "file_sd_configs": [{"files": [str(sd)]}]}], scrape_interval="5s")
         try:
             print(f"discovered: {version()} scrapes the same {targets} targets every 5s throughout")
-            rows.append(phase("this checkout", None, sd, prom, seconds, Path(tmp)))
-            if old:
-                code = old_checkout(old)
-                try:
-                    rows.append(phase(f"old: {old}", code, sd, prom, seconds, Path(tmp)))
-                finally:
-                    shutil.rmtree(code, ignore_errors=True)
+            rows = this_and_old(lambda label, code: phase(label, code, sd, prom, seconds, Path(tmp)), old)
         finally:
             prom.stop()
             for f in fleets:

@@ -11,7 +11,6 @@ reading). With --old REV, the code of REV is measured the same way after this
 checkout's, against the same Prometheus and pods."""
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,7 @@ from pathlib import Path
 import requests
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_discovery import old_checkout  # noqa: E402
+from bench_discovery import this_and_old  # noqa: E402
 from bench_sidecar import start_sidecar_with  # noqa: E402
 from procstat import cpu_seconds, peak_rss_mb  # noqa: E402
 from promserver import Prometheus, version  # noqa: E402
@@ -76,13 +75,7 @@ def _run(args, info: dict, groups: int) -> list[dict]:
         print(f"prometheus source: {args.pods} pods, {info['samples_per_pod']} series each, {args.per_endpoint} a target scraped "
               f"every {interval} by {version()}; one read's {args.partitions} queries (a {args.interval + 30:g} s range): {series} series, "
               f"{query_mb:.0f} MB, {took['gzip']:.2f} s gzipped ({took['identity']:.2f} s plain) from Prometheus", flush=True)
-        rows.append(phase("this checkout", None, args, prom))
-        if args.old:
-            code = old_checkout(args.old)
-            try:
-                rows.append(phase(f"old: {args.old}", code, args, prom))
-            finally:
-                shutil.rmtree(code, ignore_errors=True)
+        rows = this_and_old(lambda label, code: phase(label, code, args, prom), args.old)
     finally:
         prom.stop()
     for row in rows:

@@ -13,7 +13,6 @@ import http.client
 import json
 import multiprocessing
 import os
-import shutil
 import socket
 import statistics
 import subprocess
@@ -27,7 +26,7 @@ import requests
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_discovery import old_checkout  # noqa: E402
+from bench_discovery import this_and_old  # noqa: E402
 
 
 def free_port() -> int:
@@ -147,7 +146,7 @@ def phase(label: str, code: Path | None, urls: list[str], args) -> dict:
               f"{f', exposition {size / 1024:.0f} KiB' if name == '/metrics' else ''}) | {r['rps']:.0f} req/s | "
               f"p50 {r['p50_ms']:.1f} ms | p99 {r['p99_ms']:.1f} ms | max {r['max_ms']:.1f} ms | errors {r['errors']} of "
               f"{r['requests'] + r['errors']}")
-    print(f"scrapers ({label}): 50 at once every second: p99 {aligned['p99_ms']:.1f} ms = {aligned['p99_ms'] / single_ms:.1f}x one "
+    print(f"scrapers ({label}): {args.scrapers} at once every second: p99 {aligned['p99_ms']:.1f} ms = {aligned['p99_ms'] / single_ms:.1f}x one "
           f"scrape alone, {aligned['errors']} errors; /-/healthy the same way (no rendering, a 9-byte answer): p99 "
           f"{floor_aligned['p99_ms']:.1f} ms (saturated, back to back: p99 {metrics['p99_ms']:.1f} ms, {metrics['errors']} "
           f"errors; 2 cores shared by the server and the 50 clients)")
@@ -168,13 +167,7 @@ def main(argv=None) -> list[dict]:
     rows = []
     try:
         urls = json.loads(fleet.stdout.readline())["targets"]
-        rows.append(phase("this checkout", None, urls, args))
-        if args.old:
-            code = old_checkout(args.old)
-            try:
-                rows.append(phase(f"old: {args.old}", code, urls, args))
-            finally:
-                shutil.rmtree(code, ignore_errors=True)
+        rows = this_and_old(lambda label, code: phase(label, code, urls, args), args.old)
     finally:
         fleet.terminate()
         fleet.wait(timeout=30)
