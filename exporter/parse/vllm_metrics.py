@@ -145,6 +145,11 @@ def _chunks(text: str):
         pos = stop + 1
 
 
+# the roles that split one family into a field a label value: (label, its known values)
+_SPLIT_BY = {"by_source": ("source", BY_SOURCE), "by_sleep_state": ("sleep_state", SLEEP_STATES),
+             "by_cached_source": ("source", CACHED_BY_SOURCE)}
+
+
 class _SeriesBuilder:
     __slots__ = ("values", "buckets", "created", "tiers", "hists")
 
@@ -315,24 +320,13 @@ def _build(samples, series_limit: int, warnings: _Warnings, helps: dict[str, str
             builder.hists.setdefault(field_name, {})[le] = value
         elif kind in ("max", "gauge_max"):
             builder.values[field_name] = max(builder.values.get(field_name, value), value)
-        elif kind == "by_source":
-            source = labels.get("source")
-            if source not in BY_SOURCE:
-                warnings.append(f"line {lineno}: {name} has an unknown source {source!r}")
+        elif kind in _SPLIT_BY:  # one field a value of the label, from a closed set
+            label, known = _SPLIT_BY[kind]
+            part = labels.get(label)
+            if part not in known:
+                warnings.append(f"line {lineno}: {name} has an unknown {label} {part!r}")
                 continue
-            builder.values[field_name + source] = value
-        elif kind == "by_sleep_state":
-            state = labels.get("sleep_state")
-            if state not in SLEEP_STATES:
-                warnings.append(f"line {lineno}: {name} has an unknown sleep_state {state!r}")
-                continue
-            builder.values[field_name + state] = value
-        elif kind == "by_cached_source":
-            source = labels.get("source")
-            if source not in CACHED_BY_SOURCE:
-                warnings.append(f"line {lineno}: {name} has an unknown source {source!r}")
-                continue
-            builder.values[field_name + source] = value
+            builder.values[field_name + part] = value
         elif kind == "created":
             builder.created[field_name] = value
         elif field_name in builder.values:
