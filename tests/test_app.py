@@ -75,6 +75,23 @@ def test_status_json(app):
     assert down["up"] is False and down["last_error"] == "connection refused"
 
 
+
+def test_the_status_api_and_page_say_not_ready_as_the_probe_does():
+    """No target yet and a Prometheus that does not answer: /-/ready is 503, and the status
+    API and page say so with its reason (they said ready, and nothing was wrong)."""
+    why = "discovery has not answered yet: read_prometheus (connection refused)"
+    answer = [(False, why)]
+    app = App(State(), CollectorRegistry(), ready=lambda: answer[0])
+    assert call(app, "GET", "/-/ready")[0] == 503
+    data = json.loads(call(app, "GET", "/api/v1/status")[2])
+    assert data["ready"] is False and data["not_ready_because"] == why and data["targets"] == []
+    page = call(app, "GET", "/")[2].decode()
+    assert "Not ready: discovery has not answered yet: read_prometheus (connection refused)." in page
+    answer[0] = (True, "")
+    data = json.loads(call(app, "GET", "/api/v1/status")[2])
+    assert data["ready"] is True and "not_ready_because" not in data
+    assert "Not ready" not in call(app, "GET", "/")[2].decode()
+
 @pytest.mark.parametrize("method, path, status", [
     pytest.param("GET", "/nope", 404, id="unknown-path"),
     pytest.param("POST", "/metrics", 405, id="wrong-method"),

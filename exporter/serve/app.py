@@ -140,14 +140,17 @@ class App:
 
     def _landing(self, environ) -> tuple[int, str, bytes]:
         links = [p for m, p in sorted(self.routes) if m == "GET"]
-        warning = ""
+        warnings = []
+        ready, why = self.ready_check()
+        if not ready:  # what /-/ready says, where a person looks: a failing discovery has no target to show it
+            warnings.append(f"Not ready: {why}.")
         if self.deploy_api_open is not None and self.deploy_api_open():
-            warning = ("POST /api/v1/deploys is open: deploys.api_open is set and no deploys.api_token, "
-                       "so anyone who reaches this port can announce deploys.")
-        return 200, "text/html; charset=utf-8", self.status_page.get(links, __version__, warning)
+            warnings.append("POST /api/v1/deploys is open: deploys.api_open is set and no deploys.api_token, "
+                            "so anyone who reaches this port can announce deploys.")
+        return 200, "text/html; charset=utf-8", self.status_page.get(links, __version__, " ".join(warnings))
 
     def _status(self, environ) -> tuple[int, str, bytes]:
-        return json_response(200, status_json(self.state))
+        return json_response(200, status_json(self.state, self.ready_check()))
 
 
 MAX_DEPLOY_BODY = 64 * 1024
@@ -255,7 +258,8 @@ def _wants_gzip(environ) -> bool:
     return weight > 0
 
 
-def status_json(state: State) -> dict:
+def status_json(state: State, ready: tuple[bool, str] | None = None) -> dict:
+    """`ready`: what /-/ready answers (ready, why not), the state's own view of it if not given."""
     reading = state.read()  # once: the targets, alerts and deploys of one moment
     targets = []
     for v in reading.targets:
@@ -290,7 +294,10 @@ def status_json(state: State) -> dict:
             "warnings": list(snap.warnings) if snap else [],
             "models": models,
         })
-    out = {"version": __version__, "ready": reading.ready(), "targets": targets}
+    ok, why = ready if ready is not None else (reading.ready(), "")
+    out = {"version": __version__, "ready": ok, "targets": targets}
+    if not ok and why:
+        out["not_ready_because"] = why
     alerts = reading.published.alerts
     if alerts is not None:
         out["alerts"] = [{"alertname": a.alertname, "state": a.state, "labels": dict(a.labels), "annotations": dict(a.annotations),
