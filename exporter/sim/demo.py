@@ -96,7 +96,7 @@ def command(args) -> int:
                     announced.add(version)
             if "v43" in announced and "explained" not in announced:
                 announced.add("explained")
-                screen.say(f"demo: the {windows[0]} window recovers within seconds of the rollback; the {windows[1]} window still "
+                screen.say(f"demo: the {windows[0]} window starts to recover within seconds of the rollback, as the replicas' caches fill again; the {windows[1]} window still "
                            f"holds the incident's traffic for {windows[1]}, so PrefixCacheHitRateLow (on the {windows[1]} window) "
                            "can fire or stay firing until it slides past")
             while transitions:
