@@ -250,3 +250,32 @@ def test_a_read_goes_part_by_part_and_a_failed_part_waits_for_the_next_read():
             assert source.ok and len(source.targets) == 2
         finally:
             poller.stop(0.5)
+
+
+def test_a_prometheus_that_answers_with_no_series_of_ours_says_so_once(caplog):
+    """An empty matrix every read: the source works, nothing matches; once that lasted
+    accept_empty_after (a Prometheus that just started has scraped nothing yet), one
+    warning names the selector, as discovery.prometheus's does."""
+    import json
+    from fakeserver import FakeServer, reply
+
+    empty = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": []}}).encode()
+    with FakeServer({"/api/v1/query": lambda h: reply(h, 200, empty)}) as prom:
+        state = State()
+        now = [20_000.0]
+        poller = Poller(load(read_config(prom.base)), state, clock=lambda: now[0])
+        try:
+            with caplog.at_level("WARNING"):
+                poller.read()
+                now[0] += 300
+                poller.read()
+                assert not [r for r in caplog.records if "no series of the engines matches" in r.getMessage()]
+                for _ in range(2):
+                    now[0] += 300
+                    poller.read()
+            (source,) = [s for s in state.published.discovery if s.name == "read_prometheus"]
+            assert source.ok and not source.matched_ever and not source.targets
+        finally:
+            poller.stop(0.5)
+    said = [r.getMessage() for r in caplog.records if "no series of the engines matches" in r.getMessage()]
+    assert len(said) == 1 and '{job="vllm"}' in said[0], said

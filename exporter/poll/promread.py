@@ -56,6 +56,8 @@ class PrometheusReader:
         self.state = SourceState(READ_PROMETHEUS)
         self.query_seconds: float | None = None  # the last query's duration, for the status page and benchmarks
         self.dropped: Counter = Counter()  # labels and targets the limits dropped in this read
+        self._empty_since: float | None = None  # the first read that answered and matched nothing
+        self._hinted = False  # the "nothing matches" line, said once
 
     def carry_over(self, old: "PrometheusReader") -> None:
         """A reload's new reader goes on from where the old one was."""
@@ -125,6 +127,15 @@ class PrometheusReader:
         self.state = replace(settle(old, now, limited, "", self.cfg.accept_empty_after), dropped=tuple(sorted(dropped.items())))
         if old.error and not self.state.error:
             log.info("read_prometheus: working again")
+        if not self.state.matched_ever and self._empty_since is None:
+            self._empty_since = now
+        # a Prometheus that just started has scraped nothing yet: said once it stayed so for accept_empty_after
+        if not self.state.matched_ever and not self._hinted and now - self._empty_since >= self.cfg.accept_empty_after:
+            self._hinted = True
+            selector = ", ".join(f'{k}="{v}"' for k, v in self.read.match_labels)
+            log.warning("read_prometheus: answered for %gs, but no series of the engines matches {%s}; a source that never "
+                        "matched is far more often a wrong selector than an empty fleet (prefixcache_discovery_matched_nothing)",
+                        now - self._empty_since, selector)
         if len(self.state.targets) != len(old.targets):
             log.info("read_prometheus: %d target(s) (was %d)", len(self.state.targets), len(old.targets))
         return list(self.state.targets)
