@@ -290,7 +290,10 @@ def test_a_storm_of_sighups_is_one_pending_reload_and_the_last_config_wins(tmp_p
             proc.send_signal(signal.SIGHUP)
             if i % 20 == 0:
                 most = max(most, _threads(proc.pid))
-        assert wait_for(lambda: names() == {"b"})
+        if not wait_for(lambda: names() == {"b"}):  # seen once in five loaded full runs: say what was in force
+            seen = names()
+            proc.terminate()
+            pytest.fail(f"targets {seen} 20 s after the last SIGHUP; the sidecar's log:\n{proc.communicate(timeout=30)[1][-4000:]}")
         most = max(most, _threads(proc.pid))
         metrics = requests.get(base + "/metrics", timeout=5).text
         assert "prefixcache_config_last_reload_successful 1.0" in metrics
