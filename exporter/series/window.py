@@ -18,7 +18,7 @@ from typing import NamedTuple
 from .history import COUNTERS, TIER_BASE, TIER_SLOTS, Layout, Samples, SeriesKey, _as_samples
 from .hitratio import counts, effective_counts, ratio, tokens
 from .modellog import least_squares_fit
-from .promql import histogram_quantile, histogram_quantiles
+from .promql import histogram_quantiles
 
 QUANTILES = (0.5, 0.9, 0.99)
 
@@ -344,14 +344,19 @@ _NO_TIERS = [None] * len(TIER_SLOTS)
 assert _WindowValues._fields[-2:] == ("tier_increases", "effective_hit_ratio")  # _with_tiers sets them by position
 
 
+def _named_tiers(increase: list[float | None]) -> tuple[tuple[str, float], ...]:
+    """(tier, increase) of each tier the engine names (or a connector's slot with data)."""
+    named = increase[TIER_BASE:TIER_BASE + len(TIER_SLOTS)]
+    return tuple((name, v) for name, v in zip(TIER_SLOTS, named) if v is not None) if named != _NO_TIERS else ()
+
+
 def _with_tiers(ws: WindowStats, increase: list[float | None], min_query_tokens: float) -> WindowStats:
     """The window with the tiers the engine names and the ratio of every tier judged
     (exporter/series/hitratio.py), None under the token floor as the other ratios are.
     Both are WindowStats' last two fields, set by slicing: this runs per model, window and
     poll, and NamedTuple._replace walks every field in Python."""
-    named = increase[TIER_BASE:TIER_BASE + len(TIER_SLOTS)]
-    if named != _NO_TIERS:  # the engine names its tiers (or a connector's slot has data)
-        tiers = tuple((name, v) for name, v in zip(TIER_SLOTS, named) if v is not None)
+    tiers = _named_tiers(increase)
+    if tiers:
         ws = tuple.__new__(WindowStats, ws[:-2] + (tiers, ws[-1]))
     hits, queries = effective_counts(ws)
     if queries > 0 and queries >= max(min_query_tokens, 1e-12):
@@ -434,8 +439,7 @@ def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float
         if lazy is None or lazy.keys is not keys or lazy.sources is not sources:
             lazy = lazies[model] = _LazyTTFT(sources, keys)
         # what _with_tiers adds, from the values at hand
-        named = increase[TIER_BASE:TIER_BASE + len(TIER_SLOTS)]
-        tiers = tuple((name, v) for name, v in zip(TIER_SLOTS, named) if v is not None) if named != _NO_TIERS else ()
+        tiers = _named_tiers(increase)
         transfer = increase[11]
         e_hits, e_queries = counts(queries, hits, ext_h, a_hits, a_prompt, transfer, unit, block_size)
         # positional, in _WindowValues' field order: the hot path of a poll
