@@ -191,8 +191,7 @@ def read_once(poller) -> None:
                 return  # a reload replaced it while Prometheus answered
             reader.learn(pods)
             _install(poller, reader.found())  # a part's new pods are polled before their samples come
-            ours = {name: poller.pollers[name] for name in poller.read_names if name in poller.pollers}
-            by_pod = by_name(poller)
+            ours, by_pod = _polled(poller)
         _ingest(reader, pods, ours, by_pod)
         del pods  # this part's samples, before the next part is asked
     with poller.reload_lock:
@@ -200,8 +199,7 @@ def read_once(poller) -> None:
             return
         _install(poller, reader.update(now, seen))
         poller.publish_discovery()
-        ours = {name: poller.pollers[name] for name in poller.read_names if name in poller.pollers}
-        by_pod = by_name(poller)
+        ours, by_pod = _polled(poller)
         resolution = reader.resolution()
         poller.state.update(samples_source=f"Samples of {len(reader.state.targets)} target(s) read from Prometheus at {reader.source_url}: "
                                            "the windows' resolution is Prometheus's scrape interval"
@@ -214,10 +212,12 @@ def read_once(poller) -> None:
                                          f"(stale after {reader.stale_after(pod_name):g}s)")
 
 
-def by_name(poller) -> dict[str, str]:
-    """pod -> the name of the target polled as it (of this shard's)."""
+def _polled(poller) -> tuple[dict, dict[str, str]]:
+    """Under the reload lock: the pollers of the targets read from Prometheus (this
+    shard's), by target name, and pod -> the name of the target polled as it."""
     read = poller.read_names
-    return {t.url.rpartition("#")[2]: t.name for t in poller.current.targets if t.name in read}
+    ours = {name: poller.pollers[name] for name in read if name in poller.pollers}
+    return ours, {t.url.rpartition("#")[2]: t.name for t in poller.current.targets if t.name in read}
 
 
 def _install(poller, found: list[Target]) -> None:
