@@ -32,7 +32,7 @@ from .serve.server import Server
 from .serve.state import State
 from .serve.webconfig import WebSecurity, load_web_config
 from .steadyclock import SteadyClock
-from .stopping import stop_event
+from .stopping import on_signals, stop_event
 
 log = logging.getLogger("exporter")
 
@@ -123,33 +123,6 @@ class Sidecar:
         self.state.update(config_reload_success=True, config_reload_time=time.time())
         log.info("reloaded config from %s: %d static target(s), %d polled", path, len(new.targets), len(self.poller.current.targets))
         return True
-
-
-class Reloads:
-    """SIGHUPs coalesced: one thread reloads, and signals that arrive while it does
-    make one more reload after it, whatever their number (300 signals used to start 300
-    threads). The last reload reads the file as the last signal left it."""
-
-    def __init__(self, reload: Callable[[], object]):
-        self.reload = reload
-        self.wanted = threading.Event()
-        self.thread: threading.Thread | None = None
-
-    def request(self) -> None:
-        """From the signal handler: sets a flag, starts the one thread the first time."""
-        self.wanted.set()
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._loop, name="reload", daemon=True)
-            self.thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            self.wanted.wait()
-            self.wanted.clear()  # a signal from now on asks for one more reload
-            try:
-                self.reload()
-            except Exception:  # noqa: BLE001 - a bug in one reload must not end reloading
-                log.exception("reload failed")
 
 
 # The sidecar keeps a large, slowly changing set of objects (histories, window stats of
@@ -287,8 +260,8 @@ def run(args) -> int:
         return EXIT_ERROR
     stop = stop_event()
     if hasattr(signal, "SIGHUP"):
-        reloads = Reloads(lambda: sidecar.reload(args.config_file))
-        signal.signal(signal.SIGHUP, lambda *_: reloads.request())
+        # one reload at a time; signals that come during one make one more, which reads the file as the last left it
+        on_signals((signal.SIGHUP,), lambda: sidecar.reload(args.config_file), "reload")
     sidecar.start()
     log.info("listening on %s:%d, polling %d target(s) every %gs", listen.rpartition(":")[0] or "0.0.0.0",
              sidecar.server.port, len(sidecar.poller.current.targets), cfg.global_.poll_interval)
