@@ -26,12 +26,12 @@ def version() -> str:
 
 
 class Prometheus:
-    def __init__(self, scrape_configs: list, scrape_interval: str):
+    def __init__(self, scrape_configs: list, scrape_interval: str, scrape_timeout: str = "4s"):
         self.dir = Path(tempfile.mkdtemp(prefix="bench-prometheus-"))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = self.dir / "prometheus.yml"
-        config.write_text(yaml.safe_dump({"global": {"scrape_interval": scrape_interval, "scrape_timeout": "4s"},
+        config.write_text(yaml.safe_dump({"global": {"scrape_interval": scrape_interval, "scrape_timeout": scrape_timeout},
                                           "scrape_configs": scrape_configs}))
         self.log = open(self.dir / "prometheus.log", "w")
         self.proc = subprocess.Popen([shutil.which("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={self.dir / 'data'}",
