@@ -1,6 +1,7 @@
 """The HTTP(S) server (exporter/serve/server.py): a worker gets a connection only with a
 whole request in hand, so clients that hold partial requests (heads, bodies, TLS
 handshakes) hold no worker and the probes answer; the read-ahead's framing of a request."""
+import errno
 import socket
 import ssl
 import subprocess
@@ -249,6 +250,51 @@ def test_accepts_wait_when_out_of_file_descriptors_and_resume_once_one_is_free()
     assert float(lines["cpu_share"]) < 0.5, out.stdout  # waiting, not spinning (it was 0.99)
     assert "Traceback" not in out.stderr, out.stderr[-2000:]
     assert out.stderr.count("cannot accept a connection: Too many open files") == 1, out.stderr[-2000:]
+
+
+class _OutOfFiles:
+    """A listening socket whose accept() fails for want of file descriptors `times` times."""
+
+    def __init__(self, listening: socket.socket, times: int):
+        self.listening, self.times = listening, times
+
+    def accept(self):
+        if self.times:
+            self.times -= 1
+            raise OSError(errno.EMFILE, "Too many open files")
+        return self.listening.accept()
+
+
+def test_failed_accepts_back_off_doubling_to_100_ms_warn_every_10_s_and_reset_after_one_succeeds(caplog):
+    """The back-off itself, on the server's own connection manager with its clock and sleep
+    injected: 5 ms doubling to 100 ms, one warning at the first failure and the next 10 s
+    later, none between; a success serves the connection and the next failure starts at
+    5 ms again."""
+    server = Server(App(State(), CollectorRegistry()), "127.0.0.1", 0)
+    try:
+        accepts = server.httpd._connections
+        now, slept = [100.0], []
+        accepts.clock, accepts.sleep = (lambda: now[0]), slept.append
+        failing = _OutOfFiles(server.httpd.socket, times=7)
+        with caplog.at_level("WARNING", logger="exporter.serve.server"):
+            for second in range(7):
+                now[0] = 100.0 + 2 * second  # failures 2 s apart: warned at 100 s and 110 s
+                assert accepts._from_server_socket(failing) is None
+        assert slept == [0.005, 0.01, 0.02, 0.04, 0.08, 0.1, 0.1]
+        warned = [r.getMessage() for r in caplog.records if "cannot accept a connection" in r.getMessage()]
+        assert len(warned) == 2 and "(1 failed accepts so far)" in warned[0] and "(6 failed accepts so far)" in warned[1], warned
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5):
+            conn = accepts._from_server_socket(failing)  # no failure left: the client's connection
+            assert conn is not None and accepts.backoff == 0.0
+            conn.close()
+        failing.times = 1
+        assert accepts._from_server_socket(failing) is None and slept[-1] == 0.005
+        other = _OutOfFiles(server.httpd.socket, times=0)
+        other.accept = lambda: (_ for _ in ()).throw(OSError(errno.EACCES, "not ours to absorb"))
+        with pytest.raises(OSError):
+            accepts._from_server_socket(other)  # not a want of resources: cheroot's own handling, unchanged
+    finally:
+        server.stop()
 
 
 # --- the real process under 100 hostile clients ---------------------------------------------
