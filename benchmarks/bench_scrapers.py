@@ -27,6 +27,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_discovery import this_and_old  # noqa: E402
+from procstat import cpu_seconds  # noqa: E402
 from promserver import Prometheus, version  # noqa: E402
 
 
@@ -103,13 +104,15 @@ def load(port: int, path: str, scrapers: int, seconds: float, interval: float = 
             "p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000, "max_ms": (latencies[-1] if latencies else 0) * 1000}
 
 
-def prometheus_scrapers(port: int, scrapers: int, seconds: float, interval: float) -> dict:
+def prometheus_scrapers(port: int, scrapers: int, seconds: float, interval: float, ours: int) -> dict:
     """`scrapers` scrape loops of one real Prometheus on our /metrics, each every
     `interval` at the offset Prometheus gives a loop (a hash of its labels: spread over the
     interval, as the loops of that many Prometheus servers are), every sample dropped after
     parsing so that Prometheus's storage does not take the 2 cores; each scrape's time as
     Prometheus measures it (scrape_duration_seconds: the request, the answer read and
-    decompressed, parsed), and the scrapes that failed (up == 0)."""
+    decompressed, parsed), the scrapes that failed (up == 0), and the CPU shares of
+    Prometheus and of our process (pid `ours`) meanwhile: on 2 cores, the scrapers' own
+    work competes with our server's."""
     every = f"{interval:g}s"
     jobs = [{"job_name": f"scraper-{i}", "scrape_interval": every, "scrape_timeout": every,
              "static_configs": [{"targets": [f"127.0.0.1:{port}"]}],
@@ -119,7 +122,9 @@ def prometheus_scrapers(port: int, scrapers: int, seconds: float, interval: floa
     try:
         time.sleep(2 * interval + 1)  # every loop past its first scrape
         end = time.time() + seconds
+        theirs0, ours0 = cpu_seconds(prom.pid), cpu_seconds(ours)
         time.sleep(seconds)
+        theirs_cpu, ours_cpu = (cpu_seconds(prom.pid) - theirs0) / seconds, (cpu_seconds(ours) - ours0) / seconds
 
         def samples(query: str) -> list[float]:
             answer = requests.get(prom.url + "/api/v1/query", params={"query": f"{query}[{seconds:g}s]", "time": f"{end:.3f}"},
@@ -128,9 +133,9 @@ def prometheus_scrapers(port: int, scrapers: int, seconds: float, interval: floa
         durations, up = sorted(samples("scrape_duration_seconds")), samples("up")
     finally:
         prom.stop()
-    q = statistics.quantiles(durations, n=100) if len(durations) >= 100 else [statistics.median(durations)] * 49 + [durations[-1]] * 50
+    q = statistics.quantiles(durations, n=100) if len(durations) >= 100 else [statistics.median(durations)] * 50 + [durations[-1]] * 49
     return {"scrapes": len(durations), "failed": sum(1 for v in up if v == 0.0), "p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000,
-            "max_ms": durations[-1] * 1000}
+            "max_ms": durations[-1] * 1000, "prometheus_cpu_share": theirs_cpu, "our_cpu_share": ours_cpu}
 
 
 def phase(label: str, code: Path | None, urls: list[str], args) -> dict:
@@ -166,8 +171,8 @@ def phase(label: str, code: Path | None, urls: list[str], args) -> dict:
             floor_aligned = load(port, "/-/healthy", args.scrapers, args.seconds / 2, interval=1.0)
             floor = load(port, "/-/healthy", args.scrapers, args.seconds / 2)
             metrics = load(port, "/metrics", args.scrapers, args.seconds)
-            real_one = prometheus_scrapers(port, 1, args.seconds, 1.0)
-            real = prometheus_scrapers(port, args.scrapers, args.seconds, 1.0)
+            real_one = prometheus_scrapers(port, 1, args.seconds, 1.0, sidecar.pid)
+            real = prometheus_scrapers(port, args.scrapers, args.seconds, 1.0, sidecar.pid)
         finally:
             sidecar.terminate()
             sidecar.wait(timeout=30)
@@ -187,7 +192,9 @@ def phase(label: str, code: Path | None, urls: list[str], args) -> dict:
           f"{real_one['p50_ms']:.1f} ms, p99 {real_one['p99_ms']:.1f} ms ({real_one['scrapes']} scrapes); {args.scrapers} loops: "
           f"p50 {real['p50_ms']:.1f} ms, p99 {real['p99_ms']:.1f} ms = {real['p99_ms'] / real_one['p50_ms']:.1f}x one loop's "
           f"median, max {real['max_ms']:.1f} ms, {real['failed']} of {real['scrapes']} failed (scrape_duration_seconds: "
-          f"request, read, gunzip and parse, as Prometheus times a scrape)")
+          f"request, read, gunzip and parse, as Prometheus times a scrape); CPU meanwhile: Prometheus "
+          f"{real['prometheus_cpu_share'] * 100:.0f}% of a core, ours {real['our_cpu_share'] * 100:.0f}% "
+          f"(one loop: {real_one['prometheus_cpu_share'] * 100:.0f}%, {real_one['our_cpu_share'] * 100:.0f}%)")
     return {"code": label, "single_ms": single_ms, "aligned": aligned, "healthy_aligned": floor_aligned, "healthy": floor,
             "metrics": metrics, "exposition_bytes": size, "prometheus_one": real_one, "prometheus_scrapers": real}
 
