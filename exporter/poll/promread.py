@@ -175,8 +175,8 @@ def read_once(poller) -> None:
     the sidecar), the cycle collector waits for the whole read, and what is alive after it
     (the pods' new views, windows and snapshots, some 45 objects a pod, which the next read
     replaces) is frozen instead of walked: at 10,000 pods each young collection walked
-    hundreds of thousands of them, their references scattered over a heap of 900 MB (2.3 s
-    of CPU a read, a quarter of it, in the live benchmark). Garbage is still freed by its
+    some 450,000 of them, their references scattered over a heap of 900 MB (0.3-0.6 s a
+    collection; bench_promsource.py: 6-17% less CPU a read). Garbage is still freed by its
     count of references; cycles among what was frozen wait for the full collection every
     FULL_COLLECTION_EVERY reads, which unfreezes everything, collects and freezes again."""
     if poller.reader is None or not (poller.freeze_reads and gc.isenabled()):
