@@ -255,6 +255,7 @@ def run(args) -> int:
         sidecar = build_sidecar(cfg, listen, clock=SteadyClock(), security=security)
         sidecar.shard = getattr(args, "shard", None)
         sidecar.web_config_file = args.web_config_file
+        sidecar.poller.freeze_reads = True  # this process's collector is ours (tune_gc): a read's survivors are frozen
     except OSError as exc:
         log.error("cannot listen on %s: %s", listen, exc.strerror or exc)
         return EXIT_ERROR

@@ -279,3 +279,53 @@ def test_a_prometheus_that_answers_with_no_series_of_ours_says_so_once(caplog):
             poller.stop(0.5)
     said = [r.getMessage() for r in caplog.records if "no series of the engines matches" in r.getMessage()]
     assert len(said) == 1 and '{job="vllm"}' in said[0], said
+
+
+def test_a_sidecar_freezes_what_a_read_leaves_and_collects_its_cycles_at_the_full_collection(monkeypatch):
+    """With freeze_reads (the sidecar's process), the collector waits for the whole read
+    and what the read left is frozen, not walked; a cycle frozen that way and dropped
+    later is collected by the full collection every FULL_COLLECTION_EVERY reads."""
+    import gc
+    import json
+    import weakref
+    from fakeserver import FakeServer, reply
+    from exporter.poll import promread
+    now = [20_000.0]
+    replica = simulator.Replica("vllm-a", simulator.Scenario(request_rate=4.0), start=now[0] - 900, seed=1, model_names=[MODEL])
+
+    def query(h):
+        replica.advance(now[0] - 1)
+        reply(h, 200, json.dumps(answer_of({now[0] - 1: replica.render()}, {"job": "vllm", "pod": "vllm-a"})).encode())
+
+    class Node:
+        pass
+
+    monkeypatch.setattr(promread, "FULL_COLLECTION_EVERY", 3)
+    with FakeServer({"/api/v1/query": query}) as prom:
+        state = State()
+        poller = Poller(load(read_config(prom.base)), state, clock=lambda: now[0])
+        try:
+            frozen = gc.get_freeze_count()
+            poller.read()  # not the sidecar's process: the collector is left as it is
+            assert gc.get_freeze_count() == frozen and gc.isenabled()
+            poller.freeze_reads = True
+            cycle = Node()
+            cycle.me = cycle
+            gone = weakref.ref(cycle)
+            now[0] += 15
+            poller.read()
+            assert gc.isenabled() and gc.get_freeze_count() > frozen
+            assert state.target("vllm-a").up
+            del cycle
+            gc.collect()
+            assert gone() is not None  # frozen: no collection sees it
+            now[0] += 15
+            poller.read()
+            assert gone() is not None and poller.reads_frozen == 2
+            now[0] += 15
+            poller.read()  # the third: the full collection
+            assert gone() is None and gc.isenabled() and gc.get_freeze_count() > 0
+            assert dict(state.target("vllm-a").scrapes)["success"] == 4
+        finally:
+            poller.stop(0.5)
+            gc.unfreeze()

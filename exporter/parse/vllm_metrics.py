@@ -193,7 +193,9 @@ def parse_samples(samples: Iterable[tuple[str, dict[str, str], str]], series_lim
     text is written and read back; a source has no HELP or TYPE lines to give."""
     warnings = _Warnings()
     roles = ROLE_BY_NAME
-    return _build(((i, name, labels, value, True) for i, (name, labels, value) in enumerate(samples, 1) if name in roles),
+    # a value over the bound makes the values' total over it: the cheap test, for the few whose values are checked one by one
+    return _build(((i, name, labels, value, len("".join(labels.values())) > MAX_LABEL_VALUE)
+                   for i, (name, labels, value) in enumerate(samples, 1) if name in roles),
                   series_limit, warnings, {}, set())
 
 

@@ -287,6 +287,8 @@ class Poller:
         self.reader: PrometheusReader | None = None  # discovery.read_prometheus: the pods' samples from a Prometheus
         self.read_found: list[Target] = []  # the pods it found
         self.read_names: frozenset[str] = frozenset()  # of what is polled, the targets it reads (no scrape of theirs)
+        self.freeze_reads = False  # freeze what each read leaves (the sidecar's process: promread.read_once)
+        self.reads_frozen = 0
         self.current = config  # what is polled: static and discovered targets of this shard
         self._merge_warnings: tuple[str, ...] = ()
         self._timings: tuple = ()
