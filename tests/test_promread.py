@@ -252,6 +252,56 @@ def test_a_read_goes_part_by_part_and_a_failed_part_waits_for_the_next_read():
             poller.stop(0.5)
 
 
+@pytest.mark.parametrize("left_open", [False, True], ids=["prometheus-2-closed-ranges", "prometheus-3-left-open-ranges"])
+def test_a_long_read_is_asked_in_slices_of_a_regular_reads_reach_and_feeds_every_scrape_once_in_order(left_open):
+    """The first read reaches 5 minutes back: at poll_interval 15 s it is asked in 7 slices
+    of about 43 s (a regular read's reach, 45 s), oldest first, so no answer holds more
+    than a regular read's samples; every scrape of the 5 minutes is fed once, in time
+    order, a scrape on the edge of two slices too (a range holds both its ends before
+    Prometheus 3, only its end from 3 on). The next read is one query a part again."""
+    import json
+    import re
+    from urllib.parse import parse_qs, urlsplit
+    from fakeserver import FakeServer, reply
+    now = 20_000.0
+    replica = simulator.Replica("vllm-a", simulator.Scenario(request_rate=4.0), start=now - 900, seed=3, model_names=[MODEL])
+    times = [now - 300 + 15 * k for k in range(1, 21)] + [round(now - 300 + 300 / 7, 3)]  # every 15 s, and one on the first slice's end
+    bodies = {}
+    for t in sorted(times):
+        replica.advance(t)
+        bodies[t] = replica.render()
+    asked, largest = [], [0]
+
+    def query(h):
+        q = parse_qs(urlsplit(h.path).query)
+        at, span = float(q["time"][0]), float(re.search(r"\[(\d+)s\]$", q["query"][0]).group(1))
+        asked.append((at, span))
+        inside = {t: b for t, b in bodies.items() if (at - span < t if left_open else at - span <= t) and t <= at}
+        largest[0] = max(largest[0], len(inside))
+        reply(h, 200, json.dumps(answer_of(inside, {"job": "vllm", "pod": "vllm-a"})).encode())
+
+    clock = [now]
+    with FakeServer({"/api/v1/query": query}) as prom:
+        raw = read_config(prom.base)
+        raw["global"]["poll_interval"] = "15s"
+        state = State()
+        poller = Poller(load(raw), state, clock=lambda: clock[0])
+        try:
+            poller.read()
+            assert len(asked) == 7 and [a for a, _ in asked] == sorted(a for a, _ in asked) and asked[-1][0] == now
+            assert all(40 <= span <= 44 for _, span in asked) and largest[0] <= 4  # a regular read's 45 s hold 3 or 4 scrapes
+            assert dict(state.target("vllm-a").scrapes)["success"] == len(bodies)  # every scrape once, the edge's too
+            assert state.target("vllm-a").up
+            asked.clear()
+            bodies[now + 15] = replica.render()
+            clock[0] = now + 15
+            poller.read()
+            assert len(asked) == 1 and asked[0] == (now + 15, 45.0)
+            assert dict(state.target("vllm-a").scrapes)["success"] == len(bodies)
+        finally:
+            poller.stop(0.5)
+
+
 def test_a_prometheus_that_answers_with_no_series_of_ours_says_so_once(caplog):
     """An empty matrix every read: the source works, nothing matches; once that lasted
     accept_empty_after (a Prometheus that just started has scraped nothing yet), one

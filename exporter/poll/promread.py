@@ -69,11 +69,27 @@ class PrometheusReader:
         reach = MAX_RANGE if self.last_read is None else min(MAX_RANGE, now - self.last_read + MARGIN)
         return max(reach, 2 * self.poll_interval)
 
+    def slices(self, now: float, reach: float) -> list[tuple[float, float]]:
+        """(evaluation time, range) of the queries a read asks of each part, oldest first. A
+        read that reaches further back than a regular one (the first reaches 5 minutes, as
+        does one after failures) is asked in spans of about a regular read's reach, so that
+        no answer holds more than a regular read's samples of its part: a sidecar starting
+        against a Prometheus that held 5 minutes of 10,000 pods read them in one answer a
+        part and peaked at 1.41-1.48 GB (880-930 MB once running). Each range reaches back
+        to the evaluation time of the one before (both ends are in a range before
+        Prometheus 3, the start is out from 3 on): the spans meet, and a sample on an edge,
+        read twice, is left out the second time as every sample already read is."""
+        regular = max(self.poll_interval + MARGIN, 2 * self.poll_interval)
+        count = max(1, round(reach / regular))
+        span = reach / count
+        return [(now - reach + k * span, span) for k in range(1, count + 1)]
+
     def parts(self) -> list[str]:
         return promseries.partitions(self.read.target_label, self.read.partitions)
 
-    def fetch(self, now: float, reach: float, part: str) -> dict[str, promseries.Pod]:
-        """One part's samples since the last read; DiscoveryError when Prometheus gave none.
+    def fetch(self, at: float, reach: float, part: str) -> dict[str, promseries.Pod]:
+        """One part's samples of the `reach` seconds up to `at` (a slice of the read), those
+        already read left out; DiscoveryError when Prometheus gave none.
         The answer's JSON (some 270 lists and dicts a pod) holds no cycle: the cycle
         collector is kept from walking it again and again while it is decoded and read
         (measured: a third of a read's CPU), and runs once it is gone."""
@@ -81,7 +97,7 @@ class PrometheusReader:
         gc.disable()
         try:
             payload = self.api.get("/api/v1/query", {"query": promseries.query(self.read.match_labels, reach, part),
-                                                     "time": f"{now:.3f}"})
+                                                     "time": f"{at:.3f}"})
             return promseries.pods(payload, self.read.target_label, self.where, self.newest)
         except PrometheusAPIError as exc:
             raise DiscoveryError(str(exc)) from None
@@ -195,9 +211,10 @@ def read_once(poller) -> None:
 
 
 def _read(poller) -> None:
-    """One read, part by part (one answer in memory at a time): ask, install the part's
-    new pods (as a discovery change), feed each new sample to its target's poller in time
-    order; after the last part, forget the long-silent pods and mark the silent ones down.
+    """One read, slice by slice (a long one) and part by part (one answer in memory at a
+    time): ask, install the part's new pods (as a discovery change), feed each new sample
+    to its target's poller in time order; after the last part, forget the long-silent pods
+    and mark the silent ones down.
     `poller` is the Poller (exporter/poll/poller.py), whose locks this takes in its order.
     A part that fails ends the read: what earlier parts fed stays fed (each pod's newest
     sample read is kept), the rest waits for the next read, which reaches back to the last
@@ -209,9 +226,9 @@ def _read(poller) -> None:
     reach, seen = reader.reach(now), set()
     reader.dropped.clear()
     polled = None  # (the poller.current it was taken at, ours, by_pod): 10,000 pods' maps, made again only on a change
-    for part in reader.parts():
+    for (at, span), part in ((cut, part) for cut in reader.slices(now, reach) for part in reader.parts()):
         try:
-            pods = reader.fetch(now, reach, part)
+            pods = reader.fetch(at, span, part)
         except DiscoveryError as exc:
             reader.failed(now, str(exc))
             poller.publish_discovery()
