@@ -160,8 +160,8 @@ def test_a_scrape_waits_for_a_render_only_when_the_last_one_is_older_than_max_ag
 
 
 def test_a_fragments_lines_follow_every_value_from_render_to_render():
-    """A target's fragment keeps the line of a value that did not change: every value is
-    still printed as prometheus_client prints it, a repeat, a signed zero, NaN, an int."""
+    """A target's fragment, rendered again with the prefixes it kept, prints every value
+    as prometheus_client does: a repeat, a signed zero, NaN, an int, Go's exponents."""
     prefixes: dict = {}  # what FragmentRender keeps for a target between renders
     target = Target("t", "http://127.0.0.1:1/metrics")
     for value in (1.0, 1.0, 0.0, -0.0, -0.0, 0.0, 0, math.nan, math.nan, 5, 5.0, 1e7, 1e7, 12345678.9, math.inf, -math.inf, 2.5):

@@ -60,9 +60,8 @@ class TextFamilies(Families):
     """The collector's families written as text-format lines, family by family, in the
     form prometheus_client's generate_latest gives them (labels sorted by name, values as
     Go prints them): a render without a Metric object per family and a Sample per line.
-    `prefixes` keeps each series' `name{labels}` across renders of one target (from one
-    poll to the next only the values change), and with it the last value and its line:
-    a value that did not change (a counter that did not move, a zero) is not written again."""
+    `prefixes` keeps each series' `name{labels}` across renders of one target: from one
+    poll to the next only the values change."""
 
     def __init__(self, windows: str, extra_label_names: tuple[str, ...], prefixes: dict | None = None):
         super().__init__(windows, extra_label_names)
@@ -74,21 +73,13 @@ class TextFamilies(Families):
 
     def add(self, name: str, values: tuple, value: float, target) -> None:
         key = (name, values)
-        kept = self.prefixes.get(key)
-        if kept is None:
-            prefix = f"{METRICS[name].exposed_name}{_labels_text(self._pairs(name, values, target))} "
-            kept = self.prefixes[key] = [prefix, None, ""]
-        # the same value, bit for bit (0.0 and -0.0 are equal but print apart; NaN equals nothing)
-        if value == kept[1] and (value or value is kept[1]):
-            self.lines[name].append(kept[2])
-            return
-        line = kept[0] + _go(value) + "\n"
-        kept[1], kept[2] = value, line
-        self.lines[name].append(line)
+        prefix = self.prefixes.get(key)
+        if prefix is None:
+            prefix = self.prefixes[key] = f"{METRICS[name].exposed_name}{_labels_text(self._pairs(name, values, target))} "
+        self.lines[name].append(prefix + _go(value) + "\n")
 
-    def _series(self, name: str, values: tuple, target, kind: str, keys: tuple) -> tuple[list[str], str, str, list]:
-        """A histogram's or summary's line prefixes: one per bucket or quantile, _count, _sum;
-        and the buckets' last (value, line)."""
+    def _series(self, name: str, values: tuple, target, kind: str, keys: tuple) -> tuple[list[str], str, str]:
+        """A histogram's or summary's line prefixes: one per bucket or quantile, _count, _sum."""
         key = (name, values, kind, keys)
         cached = self.prefixes.get(key)
         if cached is None:
@@ -97,25 +88,20 @@ class TextFamilies(Families):
             suffix = "_bucket" if kind == "histogram" else ""
             text = _labels_text(pairs)
             cached = self.prefixes[key] = ([f"{name}{suffix}{_labels_text(pairs + [(label, k)])} " for k in keys],
-                                           f"{name}_count{text} ", f"{name}_sum{text} ", [(None, "")] * len(keys))
+                                           f"{name}_count{text} ", f"{name}_sum{text} ")
         return cached
 
     def histogram(self, name: str, values: tuple, buckets, total: float, target) -> None:
         bounds = tuple("+Inf" if math.isinf(le) else repr(float(le)) for le, _ in buckets)
-        heads, count, sum_, last = self._series(name, values, target, "histogram", bounds)
+        heads, count, sum_ = self._series(name, values, target, "histogram", bounds)
         out = self.lines[name]
-        for i, (_, c) in enumerate(buckets):  # a bucket whose count did not move keeps its line
-            was, line = last[i]
-            if not (c == was and (c or c is was)):
-                line = heads[i] + _go(c) + "\n"
-                last[i] = (c, line)
-            out.append(line)
+        out.extend(head + _go(c) + "\n" for head, (_, c) in zip(heads, buckets))
         if buckets and total is not None:
             out.append(count + _go(buckets[-1][1]) + "\n")
             out.append(sum_ + _go(total) + "\n")
 
     def summary(self, name: str, values: tuple, quantiles, totals: tuple[float, float], target) -> None:
-        heads, count, sum_, _ = self._series(name, values, target, "summary", tuple(repr(float(q)) for q, _ in quantiles))
+        heads, count, sum_ = self._series(name, values, target, "summary", tuple(repr(float(q)) for q, _ in quantiles))
         out = self.lines[name]
         out.extend(head + _go(v) + "\n" for head, (_, v) in zip(heads, quantiles))
         out.append(count + _go(totals[0]) + "\n")
