@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from sys import intern
 from collections.abc import Iterable
 
 # what the parser builds; the types live in snapshot.py, which their users import
@@ -254,6 +255,8 @@ def _text_samples(text: str, warnings: _Warnings, helps: dict[str, str], declare
                         continue
                 parsed = _sample(line, brace)
                 if parsed is not None and parsed[0] is not None:
+                    # names and values interned: the memos of a thousand targets share one copy of each
+                    parsed = {intern(k): intern(v) for k, v in parsed[0].items()}, parsed[1]
                     memo[head] = parsed[0]
             else:
                 parsed = _sample(line, cut if cut == brace else -1)
