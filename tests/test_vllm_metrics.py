@@ -406,6 +406,17 @@ def test_a_memo_stays_within_a_few_times_what_the_last_body_sent():
     assert len(memo) <= MEMO_SLACK + MEMO_FLOOR  # and lets them go once the body is small
 
 
+def test_a_memo_keeps_no_line_over_the_label_bound():
+    """Four 1.9 MB model names made our /metrics 144 MB: a memo must not hold such lines."""
+    memo: dict = {}
+    long_name = "m" * (MAX_LABEL_VALUE + 1)
+    text = (f'vllm:prefix_cache_queries_total{{model_name="{long_name}"}} 5\n'
+            'vllm:prefix_cache_queries_total{model_name="ok"} 5\nvllm:prefix_cache_hits_total{model_name="ok"} 1\n')
+    for _ in range(2):
+        assert same(parse(text, memo=memo), parse(text))
+    assert sorted(memo) == ['vllm:prefix_cache_hits_total{model_name="ok"}', 'vllm:prefix_cache_queries_total{model_name="ok"}']
+
+
 def test_a_malformed_line_of_a_series_in_the_memo_is_still_refused():
     memo: dict = {}
     good = 'vllm:prefix_cache_queries_total{model_name="m"} 5\nvllm:prefix_cache_hits_total{model_name="m"} 1\n'

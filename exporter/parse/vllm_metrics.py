@@ -190,8 +190,9 @@ def parse(text: str, series_limit: int = 0, memo: dict[str, dict[str, str]] | No
     cache): a series' text up to its value (`name{labels}`) -> its labels, so that a series
     seen before is not parsed again; the same Snapshot as without it. It holds at most
     MEMO_SLACK times the last body's labelled samples (plus MEMO_FLOOR): past that it is
-    emptied, so a target whose labels keep changing costs memory in what it sends. The
-    labels it hands out are shared between snapshots and never changed."""
+    emptied, so a target whose labels keep changing costs memory in what it sends; a line
+    longer than MAX_LABEL_VALUE is parsed every time, never kept. The labels it hands out
+    are shared between snapshots and never changed."""
     warnings = _Warnings()
     helps: dict[str, str] = {}
     declared: set[str] = set()  # TRT-LLM block-counter families with a `# TYPE` line
@@ -254,8 +255,9 @@ def _text_samples(text: str, warnings: _Warnings, helps: dict[str, str], declare
                         yield lineno, name, labels, rest[0], len(line) > MAX_LABEL_VALUE
                         continue
                 parsed = _sample(line, brace)
-                if parsed is not None and parsed[0] is not None:
-                    # names and values interned: the memos of a thousand targets share one copy of each
+                if parsed is not None and parsed[0] is not None and len(line) <= MAX_LABEL_VALUE:
+                    # names and values interned: the memos of a thousand targets share one copy of each;
+                    # a line over the bound is not kept (its sample may be refused; a memo stays small)
                     parsed = {intern(k): intern(v) for k, v in parsed[0].items()}, parsed[1]
                     memo[head] = parsed[0]
             else:
