@@ -3,16 +3,19 @@ and samples as the collector's whole render, a render that costs what changed, a
 runtime collectors read on every scrape."""
 import functools
 import gzip
+import math
 import time
 from dataclasses import replace
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.utils import floatToGoString
 
 from exporter.alerting.rules_state import Alert
 from exporter.serve.collector import PrefixCacheCollector
-from exporter.serve.exposition import Exposition
+from exporter.config.sections import Target
+from exporter.serve.exposition import Exposition, TextFamilies
 from exporter.serve.state import Deploys, State
 
 from conftest import wait_for
@@ -154,3 +157,19 @@ def test_a_scrape_waits_for_a_render_only_when_the_last_one_is_older_than_max_ag
     now[0] = 60.0  # quiet for a minute: this scrape waits for the render it starts
     assert b"prefixcache_config_last_reload_successful 0.0" in exposition.get(False)
 
+
+
+def test_a_fragments_lines_follow_every_value_from_render_to_render():
+    """A target's fragment, rendered again with the prefixes it kept, prints every value
+    as prometheus_client does: a repeat, a signed zero, NaN, an int, Go's exponents."""
+    prefixes: dict = {}  # what FragmentRender keeps for a target between renders
+    target = Target("t", "http://127.0.0.1:1/metrics")
+    for value in (1.0, 1.0, 0.0, -0.0, -0.0, 0.0, 0, math.nan, math.nan, 5, 5.0, 1e7, 1e7, 12345678.9, math.inf, -math.inf, 2.5):
+        families = TextFamilies("1m", (), prefixes)
+        families.add("prefixcache_target_up", (), value, target)
+        families.histogram("prefixcache_vllm_time_to_first_token_seconds", ("m", "0"), ((0.5, value), (math.inf, value)), 1.0, target)
+        lines = b"".join(families.fragments().values()).decode().splitlines()
+        assert len(lines) == 5 and lines[0].startswith('prefixcache_target_up{target="t"} ')
+        sum_line = [line for line in lines if line.startswith("prefixcache_vllm_time_to_first_token_seconds_sum")]
+        assert sum_line == ['prefixcache_vllm_time_to_first_token_seconds_sum{engine="0",model_name="m",target="t"} 1.0']
+        assert all(line.rpartition(" ")[2] == floatToGoString(value) for line in lines if line not in sum_line), (value, lines)

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from exporter.sim import simulator
-from exporter.parse.vllm_metrics import MAX_LABEL_VALUE, parse
+from exporter.parse.vllm_metrics import MAX_LABEL_VALUE, MEMO_FLOOR, MEMO_SLACK, parse
 
 FIXTURES = Path(__file__).parent / "fixtures"
 UPSTREAM = FIXTURES / "vllm-metrics"
@@ -364,3 +364,76 @@ def test_warnings_name_the_right_line_across_skipped_families_comments_and_crlf(
         assert [w.split(":")[0] for w in snap.warnings] == ["line 11", "line 15"], body[-20:]
         (s,) = snap.series
         assert (s.model_name, s.prefix_cache.queries, s.prefix_cache.hits) == ("m#1", 10.0, 4.0)
+
+
+# --- the scrape cache (memo) a poller keeps per target -----------------------------------
+def same(a, b) -> bool:
+    """Equal snapshots, NaN too (a NaN equals nothing, so == would call a body unlike itself)."""
+    return repr(a) == repr(b)
+
+
+def _recorded_bodies() -> list[tuple[str, str]]:
+    folders = (UPSTREAM, FIXTURES / "engine-metrics", EDGE)
+    return [(p.name, read(p)) for folder in folders for p in sorted(folder.glob("*.txt"))]
+
+
+def test_a_memo_gives_the_same_snapshot_for_every_recorded_body_first_and_again():
+    bodies = _recorded_bodies()
+    assert len(bodies) >= 15
+    for name, text in bodies:
+        memo: dict = {}
+        plain = parse(text)
+        assert same(parse(text, memo=memo), plain), name  # filling the memo
+        assert same(parse(text, memo=memo), plain), name  # every labelled series taken from it
+    shared: dict = {}  # one memo across every engine's body, as a target that changed engine
+    for _ in range(2):
+        for name, text in bodies:
+            assert same(parse(text, memo=shared), parse(text)), name
+
+
+def test_a_memo_follows_bodies_whose_labels_and_values_change():
+    replica = simulator.Replica("r", simulator.Scenario(request_rate=2.0), start=-900.0, seed=3, generation="current",
+                                model_names=["a/m1", "b/m2"], engines=2)
+    memo: dict = {}
+    for i in range(1, 30):
+        replica.advance(i * 5.0)
+        text = replica.render()
+        if i % 3 == 0:  # labels that change: a model renamed, an engine gone, a label added, a malformed one
+            text = text.replace('model_name="a/m1"', f'model_name="a/m1-{i}"').replace('engine="1"', f'engine="1",pod="p{i}"')
+        if i % 7 == 0:
+            text = text.replace('model_name="b/m2"', 'model_name="b/m2",model_name="x"', 1)
+        assert same(parse(text, memo=memo), parse(text)), i
+
+
+def test_a_memo_stays_within_a_few_times_what_the_last_body_sent():
+    memo: dict = {}
+    for i in range(200):  # every body a new model name: nothing of the last one comes back
+        text = "".join(f'vllm:prefix_cache_queries_total{{model_name="m{i}-{j}"}} {j}\n' for j in range(10))
+        snap = parse(text, memo=memo)
+        assert [s.prefix_cache.queries for s in snap.series] == [float(j) for j in range(10)]
+        assert len(memo) <= MEMO_SLACK * 10 + MEMO_FLOOR
+    big = "".join(f'vllm:prefix_cache_queries_total{{model_name="n{j}"}} 1\n' for j in range(1000))
+    parse(big, memo=memo)
+    assert len(memo) >= 1000  # a large body keeps its own series
+    parse('vllm:prefix_cache_queries_total{model_name="n1"} 1\n', memo=memo)
+    assert len(memo) <= MEMO_SLACK + MEMO_FLOOR  # and lets them go once the body is small
+
+
+def test_a_memo_keeps_no_line_over_the_label_bound():
+    """Four 1.9 MB model names made our /metrics 144 MB: a memo must not hold such lines."""
+    memo: dict = {}
+    long_name = "m" * (MAX_LABEL_VALUE + 1)
+    text = (f'vllm:prefix_cache_queries_total{{model_name="{long_name}"}} 5\n'
+            'vllm:prefix_cache_queries_total{model_name="ok"} 5\nvllm:prefix_cache_hits_total{model_name="ok"} 1\n')
+    for _ in range(2):
+        assert same(parse(text, memo=memo), parse(text))
+    assert sorted(memo) == ['vllm:prefix_cache_hits_total{model_name="ok"}', 'vllm:prefix_cache_queries_total{model_name="ok"}']
+
+
+def test_a_malformed_line_of_a_series_in_the_memo_is_still_refused():
+    memo: dict = {}
+    good = 'vllm:prefix_cache_queries_total{model_name="m"} 5\nvllm:prefix_cache_hits_total{model_name="m"} 1\n'
+    parse(good, memo=memo)
+    bad = 'vllm:prefix_cache_queries_total{model_name="m"} 5 6 7\nvllm:prefix_cache_hits_total{model_name="m"}\n'
+    assert same(parse(bad, memo=memo), parse(bad))
+    assert len(parse(bad, memo=memo).warnings) == 2

@@ -2,10 +2,11 @@ import math
 import statistics
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from exporter.parse.snapshot import CounterPair, Histogram, SeriesSnapshot, Snapshot
 from exporter.series.history import History
-from exporter.series.promql import histogram_quantile, pearson
+from exporter.series.promql import histogram_quantile, histogram_quantiles, pearson
 from exporter.series.window import summarize, window_stats
 
 INF = math.inf
@@ -60,6 +61,50 @@ def test_histogram_quantile_edge_cases(q, buckets, expected):
         assert math.isnan(got)
     else:
         assert got == pytest.approx(expected)
+
+
+def _promql_walk(q: float, buckets) -> float:
+    """histogram_quantile as PromQL's bucketQuantile reads it, step by step: sort by bound,
+    merge equal bounds, lift each count to the running maximum, walk to the first bucket
+    whose count reaches the rank, interpolate in it."""
+    if math.isnan(q):
+        return math.nan
+    if q < 0 or q > 1:
+        return -INF if q < 0 else INF
+    ordered = sorted(buckets, key=lambda b: b[0])
+    if len(ordered) < 2 or not math.isinf(ordered[-1][0]) or ordered[-1][0] < 0:
+        return math.nan
+    merged = []
+    for le, c in ordered:
+        merged[-1:] = [(le, merged[-1][1] + c)] if merged and merged[-1][0] == le else merged[-1:] + [(le, c)]
+    lifted, top = [], merged[0][1]
+    for le, c in merged:
+        top = c if c > top else top
+        lifted.append((le, top if c < top else c))
+    if len(lifted) < 2 or lifted[-1][1] == 0 or math.isnan(lifted[-1][1]):
+        return math.nan
+    rank = q * lifted[-1][1]
+    b = next(i for i, (_, c) in enumerate(lifted) if c >= rank)
+    if b == len(lifted) - 1:
+        return lifted[-2][0]
+    if b == 0 and lifted[0][0] <= 0:
+        return lifted[0][0]
+    start, count = (lifted[b - 1][0], lifted[b][1] - lifted[b - 1][1]) if b else (0.0, lifted[0][1])
+    rank -= lifted[b - 1][1] if b else 0.0
+    return math.nan if count == 0 else start + (lifted[b][0] - start) * (rank / count)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([-1.0, -0.0, 0.0, 0.1, 0.5, 1.0, 2.5, 10.0, INF, math.nan]),
+                          st.sampled_from([0.0, -0.0, 1.0, 2.0, 3.5, 10.0, 100.0, math.nan])), max_size=10),
+       st.booleans())
+def test_histogram_quantiles_are_promqls_walk_whatever_the_buckets(buckets, with_inf):
+    """The quantiles of one histogram, found by bisection where no count is NaN, are the
+    bucket walk's: unsorted, repeated, dipping buckets, NaN and signed zeros included."""
+    buckets = buckets + [(INF, 5.0)] if with_inf else buckets
+    qs = (0.0, 0.25, 0.5, 0.9, 0.99, 1.0, -0.5, 1.5)
+    for q, got in zip(qs, histogram_quantiles(qs, buckets)):
+        assert repr(got) == repr(_promql_walk(q, buckets)), (q, buckets)
 
 
 def test_pearson_and_slope_match_the_standard_library():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from sys import intern
 from collections.abc import Iterable
 
 # what the parser builds; the types live in snapshot.py, which their users import
@@ -176,14 +177,32 @@ class _Warnings:
             self.kept.append(warning)
 
 
-def parse(text: str, series_limit: int = 0) -> Snapshot:
+# A memo keeps this many times the labelled samples of the last body (plus a floor) before it is emptied
+MEMO_SLACK, MEMO_FLOOR = 4, 64
+
+
+def parse(text: str, series_limit: int = 0, memo: dict[str, dict[str, str]] | None = None) -> Snapshot:
     """Parse one /metrics body. Never raises: what cannot be read becomes a warning. With
     `series_limit`, parsing stops at the first (model, engine) series past it: a body of
-    236,000 series is refused after the limit's worth, not read whole first."""
+    236,000 series is refused after the limit's worth, not read whole first.
+
+    `memo`, a dict the caller keeps for one target between its bodies (Prometheus's scrape
+    cache): a series' text up to its value (`name{labels}`) -> its labels, so that a series
+    seen before is not parsed again; the same Snapshot as without it. It holds at most
+    MEMO_SLACK times the last body's labelled samples (plus MEMO_FLOOR): past that it is
+    emptied, so a target whose labels keep changing costs memory in what it sends; a line
+    longer than MAX_LABEL_VALUE is parsed every time, never kept. The labels it hands out
+    are shared between snapshots and never changed."""
     warnings = _Warnings()
     helps: dict[str, str] = {}
     declared: set[str] = set()  # TRT-LLM block-counter families with a `# TYPE` line
-    return _build(_text_samples(text, warnings, helps, declared), series_limit, warnings, helps, declared)
+    if memo is None:
+        return _build(_text_samples(text, warnings, helps, declared), series_limit, warnings, helps, declared)
+    seen = [0]
+    snapshot = _build(_text_samples(text, warnings, helps, declared, memo, seen), series_limit, warnings, helps, declared)
+    if len(memo) > MEMO_SLACK * seen[0] + MEMO_FLOOR:
+        memo.clear()
+    return snapshot
 
 
 def parse_samples(samples: Iterable[tuple[str, dict[str, str], str]], series_limit: int = 0) -> Snapshot:
@@ -199,11 +218,14 @@ def parse_samples(samples: Iterable[tuple[str, dict[str, str], str]], series_lim
                   series_limit, warnings, {}, set())
 
 
-def _text_samples(text: str, warnings: _Warnings, helps: dict[str, str], declared: set[str]):
+def _text_samples(text: str, warnings: _Warnings, helps: dict[str, str], declared: set[str],
+                  memo: dict[str, dict[str, str]] | None = None, seen: list[int] | None = None):
     """(line number, name, labels, value text, whether the line is long enough to hold a
     label value over the bound) of the body's samples that the table names;
-    HELP and TYPE lines noted, malformed samples warned of."""
+    HELP and TYPE lines noted, malformed samples warned of. With `memo` (see parse), the
+    labels of a series seen before are taken from it; `seen[0]` counts the labelled samples."""
     roles = ROLE_BY_NAME
+    memo_get = memo.get if memo is not None else None
     for first, chunk in _chunks(text):
         for lineno, line in enumerate(chunk, first):
             if not line:
@@ -224,7 +246,24 @@ def _text_samples(text: str, warnings: _Warnings, helps: dict[str, str], declare
             name = line[:cut] if cut != -1 else line
             if name not in roles:
                 continue
-            parsed = _sample(line, cut if cut == brace else -1)
+            if memo_get is not None and cut == brace:
+                # the labels are line[brace + 1:close] and nothing else, whatever _sample makes of them
+                seen[0] += 1
+                head = line[:line.rfind("}") + 1]
+                labels = memo_get(head)
+                if labels is not None:
+                    rest = line[len(head):].split()
+                    if len(rest) in (1, 2):
+                        yield lineno, name, labels, rest[0], len(line) > MAX_LABEL_VALUE
+                        continue
+                parsed = _sample(line, brace)
+                if parsed is not None and parsed[0] is not None and len(line) <= MAX_LABEL_VALUE:
+                    # names and values interned: the memos of a thousand targets share one copy of each;
+                    # a line over the bound is not kept (its sample may be refused; a memo stays small)
+                    parsed = {intern(k): intern(v) for k, v in parsed[0].items()}, parsed[1]
+                    memo[head] = parsed[0]
+            else:
+                parsed = _sample(line, cut if cut == brace else -1)
             if parsed is None:
                 warnings.append(f"line {lineno}: malformed sample for {name}")
                 continue

@@ -67,6 +67,9 @@ class TargetPoller:
         # polls are numbered as they start; one publishes only over an older one (under the target's lock)
         self._numbers = itertools.count(1)
         self._published = 0
+        # the parser's scrape cache of this target (a series' text -> its labels), bounded by the parser;
+        # used by one poll at a time, as the target has
+        self._parse_memo: dict[str, dict[str, str]] = {}
         self.scraper: Scraper | None = None
         self.baseline_reader: FleetBaselineReader | None = None
         self._scrape_settings: tuple = ()
@@ -136,7 +139,7 @@ class TargetPoller:
         if result.result != SUCCESS:
             self._publish_failure(number, now, result.result, result.error, result.duration)
             return result.result == TIMEOUT
-        self._accept(number, now, parse(result.body or "", self.series_limit), result.duration)
+        self._accept(number, now, parse(result.body or "", self.series_limit, self._parse_memo), result.duration)
         return False
 
     def ingest(self, now: float, snapshot) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+from collections import defaultdict
 import logging
 import threading
 import time
@@ -40,6 +41,21 @@ def _labels_text(pairs) -> str:
     return "{" + ",".join(f'{k}="{_value(v)}"' for k, v in sorted(pairs)) + "}" if pairs else ""
 
 
+_GO_SPECIAL = {"inf": "+Inf", "-inf": "-Inf", "nan": "NaN"}
+
+
+def _go(value: float) -> str:
+    """floatToGoString's text of a value (Go's exponent from 1e7 up), without its checks
+    of each special value first: repr has no dot only for them and exponents."""
+    text = repr(float(value))
+    dot = text.find(".")
+    if dot == -1:
+        return _GO_SPECIAL.get(text, text)
+    if dot > 6 and text[0] != "-":
+        return floatToGoString(value)
+    return text
+
+
 class TextFamilies(Families):
     """The collector's families written as text-format lines, family by family, in the
     form prometheus_client's generate_latest gives them (labels sorted by name, values as
@@ -49,24 +65,18 @@ class TextFamilies(Families):
 
     def __init__(self, windows: str, extra_label_names: tuple[str, ...], prefixes: dict | None = None):
         super().__init__(windows, extra_label_names)
-        self.lines: dict[str, list[str]] = {}  # METRICS name -> its sample lines
+        self.lines: defaultdict[str, list[str]] = defaultdict(list)  # METRICS name -> its sample lines
         self.prefixes = prefixes if prefixes is not None else {}
 
     def _pairs(self, name: str, values: tuple, target) -> list[tuple[str, str]]:
         return list(zip(self.label_names(name), self._labels(name, values, target)))
-
-    def _out(self, name: str) -> list[str]:
-        out = self.lines.get(name)
-        if out is None:
-            out = self.lines[name] = []
-        return out
 
     def add(self, name: str, values: tuple, value: float, target) -> None:
         key = (name, values)
         prefix = self.prefixes.get(key)
         if prefix is None:
             prefix = self.prefixes[key] = f"{METRICS[name].exposed_name}{_labels_text(self._pairs(name, values, target))} "
-        self._out(name).append(prefix + floatToGoString(value) + "\n")
+        self.lines[name].append(prefix + _go(value) + "\n")
 
     def _series(self, name: str, values: tuple, target, kind: str, keys: tuple) -> tuple[list[str], str, str]:
         """A histogram's or summary's line prefixes: one per bucket or quantile, _count, _sum."""
@@ -84,30 +94,29 @@ class TextFamilies(Families):
     def histogram(self, name: str, values: tuple, buckets, total: float, target) -> None:
         bounds = tuple("+Inf" if math.isinf(le) else repr(float(le)) for le, _ in buckets)
         heads, count, sum_ = self._series(name, values, target, "histogram", bounds)
-        out = self._out(name)
-        out.extend(head + floatToGoString(c) + "\n" for head, (_, c) in zip(heads, buckets))
+        out = self.lines[name]
+        out.extend(head + _go(c) + "\n" for head, (_, c) in zip(heads, buckets))
         if buckets and total is not None:
-            out.append(count + floatToGoString(buckets[-1][1]) + "\n")
-            out.append(sum_ + floatToGoString(total) + "\n")
+            out.append(count + _go(buckets[-1][1]) + "\n")
+            out.append(sum_ + _go(total) + "\n")
 
     def summary(self, name: str, values: tuple, quantiles, totals: tuple[float, float], target) -> None:
         heads, count, sum_ = self._series(name, values, target, "summary", tuple(repr(float(q)) for q, _ in quantiles))
-        out = self._out(name)
-        out.extend(head + floatToGoString(v) + "\n" for head, (_, v) in zip(heads, quantiles))
-        out.append(count + floatToGoString(totals[0]) + "\n")
-        out.append(sum_ + floatToGoString(totals[1]) + "\n")
+        out = self.lines[name]
+        out.extend(head + _go(v) + "\n" for head, (_, v) in zip(heads, quantiles))
+        out.append(count + _go(totals[0]) + "\n")
+        out.append(sum_ + _go(totals[1]) + "\n")
 
-    def fragments(self) -> dict[str, tuple[bytes, bytes]]:
-        """Exposed family name -> (its HELP and TYPE lines, its sample lines), encoded: the
-        answer is then joined from them as they are, in one copy."""
-        return {METRICS[name].exposed_name: (_header(name, self.windows), "".join(lines).encode("utf-8"))
-                for name, lines in self.lines.items()}
+    def fragments(self) -> dict[str, bytes]:
+        """METRICS name -> its sample lines, encoded: the answer is then joined from them as
+        they are, in one copy, each family's HELP and TYPE lines before its first."""
+        return {name: "".join(lines).encode("utf-8") for name, lines in self.lines.items()}
 
 
 @functools.lru_cache(maxsize=1024)
 def _header(name: str, windows: str) -> bytes:
-    """A family's HELP and TYPE lines: one string shared by every target's fragment (not
-    a copy of each family's help a target, formatted anew at every render of each)."""
+    """A family's HELP and TYPE lines: one string shared by every render (not a copy of
+    each family's help a target, formatted anew at every render of each)."""
     d = METRICS[name]
     help_text = d.help.replace("{windows}", windows).replace("\\", "\\\\").replace("\n", "\\n")
     return f"# HELP {d.exposed_name} {help_text}\n# TYPE {d.exposed_name} {d.kind}\n".encode("utf-8")
@@ -133,10 +142,10 @@ class FragmentRender:
 
     def __init__(self, collector: PrefixCacheCollector):
         self.collector = collector
-        self._fragments: dict[str, tuple[tuple, dict[str, tuple[bytes, bytes]], dict]] = {}
+        self._fragments: dict[str, tuple[tuple, dict[str, bytes], dict]] = {}
         self.rendered_targets = 0  # fragments rendered anew, for tests and benchmarks
 
-    def _text(self, fill: Callable[[Families], None], extra: tuple[str, ...], prefixes: dict | None = None) -> dict[str, tuple[bytes, bytes]]:
+    def _text(self, fill: Callable[[Families], None], extra: tuple[str, ...], prefixes: dict | None = None) -> dict[str, bytes]:
         families = TextFamilies(self.collector.windows, extra, prefixes)
         fill(families)
         return families.fragments()
@@ -163,11 +172,12 @@ class FragmentRender:
         self._fragments = fragments  # gone targets' fragments go with them
         parts.append(self._text(lambda f: self.collector.tail(f, reading), extra))
         families: dict[str, list[bytes]] = {}  # family -> its header, then every part's lines
+        windows = self.collector.windows
         for part in parts:
-            for family, (header, lines) in part.items():
-                chunks = families.get(family)
+            for name, lines in part.items():
+                chunks = families.get(name)
                 if chunks is None:
-                    chunks = families[family] = [header]
+                    chunks = families[name] = [_header(name, windows)]
                 chunks.append(lines)
         # one copy of the answer: no text of it whole beside its encoding
         return b"".join(chunk for chunks in families.values() for chunk in chunks)
