@@ -4,15 +4,27 @@ in one run. Each poll is parsed, then handed to the engine (history, windows, de
 change point), as the poller does; the engine part is what runs under the target's lock.
 
 Goals: linear (the cost per model stays flat from 100 to 10,000 models) and under 50 ms
-at 1,000 models. Usual size (1 model) x10 and x100 and more are all on one line."""
+at 1,000 models. Usual size (1 model) x10 and x100 and more are all on one line.
+
+With --old REV, the code of REV is measured beside this checkout's, each size and code in
+a fresh process of its own, the two codes taking turns (--repeat N rounds, the order
+swapped each round), so that both see the same load; each code's ratios are its own."""
 import argparse
 import gc
+import json
+import os
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+HERE = Path(__file__).resolve().parent
+# --code DIR: measure the exporter package of DIR (an old revision's) instead of this checkout's
+_code = sys.argv[sys.argv.index("--code") + 1] if "--code" in sys.argv[:-1] else str(HERE.parent)
+sys.path.insert(0, _code)
+sys.path.insert(1, str(HERE))
 
 from exporter.sidecar import GC_THRESHOLDS  # noqa: E402
 from exporter.config.sections import load  # noqa: E402
@@ -71,20 +83,74 @@ def bench(models: int, polls: int, measured: int, thresholds: tuple) -> dict:
 DEFAULT_GC = gc.get_threshold()
 
 
+def _one(n: int, polls: int, gcs: str) -> list[dict]:
+    out = []
+    for label, thresholds in (("sidecar GC", GC_THRESHOLDS), ("default GC", DEFAULT_GC)):
+        if gcs in ("both", label.split()[0]):
+            r = bench(n, polls, polls // 2, thresholds)
+            r["gc"] = label
+            out.append(r)
+    return out
+
+
+def this_and_old_interleaved(args, sizes: list[int]) -> None:
+    """Each (round, size, code) in a fresh process, this checkout and `args.old` taking turns."""
+    from bench_discovery import old_checkout
+
+    codes = {"new": str(HERE.parent), f"old {args.old}": str(old_checkout(args.old))}
+    rows: dict[str, list[dict]] = {c: [] for c in codes}
+    try:
+        for rnd in range(args.repeat):
+            order = list(codes) if rnd % 2 == 0 else list(reversed(codes))
+            for n in sizes:
+                for code in order:
+                    cmd = [sys.executable, __file__, "--code", codes[code], "--sizes", str(n), "--polls", str(args.polls),
+                           "--gc", args.gc, "--json"]
+                    env = {**os.environ, "PYTHONPATH": codes[code]}
+                    done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env, timeout=3600)
+                    load = os.getloadavg()[0]
+                    for r in json.loads(done.stdout.splitlines()[-1]):
+                        r["round"], r["load"] = rnd + 1, load
+                        rows[code].append(r)
+                        print(f"ingest: round {r['round']} {code:>12}: {n:>6} models | parse {r['parse_ms']:8.2f} ms | "
+                              f"ingest ({r['gc']}) {r['ingest_ms']:8.2f} ms, {r['ingest_ms'] * 1000 / n:6.1f} us per model "
+                              f"(load average {load:.1f})", flush=True)
+    finally:
+        shutil.rmtree(codes[f"old {args.old}"], ignore_errors=True)
+    base = min(sizes)
+    for code, rs in rows.items():
+        for rnd in range(1, args.repeat + 1):
+            for label in sorted({r["gc"] for r in rs}):
+                per = {r["models"]: r["ingest_ms"] * 1000 / r["models"] for r in rs if r["round"] == rnd and r["gc"] == label}
+                ratios = ", ".join(f"{n}: {per[n]:.1f} us ({per[n] / per[base]:.2f}x)" for n in sizes)
+                print(f"ingest: round {rnd} {code} ({label}) per model: {ratios}")
+
+
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser()
     p.add_argument("--sizes", default="1,100,1000,10000")
     p.add_argument("--polls", type=int, default=24, help="polls per size; the last half are timed")
+    p.add_argument("--gc", choices=("both", "sidecar", "default"), default="both", help="which GC thresholds to measure")
+    p.add_argument("--old", default="", help="a git revision whose code is measured beside this checkout's, taking turns")
+    p.add_argument("--repeat", type=int, default=2, help="with --old: rounds of every size and both codes")
+    p.add_argument("--code", default="", help=argparse.SUPPRESS)  # read at import: the package measured
+    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one process of --old's: rows as JSON
     args = p.parse_args(argv)
     sizes = [int(n) for n in args.sizes.split(",")]
+    if args.json:
+        rows = [r for n in sizes for r in _one(n, args.polls, args.gc)]
+        print(json.dumps(rows))
+        return rows
+    if args.old:
+        this_and_old_interleaved(args, sizes)
+        return []
     print("ingest: one target; median per poll: parse | engine ingest (history, windows, detectors), with the sidecar's GC "
           f"thresholds {GC_THRESHOLDS} and, side by side, Python's default {DEFAULT_GC}")
     rows = []
     ref = {}
     for n in sizes:
-        for label, thresholds in (("sidecar GC", GC_THRESHOLDS), ("default GC", DEFAULT_GC)):
-            r = bench(n, args.polls, args.polls // 2, thresholds)
-            r["gc"] = label
+        for r in _one(n, args.polls, args.gc):
+            label = r["gc"]
             rows.append(r)
             per_model = r["ingest_ms"] * 1000 / n
             if n >= 100 and label not in ref:

@@ -70,9 +70,9 @@ class DeployEvent:
 class _Seen:
     process_start: float | None
     created: tuple
-    queries: tuple
+    queries: dict  # series key -> its queries counter: kept whole for the next poll, not rebuilt from pairs
     cache_config: tuple | None
-    models: tuple
+    models: frozenset  # compared whole only: snap.model_names sorted 10,000 names in hash order every poll
     lora: tuple | None
     sleep: int | None  # the deepest sleep level of the target's engines (0 all awake), None if not said
 
@@ -83,9 +83,9 @@ def _seen(snap: Snapshot) -> _Seen:
         process_start=snap.process_start_time,
         # engine is None on some series and a string on others of the same model: sort on text
         created=tuple(sorted(((s.key, s.created) for s in snap.series if s.created is not None), key=lambda kc: (kc[0][0], kc[0][1] or ""))),
-        queries=tuple((s.key, s.prefix_cache.queries) for s in snap.series if s.prefix_cache and s.prefix_cache.queries is not None),
+        queries={s.key: s.prefix_cache.queries for s in snap.series if s.prefix_cache and s.prefix_cache.queries is not None},
         cache_config=snap.cache_config,
-        models=snap.model_names,
+        models=frozenset(s.model_name for s in snap.series),
         lora=snap.lora_config,
         sleep=max(levels) if levels else None,
     )
@@ -193,9 +193,9 @@ class SnapshotChangeDetector:
             return ""
         if why:
             return why
-        before = dict(last.queries)
+        before = last.queries
         # a counter that steps back a little is no restart (see history.RESET_FRACTION)
-        if any(key in before and q < before[key] and is_reset(before[key], q) for key, q in seen.queries):
+        if any(q < b and is_reset(b, q) for key, q in seen.queries.items() if (b := before.get(key)) is not None):
             return "a counter decreased to at most half its value"
         return ""
 

@@ -8,7 +8,6 @@ quantiles are `histogram_quantile()`'s (exporter/series/promql.py). Every ratio 
 from __future__ import annotations
 
 import math
-from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -380,78 +379,80 @@ def _admitted(increase: list[float | None], min_tokens: float) -> tuple[float | 
     return hits, prompt, (ratio(hits, prompt) if prompt >= max(min_tokens, 1e-12) else None)
 
 
-def _window_of_one_layout(view: Samples, now: float, window: str, seconds: float, lo: int, hi: int, layout: Layout,
-                          models, min_query_tokens: float, block_size: int | None,
-                          sources: dict | None = None, lazies: dict | None = None) -> dict[str, WindowStats]:
-    """Every model of a window whose samples share one layout (the usual case): the
-    increases of all series come from one vector of last - first, and the correlation
-    and KV maximum from the running sums when `now` is the latest sample."""
-    first, last = view[lo], view[hi - 1]
-    getter = layout.counters_of
-    delta = array("d", map(sub, getter(last.values), getter(first.values)))
+def _windows_of_one_layout(view: Samples, now: float, windows: Sequence[tuple[str, float, int]], hi: int, layout: Layout,
+                           models, min_query_tokens: float, block_size: int | None) -> dict[str, dict[str, WindowStats]]:
+    """model -> window -> stats for the windows (name, seconds, first sample) whose samples,
+    up to sample `hi - 1`, share one layout (the usual case): each model's increases are
+    last - first of its series, and the correlation and KV maximum come from the running
+    sums when `now` is the latest sample. Model by model, every window of a model at once:
+    a window after window pass over 10,000 models found each model's state out of the
+    caches four times a poll, and a vector of every series' differences a window was
+    170,000 floats; here a model's few floats are made, read and freed while they are hot."""
     n = len(COUNTERS)
-    position = layout.position
-    span = view.times[hi - 1] - view.times[lo]
     floor = max(min_query_tokens, 1e-12)
     latest = bool(view.times) and view.times[-1] == now
-    # the windows of one summary: one source each, one lazy TTFT a model for all its windows of this layout
-    sources = {} if sources is None else sources
-    lazies = {} if lazies is None else lazies
-    sources[seconds] = _TTFTSource(view, [(layout, lo, hi - 1)], lo, hi)
+    lv = view[hi - 1].values
+    # the windows of one summary: one TTFT source each, one lazy TTFT a model for all its windows
+    sources: dict[float, _TTFTSource] = {}
+    spans = []
+    for name, seconds, lo in windows:
+        sources[seconds] = _TTFTSource(view, [(layout, lo, hi - 1)], lo, hi)
+        spans.append((name, seconds, view[lo].values, view.times[hi - 1] - view.times[lo], hi - lo))
     running_of = view.running if latest else {}
-    by_model, unit_of_model = layout.by_model, layout.unit_of_model
-    increases = [d if d == d else None for d in delta]  # one pass for every series; a model slices its own
+    by_model, unit_of_model, position = layout.by_model, layout.unit_of_model, layout.position
+    offsets, single_base = layout.offsets, layout.single_base
+    no_running: dict = {}
     out = {}
     for model in models:
         keys = by_model.get(model)
         if not keys:
             continue
-        if len(keys) == 1:
-            base = position[keys[0]] * n
-            increase = increases[base:base + n]
-        else:
-            totals = [0.0] * n
-            seen = [False] * n
-            for key in keys:
-                base = position[key] * n
-                for j in range(n):
-                    d = delta[base + j]
-                    if d == d:
-                        totals[j] += d
-                        seen[j] = True
-            increase = [t if s else None for t, s in zip(totals, seen)]
-        queries, hits, ext_q, ext_h, ttft_sum, ttft_count, prompt, preempt = increase[:8]
-        a_hits, a_prompt, a_ratio = _admitted(increase, min_query_tokens)
+        o = single_base.get(model)
+        last = lv[o:o + n] if o is not None else None
         unit = unit_of_model[model]
-        hit_ratio = None
-        if queries is not None and hits is not None and unit is not None and \
-                tokens(queries, unit, block_size) >= floor:
-            hit_ratio = hits / queries
-            hit_ratio = 1.0 if hit_ratio > 1.0 else hit_ratio  # counters are never negative here
-        running = running_of.get(model)
-        running = running.get(seconds) if running is not None else None
-        if running is not None:
-            fit = least_squares_fit(running.n, running.sx, running.sy, running.sxy, running.sxx, running.syy) if running.n >= 3 else None
-            kv_max = running.kv[1] if running.kv else None
-        else:
-            fit, kv_max = _log_fit_and_kv(view, model, now, seconds, True)
-        lazy = lazies.get(model)
-        if lazy is None or lazy.keys is not keys or lazy.sources is not sources:
-            lazy = lazies[model] = _LazyTTFT(sources, keys)
-        # what _with_tiers adds, from the values at hand
-        tiers = _named_tiers(increase)
-        transfer = increase[11]
-        e_hits, e_queries = counts(queries, hits, ext_h, a_hits, a_prompt, transfer, unit, block_size)
-        # positional, in _WindowValues' field order: the hot path of a poll
-        out[model] = tuple.__new__(WindowStats, (
-            window, seconds, queries, hits, unit, hit_ratio,
-            queries / span if queries is not None and span > 0 else None,
-            hits / span if hits is not None and span > 0 else None,
-            ratio(ext_h, ext_q) if ext_q and ext_h is not None else None,
-            ttft_sum / ttft_count if ttft_sum is not None and ttft_count else None,
-            ttft_count, fit[0] if fit else None, fit[1] * 0.1 if fit else None, prompt, preempt, kv_max, hi - lo,
-            a_hits, a_prompt, a_ratio, lazy, block_size, ext_h, transfer, tiers,
-            ratio(e_hits, e_queries) if e_queries > 0 and e_queries >= floor else None))
+        running = running_of.get(model, no_running)
+        lazy = _LazyTTFT(sources, keys)
+        stats = out[model] = {}
+        for window, seconds, fv, span, count in spans:
+            if last is not None:
+                increase = [d if d == d else None for d in map(sub, last, fv[o:o + n])]
+            else:
+                totals = [0.0] * n
+                seen = [False] * n
+                for key in keys:
+                    k = offsets[position[key]]
+                    for j, d in enumerate(map(sub, lv[k:k + n], fv[k:k + n])):
+                        if d == d:
+                            totals[j] += d
+                            seen[j] = True
+                increase = [t if s else None for t, s in zip(totals, seen)]
+            queries, hits, ext_q, ext_h, ttft_sum, ttft_count, prompt, preempt = increase[:8]
+            a_hits, a_prompt, a_ratio = _admitted(increase, min_query_tokens)
+            hit_ratio = None
+            if queries is not None and hits is not None and unit is not None and \
+                    tokens(queries, unit, block_size) >= floor:
+                hit_ratio = hits / queries
+                hit_ratio = 1.0 if hit_ratio > 1.0 else hit_ratio  # counters are never negative here
+            sums = running.get(seconds)
+            if sums is not None:
+                fit = least_squares_fit(sums.n, sums.sx, sums.sy, sums.sxy, sums.sxx, sums.syy) if sums.n >= 3 else None
+                kv_max = sums.kv[1] if sums.kv else None
+            else:
+                fit, kv_max = _log_fit_and_kv(view, model, now, seconds, True)
+            # what _with_tiers adds, from the values at hand
+            tiers = _named_tiers(increase)
+            transfer = increase[11]
+            e_hits, e_queries = counts(queries, hits, ext_h, a_hits, a_prompt, transfer, unit, block_size)
+            # positional, in _WindowValues' field order: the hot path of a poll
+            stats[window] = tuple.__new__(WindowStats, (
+                window, seconds, queries, hits, unit, hit_ratio,
+                queries / span if queries is not None and span > 0 else None,
+                hits / span if hits is not None and span > 0 else None,
+                ratio(ext_h, ext_q) if ext_q and ext_h is not None else None,
+                ttft_sum / ttft_count if ttft_sum is not None and ttft_count else None,
+                ttft_count, fit[0] if fit else None, fit[1] * 0.1 if fit else None, prompt, preempt, kv_max, count,
+                a_hits, a_prompt, a_ratio, lazy, block_size, ext_h, transfer, tiers,
+                ratio(e_hits, e_queries) if e_queries > 0 and e_queries >= floor else None))
     return out
 
 
@@ -478,16 +479,13 @@ def summarize(
     # one layout (the usual case): its models in the body's order, which the parser sorted, so
     # sorting them is one pass; a set of 10,000 names in hash order took a full sort every poll
     models = sorted(runs[0][0].by_model if len(runs) == 1 else view.models(*view.span(now - longest, now)))
-    out: dict[str, dict[str, WindowStats]] = {m: {} for m in models}
-    sources: dict[float, _TTFTSource] = {}
-    lazies: dict[str, _LazyTTFT] = {}
-    for name, secs in windows:
-        lo, hi = view.span(now - secs, now)
-        runs = view.clipped_runs(lo, hi)
-        fast = {}
-        if len(runs) == 1 and hi - lo >= 2:
-            fast = _window_of_one_layout(view, now, name, secs, lo, hi, runs[0][0], models, min_query_tokens, block_size,
-                                         sources, lazies)
-        for m in models:
-            out[m][name] = fast.get(m) or window_stats(view, m, now, name, secs, min_query_tokens, block_size)
-    return out
+    hi = bisect_right(view.times, now)  # every window ends at the same sample
+    spans = [(name, secs, bisect_right(view.times, now - secs)) for name, secs in windows]
+    # the windows of two samples or more within the latest layout: all of them, usually
+    fast = [(name, secs, lo) for name, secs, lo in spans if hi - lo >= 2 and len(view.clipped_runs(lo, hi)) == 1]
+    out = _windows_of_one_layout(view, now, fast, hi, view[hi - 1].layout, models, min_query_tokens, block_size) if fast else {}
+    if len(fast) == len(spans) and len(out) == len(models):
+        return out
+    empty: dict[str, WindowStats] = {}
+    return {m: {name: out.get(m, empty).get(name) or window_stats(view, m, now, name, secs, min_query_tokens, block_size)
+                for name, secs in windows} for m in models}
