@@ -60,7 +60,8 @@ def hostile_files(tmp_path: Path, not_utf8: bytes) -> list[tuple[Path | str, str
 
 
 def wait_for(predicate, timeout: float = 20.0, step: float = 0.1) -> bool:
-    """Poll `predicate` until true or `timeout`; a connection error counts as not yet."""
+    """Poll `predicate` until true or `timeout`; a connection error or a request's own
+    timeout (a process busy starting or reloading on a loaded machine) counts as not yet."""
     import requests
 
     deadline = time.monotonic() + timeout
@@ -68,7 +69,7 @@ def wait_for(predicate, timeout: float = 20.0, step: float = 0.1) -> bool:
         try:
             if predicate():
                 return True
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):
             pass
         time.sleep(step)
     return False

@@ -127,7 +127,7 @@ def test_sighup_rereads_the_deploy_token(tmp_path):
     url = f"http://127.0.0.1:{port}/api/v1/deploys"
     proc = start(cfg, port)
     try:
-        post = lambda tok: requests.post(url, json={"version": "v1"}, headers={"Authorization": f"Bearer {tok}"}, timeout=2).status_code
+        post = lambda tok: requests.post(url, json={"version": "v1"}, headers={"Authorization": f"Bearer {tok}"}, timeout=10).status_code
         assert wait_for(lambda: post("first") == 202)
         token.write_text("second\n")
         proc.send_signal(signal.SIGHUP)
@@ -135,7 +135,7 @@ def test_sighup_rereads_the_deploy_token(tmp_path):
         assert post("first") == 401
         token.write_text("")  # an empty token file must not switch auth off
         proc.send_signal(signal.SIGHUP)
-        assert wait_for(lambda: "prefixcache_config_last_reload_successful 0.0" in requests.get(url.replace("/api/v1/deploys", "/metrics"), timeout=2).text)
+        assert wait_for(lambda: "prefixcache_config_last_reload_successful 0.0" in requests.get(url.replace("/api/v1/deploys", "/metrics"), timeout=10).text)
         assert post("second") == 202 and post("") == 401
     finally:
         proc.terminate()
