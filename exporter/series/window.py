@@ -475,10 +475,11 @@ def summarize(
     if not windows:
         return {}
     longest = max(s for _, s in windows)
-    runs = view.clipped_runs(*view.span(now - longest, now))
+    longest_span = view.span(now - longest, now)
+    runs = view.clipped_runs(*longest_span)
     # one layout (the usual case): its models in the body's order, which the parser sorted, so
     # sorting them is one pass; a set of 10,000 names in hash order took a full sort every poll
-    models = sorted(runs[0][0].by_model if len(runs) == 1 else view.models(*view.span(now - longest, now)))
+    models = sorted(runs[0][0].by_model if len(runs) == 1 else view.models(*longest_span))
     hi = bisect_right(view.times, now)  # every window ends at the same sample
     spans = [(name, secs, bisect_right(view.times, now - secs)) for name, secs in windows]
     # the windows of two samples or more within the latest layout: all of them, usually
