@@ -379,3 +379,40 @@ def test_a_sidecar_freezes_what_a_read_leaves_and_collects_its_cycles_at_the_ful
         finally:
             poller.stop(0.5)
             gc.unfreeze()
+
+
+def test_a_long_reads_slices_count_a_pods_dropped_labels_once():
+    """The limits' drops are counted by pod and read, as one query a part counted them: a
+    first read asked in 7 slices learns a pod 7 times, and its label over label_limit is
+    one dropped label, not 7."""
+    import json
+    import re
+    from urllib.parse import parse_qs, urlsplit
+    from fakeserver import FakeServer, reply
+    now = 20_000.0
+    replica = simulator.Replica("vllm-a", simulator.Scenario(request_rate=4.0), start=now - 900, seed=3, model_names=[MODEL])
+    bodies = {}
+    for k in range(1, 21):
+        replica.advance(now - 300 + 15 * k)
+        bodies[now - 300 + 15 * k] = replica.render()
+    asked = []
+
+    def query(h):
+        q = parse_qs(urlsplit(h.path).query)
+        at, span = float(q["time"][0]), float(re.search(r"\[(\d+)s\]$", q["query"][0]).group(1))
+        asked.append(at)
+        inside = {t: b for t, b in bodies.items() if at - span < t <= at}
+        reply(h, 200, json.dumps(answer_of(inside, {"job": "vllm", "pod": "vllm-a", "zone": "z1"})).encode())
+
+    with FakeServer({"/api/v1/query": query}) as prom:
+        raw = read_config(prom.base, label_limit=2)  # job, pod and zone: one over
+        raw["global"]["poll_interval"] = "15s"
+        state = State()
+        poller = Poller(load(raw), state, clock=lambda: now)
+        try:
+            poller.read()
+            (source,) = [s for s in state.published.discovery if s.name == "read_prometheus"]
+            assert len(asked) == 7 and source.ok and source.dropped == (("label_limit", 1),)
+            assert dict(state.target("vllm-a").scrapes)["success"] == len(bodies)
+        finally:
+            poller.stop(0.5)

@@ -56,7 +56,9 @@ class PrometheusReader:
         self.targets: dict[str, Target] = {}  # pod -> its target, while not forgotten
         self.state = SourceState(READ_PROMETHEUS)
         self.query_seconds: float | None = None  # the last query's duration, for the status page and benchmarks
-        self.dropped: Counter = Counter()  # labels and targets the limits dropped in this read
+        # pod -> its labels the limits dropped in this read: a pod is learnt once a slice of a long
+        # read, and counted once, as its last slice had it
+        self.dropped: dict[str, Counter] = {}
         self._empty_since: float | None = None  # the first read that answered and matched nothing
         self._hinted = False  # the "nothing matches" line, said once
 
@@ -121,7 +123,8 @@ class PrometheusReader:
                 self.gap[name] = times[-1] - times[-2]
             elif name in self.newest:
                 self.gap[name] = times[-1] - self.newest[name]
-            target = promseries.target(pod, self.source_url, self.limits, self.dropped)
+            dropped = self.dropped[name] = Counter()
+            target = promseries.target(pod, self.source_url, self.limits, dropped)
             if self.targets.get(name) != target:
                 self.targets[name] = target
                 changed = True
@@ -136,7 +139,10 @@ class PrometheusReader:
     def update(self, now: float, seen: set[str]) -> list[Target]:
         """After a read whose parts were all learnt: who is known (long-silent pods out) ->
         the targets."""
-        dropped, self.dropped = self.dropped, Counter()
+        dropped: Counter = Counter()
+        for of_pod in self.dropped.values():
+            dropped.update(of_pod)
+        self.dropped = {}
         for name in [n for n, t in self.newest.items() if n not in seen and now - t > self.cfg.accept_empty_after]:
             log.info("read_prometheus: %s has had no sample for %gs; forgotten", name, self.cfg.accept_empty_after)
             for known in (self.newest, self.gap, self.targets):
