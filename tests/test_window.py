@@ -54,6 +54,9 @@ def test_increase_matches_promql_reset_handling(values, expected):
     pytest.param(0.5, [(2.0, 20.0), (1.0, 10.0), (INF, 20.0)], 1.0, id="unsorted-input"),
     pytest.param(0.75, [(1.0, 10.0), (2.0, 8.0), (3.0, 20.0), (INF, 20.0)], 2.5, id="non-monotonic-lifted"),
     pytest.param(0.5, [(1.0, 5.0), (1.0, 5.0), (2.0, 20.0), (INF, 20.0)], 1.0, id="duplicate-bounds-coalesce"),
+    # no count reaches the rank: PromQL's search ends on the +Inf bucket (this raised StopIteration)
+    pytest.param(0.0, [(1.0, INF), (2.0, INF), (INF, INF)], 2.0, id="nan-rank-ends-on-the-inf-bucket"),
+    pytest.param(0.5, [(1.0, -5.0), (INF, -2.0)], 1.0, id="counts-below-zero-end-on-the-inf-bucket"),
 ])
 def test_histogram_quantile_edge_cases(q, buckets, expected):
     got = histogram_quantile(q, buckets)
@@ -84,7 +87,7 @@ def _promql_walk(q: float, buckets) -> float:
     if len(lifted) < 2 or lifted[-1][1] == 0 or math.isnan(lifted[-1][1]):
         return math.nan
     rank = q * lifted[-1][1]
-    b = next(i for i, (_, c) in enumerate(lifted) if c >= rank)
+    b = next((i for i, (_, c) in enumerate(lifted) if c >= rank), len(lifted) - 1)
     if b == len(lifted) - 1:
         return lifted[-2][0]
     if b == 0 and lifted[0][0] <= 0:

@@ -75,7 +75,9 @@ def _quantile(q: float, bounds: list[float], counts: list[float]) -> float:
     # no count is NaN (a NaN is neither above nor below, and the walk steps over it)
     b = bisect_left(counts, rank) if rank == rank and total == total else len(counts)
     if b == len(counts):
-        b = next(i for i, c in enumerate(counts) if c >= rank)
+        # none at or above the rank (a NaN rank, or counts below zero): PromQL's search then
+        # ends on the +Inf bucket
+        b = next((i for i, c in enumerate(counts) if c >= rank), len(counts) - 1)
     if b == len(counts) - 1:
         return bounds[-2]
     if b == 0 and bounds[0] <= 0:
