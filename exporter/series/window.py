@@ -357,10 +357,15 @@ def _with_tiers(ws: WindowStats, increase: list[float | None], min_query_tokens:
     tiers = _named_tiers(increase)
     if tiers:
         ws = tuple.__new__(WindowStats, ws[:-2] + (tiers, ws[-1]))
-    hits, queries = effective_counts(ws)
-    if queries > 0 and queries >= max(min_query_tokens, 1e-12):
-        ws = tuple.__new__(WindowStats, ws[:-1] + (ratio(hits, queries),))
+    judged = _judged(*effective_counts(ws), max(min_query_tokens, 1e-12))
+    if judged is not None:
+        ws = tuple.__new__(WindowStats, ws[:-1] + (judged,))
     return ws
+
+
+def _judged(hits: float, queries: float, floor: float) -> float | None:
+    """The ratio over every tier (hitratio.effective_counts), None under the token floor."""
+    return ratio(hits, queries) if queries > 0 and queries >= floor else None
 
 
 def _admitted(increase: list[float | None], min_tokens: float) -> tuple[float | None, float | None, float | None]:
@@ -452,7 +457,7 @@ def _windows_of_one_layout(view: Samples, now: float, windows: Sequence[tuple[st
                 ttft_sum / ttft_count if ttft_sum is not None and ttft_count else None,
                 ttft_count, fit[0] if fit else None, fit[1] * 0.1 if fit else None, prompt, preempt, kv_max, count,
                 a_hits, a_prompt, a_ratio, lazy, block_size, ext_h, transfer, tiers,
-                ratio(e_hits, e_queries) if e_queries > 0 and e_queries >= floor else None))
+                _judged(e_hits, e_queries, floor)))
     return out
 
 
@@ -480,8 +485,8 @@ def summarize(
     # one layout (the usual case): its models in the body's order, which the parser sorted, so
     # sorting them is one pass; a set of 10,000 names in hash order took a full sort every poll
     models = sorted(runs[0][0].by_model if len(runs) == 1 else view.models(*longest_span))
-    hi = bisect_right(view.times, now)  # every window ends at the same sample
-    spans = [(name, secs, bisect_right(view.times, now - secs)) for name, secs in windows]
+    hi = longest_span[1]  # every window ends at the same sample
+    spans = [(name, secs, view.span(now - secs, now)[0]) for name, secs in windows]
     # the windows of two samples or more within the latest layout: all of them, usually
     fast = [(name, secs, lo) for name, secs, lo in spans if hi - lo >= 2 and len(view.clipped_runs(lo, hi)) == 1]
     out = _windows_of_one_layout(view, now, fast, hi, view[hi - 1].layout, models, min_query_tokens, block_size) if fast else {}
