@@ -196,11 +196,9 @@ def parse(text: str, series_limit: int = 0, memo: dict[str, dict[str, str]] | No
     warnings = _Warnings()
     helps: dict[str, str] = {}
     declared: set[str] = set()  # TRT-LLM block-counter families with a `# TYPE` line
-    if memo is None:
-        return _build(_text_samples(text, warnings, helps, declared), series_limit, warnings, helps, declared)
     seen = [0]
     snapshot = _build(_text_samples(text, warnings, helps, declared, memo, seen), series_limit, warnings, helps, declared)
-    if len(memo) > MEMO_SLACK * seen[0] + MEMO_FLOOR:
+    if memo is not None and len(memo) > MEMO_SLACK * seen[0] + MEMO_FLOOR:
         memo.clear()
     return snapshot
 
@@ -219,7 +217,7 @@ def parse_samples(samples: Iterable[tuple[str, dict[str, str], str]], series_lim
 
 
 def _text_samples(text: str, warnings: _Warnings, helps: dict[str, str], declared: set[str],
-                  memo: dict[str, dict[str, str]] | None = None, seen: list[int] | None = None):
+                  memo: dict[str, dict[str, str]] | None, seen: list[int]):
     """(line number, name, labels, value text, whether the line is long enough to hold a
     label value over the bound) of the body's samples that the table names;
     HELP and TYPE lines noted, malformed samples warned of. With `memo` (see parse), the
