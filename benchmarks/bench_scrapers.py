@@ -98,10 +98,19 @@ def load(port: int, path: str, scrapers: int, seconds: float, interval: float = 
         errors += err
     for p in procs:
         p.join()
-    latencies.sort()
-    q = statistics.quantiles(latencies, n=100) if len(latencies) >= 100 else [max(latencies or [0])] * 99
-    return {"requests": len(latencies), "errors": errors, "rps": len(latencies) / seconds,
-            "p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000, "max_ms": (latencies[-1] if latencies else 0) * 1000}
+    return {"requests": len(latencies), "errors": errors, "rps": len(latencies) / seconds, **milliseconds(latencies)}
+
+
+def milliseconds(seconds: list[float]) -> dict:
+    """p50, p99 and max of durations, in ms; under 100 of them the p50 is their median
+    and the p99 their maximum."""
+    ordered = sorted(seconds) or [0.0]
+    if len(ordered) >= 100:
+        q = statistics.quantiles(ordered, n=100)
+        p50, p99 = q[49], q[98]
+    else:
+        p50, p99 = statistics.median(ordered), ordered[-1]
+    return {"p50_ms": p50 * 1000, "p99_ms": p99 * 1000, "max_ms": ordered[-1] * 1000}
 
 
 def prometheus_scrapers(port: int, scrapers: int, seconds: float, interval: float, ours: int) -> dict:
@@ -130,12 +139,11 @@ def prometheus_scrapers(port: int, scrapers: int, seconds: float, interval: floa
             answer = requests.get(prom.url + "/api/v1/query", params={"query": f"{query}[{seconds:g}s]", "time": f"{end:.3f}"},
                                   timeout=30).json()["data"]["result"]
             return [float(v) for series in answer for _, v in series["values"]]
-        durations, up = sorted(samples("scrape_duration_seconds")), samples("up")
+        durations, up = samples("scrape_duration_seconds"), samples("up")
     finally:
         prom.stop()
-    q = statistics.quantiles(durations, n=100) if len(durations) >= 100 else [statistics.median(durations)] * 50 + [durations[-1]] * 49
-    return {"scrapes": len(durations), "failed": sum(1 for v in up if v == 0.0), "p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000,
-            "max_ms": durations[-1] * 1000, "prometheus_cpu_share": theirs_cpu, "our_cpu_share": ours_cpu}
+    return {"scrapes": len(durations), "failed": sum(1 for v in up if v == 0.0), **milliseconds(durations),
+            "prometheus_cpu_share": theirs_cpu, "our_cpu_share": ours_cpu}
 
 
 def phase(label: str, code: Path | None, urls: list[str], args) -> dict:
