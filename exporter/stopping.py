@@ -1,13 +1,21 @@
 """How every long-running command (run, demo, record, simulate) learns to stop, and the
-sidecar to reload: a signal's handler only writes a byte to a pipe, and a thread of its own
-does the work.
+sidecar to reload: a signal only writes a byte to a pipe, and a thread of its own does the
+work.
 
 A handler runs in the main thread between two bytecodes, also in the middle of another
 handler: one that set a threading.Event took that event's lock, and a second signal
 arriving while the first held it waited for it forever (a storm of SIGHUPs left the
-process deaf to SIGTERM: 20 times in 20 with 3,000 signals). os.write takes no lock."""
+process deaf to SIGTERM: 20 times in 20 with 3,000 signals). os.write takes no lock.
+
+The kernel hands a signal sent to the process to any thread that does not block it, and
+a Python handler runs only when the main thread next runs bytecode: one handed to a poll
+thread while the main thread waits on an event ran at the next SIGTERM, so a SIGHUP could
+reload nothing until the process stopped. The byte is therefore written by the
+interpreter's C-level handler, on whichever thread took the signal, to the process's
+wakeup fd (signal.set_wakeup_fd); a relay thread reads the signal numbers there."""
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -17,18 +25,49 @@ from typing import Callable
 log = logging.getLogger(__name__)
 
 
+class _Relay:
+    """The process's wakeup fd and the thread that hands each signal number written to it
+    to the pipes of the actions that wait for it (non-blocking: a full pipe already asks
+    for a run)."""
+
+    def __init__(self) -> None:
+        self.wakes: dict[int, tuple[int, ...]] = {}  # replaced whole: the relay thread reads it unlocked
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        signal.set_wakeup_fd(write, warn_on_full_buffer=False)  # the main thread's call; raises elsewhere
+        threading.Thread(target=self._relay, args=(read,), name="signals", daemon=True).start()
+
+    def add(self, signum: int, wake_write: int) -> None:
+        self.wakes = {**self.wakes, signum: self.wakes.get(signum, ()) + (wake_write,)}
+
+    def _relay(self, read: int) -> None:
+        while True:
+            for signum in set(os.read(read, 65536)):
+                for wake in self.wakes.get(signum, ()):
+                    try:
+                        os.write(wake, b"\0")
+                    except BlockingIOError:  # the pipe is full: a run is asked for already
+                        pass
+
+
+@functools.cache
+def _process_relay() -> _Relay:
+    """One per process, as its wakeup fd."""
+    return _Relay()
+
+
+def _ignore(*_) -> None:
+    """The Python-level handler: the C-level one has already written the byte."""
+
+
 def on_signals(signums: tuple[int, ...], action: Callable[[], None], name: str) -> None:
     """`action` on a thread named `name`, once for the signals that came since it last
     began: signals that arrive while it runs make one more run after it, whatever their
-    number. An exception in `action` is its own to report: the thread goes on."""
+    number. An exception in `action` is its own to report: the thread goes on. Called from
+    the main thread (as signal.signal must be)."""
+    relay = _process_relay()
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
-
-    def handler(*_) -> None:
-        try:
-            os.write(wake_write, b"\0")
-        except BlockingIOError:  # the pipe is full: a run is asked for already
-            pass
 
     def loop() -> None:
         while True:
@@ -40,7 +79,8 @@ def on_signals(signums: tuple[int, ...], action: Callable[[], None], name: str) 
 
     threading.Thread(target=loop, name=name, daemon=True).start()
     for signum in signums:
-        signal.signal(signum, handler)
+        relay.add(signum, wake_write)
+        signal.signal(signum, _ignore)
 
 
 def stop_event(on_signal: Callable[[], None] | None = None) -> threading.Event:

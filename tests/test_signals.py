@@ -344,3 +344,24 @@ def test_a_signal_storm_never_deafens_the_process_to_sigterm():
         finally:
             proc.kill()
         assert proc.returncode == 0 and 1 <= int(out) < 3000, out
+
+
+def test_a_signal_the_kernel_hands_another_thread_still_reloads_and_stops():
+    """A signal sent to the process may be taken by any thread; the main thread, waiting
+    on the stop event, runs no Python handler until it wakes (the SIGHUP used to reload at
+    the next SIGTERM). Here each signal goes to a thread that is not the main one."""
+    code = ("import signal, threading, time\n"
+            "from exporter.stopping import on_signals, stop_event\n"
+            "stop = stop_event()\n"
+            "on_signals((signal.SIGHUP,), lambda: print('reloaded', flush=True), 'reload')\n"
+            "other = threading.Event()\n"
+            "sleeper = threading.Thread(target=other.wait, daemon=True)\n"
+            "sleeper.start()\n"
+            "def send():\n"
+            "    for signum in (signal.SIGHUP, signal.SIGTERM):\n"
+            "        time.sleep(0.3)\n"
+            "        signal.pthread_kill(sleeper.ident, signum)\n"
+            "threading.Thread(target=send, daemon=True).start()\n"
+            "print('stopped' if stop.wait(20) else 'never stopped', flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout.split() == ["reloaded", "stopped"], out
