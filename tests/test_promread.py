@@ -7,6 +7,8 @@ import math
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from exporter.config.sections import ConfigError, load
 from exporter.discovery import promseries
@@ -90,6 +92,8 @@ def test_read_from_prometheus_equals_promql_and_the_scrape_path_and_stale_pods_g
         view = state.target("vllm-c")
         assert dict(view.target.labels)["version"] == "v2" and dict(view.target.labels)["namespace"] == "llm"
         assert view.target.url == prom.url + "#vllm-c" and dict(view.scrapes)["success"] >= 60
+        # the real Prometheus's answers are in the layout read from the text: every pod is known there
+        assert sorted(reader.reader.memo.pods) == sorted(PODS)
         compared = 0
         for name in PODS:
             ours, theirs = state.target(name), direct_state.target(name)
@@ -203,6 +207,121 @@ def test_a_pods_samples_from_the_answer_make_the_snapshot_its_body_makes(fixture
     assert sorted(later["vllm-0"].times) == [115.0]
     assert later["vllm-0"].snapshot(115.0) == pods["vllm-0"].snapshot(115.0)
     assert promseries.pods(answer_of({100.0: text, 115.0: grown}, pod), "pod", "test", {"vllm-0": 115.0}) == {}
+
+
+def _compact(payload: dict, **dumps) -> bytes:
+    """The answer as Prometheus writes it: no space, `metric` before `values`."""
+    import json
+    return json.dumps(payload, separators=(",", ":"), **dumps).encode()
+
+
+ANSWER_FIXTURES = ["vllm-metrics/v1-main-2026-08_vllm-pr-51670.txt", "engine-metrics/lmcache-in-vllm_lmcache-pr-1300_tp4-worker-ids.txt",
+                   "engine-metrics/sglang_0.5.1_issue-13485_scheduler-labels.txt"]
+
+
+@pytest.mark.parametrize("fixture", ANSWER_FIXTURES)
+def test_an_answer_in_prometheus_layout_is_read_from_its_text_as_the_decoded_one_is(fixture):
+    """pods_of_answer reads Prometheus's layout from the text: the same pods, samples and
+    snapshots as pods() of the decoded answer, the samples already read left out; the next
+    answer with the same labels reuses what the memo learnt, one whose labels changed is
+    learnt again."""
+    import json
+    from pathlib import Path
+    text = (Path(__file__).parent / "fixtures" / fixture).read_text()
+    grown = "\n".join(line if line.startswith("#") or not line.strip() else
+                      line.rpartition(" ")[0] + " " + repr(float(line.rpartition(" ")[2]) * 2) for line in text.splitlines()) + "\n"
+    merged = {"status": "success", "data": {"resultType": "matrix", "result": []}}
+    for pod in ("vllm-0", "vllm-1"):
+        one = answer_of({100.0: text, 115.0: grown}, {"job": "vllm", "namespace": "llm", "pod": pod, "instance": f"{pod}:8000"})
+        merged["data"]["result"] += one["data"]["result"]
+    merged["data"]["result"].sort(key=lambda s: sorted(s["metric"].items()))  # Prometheus's order: by label set, pods interleaved
+    body = _compact(merged)
+    memo = promseries.PodMemo()
+    for newer in ({}, {"vllm-0": 100.0}, {"vllm-0": 115.0, "vllm-1": 100.0}):
+        ours = promseries.pods_of_answer(body, "pod", "test", newer, memo)
+        assert ours == promseries.pods(json.loads(body), "pod", "test", newer) and ours
+        for pod in ours.values():
+            for t in pod.times:
+                assert pod.snapshot(t) == promseries.pods(json.loads(body), "pod", "test")[pod.name].snapshot(t)
+    learnt = memo.pods["vllm-0"]
+    promseries.pods_of_answer(body, "pod", "test", {}, memo)
+    assert memo.pods["vllm-0"] is learnt  # the same labels: read as they were
+    relabelled = json.loads(body)
+    for s in relabelled["data"]["result"]:
+        s["metric"]["zone"] = "z2"
+    ours = promseries.pods_of_answer(_compact(relabelled), "pod", "test", {}, memo)
+    assert memo.pods["vllm-0"] is not learnt and ours["vllm-0"].labels["zone"] == "z2"
+    assert ours == promseries.pods(relabelled, "pod", "test")
+
+
+def test_answers_in_any_other_layout_are_decoded_whole_to_the_same_pods():
+    """Spaces, escapes, a key Prometheus adds only at times, a series of native histograms,
+    a pod label that is empty: each read as pods() reads the decoded answer; what is not
+    JSON, or not a matrix, is an error naming the source."""
+    import json
+    from exporter.discovery.targets import DiscoveryError
+    series = lambda pod, name, value, **labels: {"metric": {"__name__": name, "pod": pod, "instance": "i:1", **labels},
+                                                 "values": [[100.5, value], [115.5, value]]}
+    base = {"status": "success", "data": {"resultType": "matrix", "result": [
+        series("vllm-0", "vllm:prefix_cache_queries_total", "10", model_name="m"),
+        series("vllm-0", "vllm:prefix_cache_hits_total", "4", model_name="m")]}}
+    variants = {
+        "spaces": json.dumps(base).encode(),
+        "escapes": _compact({**base, "data": {**base["data"], "result": base["data"]["result"] + [
+            series("vllm-0", "vllm:num_requests_running", "1", model_name='a"b\\c')]}}),
+        "non-ascii escaped": _compact({**base, "data": {**base["data"], "result": base["data"]["result"] + [
+            series("vllm-0", "vllm:num_requests_running", "1", model_name="modèle")]}}),
+        "warnings": _compact({**base, "warnings": ["a partial answer"]}),
+        "a native histogram": _compact({**base, "data": {**base["data"], "result": base["data"]["result"] + [
+            {"metric": {"__name__": "vllm:x", "pod": "vllm-0"}, "histograms": [[100.5, {"count": "1", "sum": "1"}]]}]}}),
+        "values and histograms": _compact({**base, "data": {**base["data"], "result": [
+            {**base["data"]["result"][0], "histograms": [[100.5, {"count": "1", "sum": "1"}]]}] + base["data"]["result"][1:]}}),
+        "an empty pod label": _compact({**base, "data": {**base["data"], "result": [
+            series("", "vllm:prefix_cache_queries_total", "3", model_name="m")] + base["data"]["result"]}}),
+        "a value that is not a string": _compact({**base, "data": {**base["data"], "result": base["data"]["result"] + [
+            {"metric": {"__name__": "vllm:num_requests_running", "pod": "vllm-0", "model_name": "m"}, "values": [[115.5, 3]]}]}}),
+        "unicode as is": _compact({**base, "data": {**base["data"], "result": base["data"]["result"] + [
+            series("vllm-1", "vllm:num_requests_running", "1", model_name="modèle ]]},\"values\":[[")]}}, ensure_ascii=False),
+        "brackets in a label": _compact({**base, "data": {**base["data"], "result": base["data"]["result"] + [
+            series("vllm-1", "vllm:num_requests_running", "1", model_name='m]]},{"metric":{')]}}),
+    }
+    for what, body in variants.items():
+        memo = promseries.PodMemo()
+        assert promseries.pods_of_answer(body, "pod", "test", {}, memo) == promseries.pods(json.loads(body), "pod", "test"), what
+    assert set(promseries.PodMemo().pods) == set()
+    for bad, said in ((b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{', "answer is not JSON"),
+                      (b"\xff\xfe", "answer is not JSON"),
+                      (_compact({"status": "success", "data": {"resultType": "vector", "result": []}}), "not a matrix")):
+        with pytest.raises(DiscoveryError, match=said):
+            promseries.pods_of_answer(bad, "pod", "test")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(["vllm-0", "vllm-1", "", "a]]},{\"metric\":"]),
+                          st.sampled_from(["vllm:prefix_cache_queries_total", "vllm:num_requests_running", "process_start_time_seconds"]),
+                          st.dictionaries(st.sampled_from(["model_name", "le", "zone", "pod_x", "metric"]),
+                                          st.text(alphabet=st.sampled_from(list('ab,:"[]{}\\ é0.')), max_size=6), max_size=3),
+                          st.lists(st.tuples(st.sampled_from([100.0, 100.5, 115.25]), st.sampled_from(["1", "2.5", "NaN", "+Inf", "x"])),
+                                   min_size=1, max_size=3, unique_by=lambda v: v[0])),
+                min_size=1, max_size=6),
+       st.booleans(), st.sampled_from([{}, {"vllm-0": 100.0}, {"vllm-1": 115.25}]))
+def test_reading_the_text_equals_decoding_it_whatever_the_labels_hold(series, ascii_only, newer):
+    """Label values holding the layout's own tokens, quotes, backslashes or other scripts:
+    the text read (or decoded whole where it cannot be) gives what pods() gives, with a
+    fresh memo and with one that learnt the same answer before."""
+    import json
+    result = [{"metric": {"__name__": name, **labels, **({"pod": pod} if pod else {}), "instance": "i:1"},
+               "values": [[t, v] for t, v in sorted(values)]} for pod, name, labels, values in series]
+    body = _compact({"status": "success", "data": {"resultType": "matrix", "result": result}}, ensure_ascii=ascii_only)
+    try:
+        expected = promseries.pods(json.loads(body), "pod", "test", newer)
+    except Exception as exc:  # noqa: BLE001 - the same error either way
+        with pytest.raises(type(exc)):
+            promseries.pods_of_answer(body, "pod", "test", newer)
+        return
+    memo = promseries.PodMemo()
+    assert promseries.pods_of_answer(body, "pod", "test", newer, memo) == expected
+    assert promseries.pods_of_answer(body, "pod", "test", newer, memo) == expected
 
 
 def test_a_read_goes_part_by_part_and_a_failed_part_waits_for_the_next_read():

@@ -323,12 +323,12 @@ def test_a_label_value_over_the_cap_refuses_its_sample_and_is_counted():
 def test_samples_held_apart_refuse_a_label_value_over_the_cap_as_a_body_does():
     """parse_samples (the Prometheus source) tests the values' total length first: one
     value over the cap is refused, many values that are each within it are not."""
-    from exporter.parse.vllm_metrics import parse_samples
+    from exporter.parse.vllm_metrics import long_labels, parse_samples
     half = "h" * (MAX_LABEL_VALUE // 2 + 1)  # two of them are over the cap together, neither alone
     samples = [("vllm:prefix_cache_queries_total", {"model_name": "m" * (MAX_LABEL_VALUE + 1)}, "5"),
                ("vllm:prefix_cache_queries_total", {"model_name": "ok", "engine": half, "other": half}, "5"),
                ("vllm:prefix_cache_hits_total", {"model_name": "ok", "engine": half, "other": half}, "1")]
-    snap = parse_samples(samples)
+    snap = parse_samples([(name, labels, value, long_labels(labels)) for name, labels, value in samples])
     assert [s.model_name for s in snap.series] == ["ok"] and dict(snap.rejected) == {"label_value_too_long": 1}
     assert "line 1:" in snap.warnings[0] and len(snap.warnings[0]) < 200
 

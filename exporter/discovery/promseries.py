@@ -12,9 +12,16 @@ lines, without writing a text to read back): both paths run the same parser and 
 A pod is named by its `target_label` (`pod`), else its `instance`; its labels are those
 Prometheus gave its target (the labels of `process_start_time_seconds`, which has none of
 its own, else the labels every series of the pod shares less the engine's own).
+
+An answer in the exact layout Prometheus's API code writes (compact, `metric` then
+`values`, no escape anywhere) is read from its text (pods_of_answer): a pod whose series'
+label texts are those of the last answer reuses what they were read as (PodMemo), so at
+fleet size each read decodes the pods' samples, not their labels again. Any other answer
+is decoded whole and read as pods() reads it, to the same result.
 """
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -23,7 +30,7 @@ from typing import Any
 from ..config.sections import Target
 from ..parse.names import PROCESS_START_TIME, SAMPLE_NAMES
 from ..parse.snapshot import Snapshot
-from ..parse.vllm_metrics import parse_samples
+from ..parse.vllm_metrics import long_labels, parse_samples
 from .targets import DiscoveryError, Limits, _bounded_labels, _own_labels, _without_userinfo
 
 # labels an engine puts on its own series: never a pod's
@@ -63,12 +70,13 @@ def _escape(value: str) -> str:
 
 @dataclass
 class Pod:
-    """One target's samples of one answer: sample time -> (name, own labels, value text)
-    of each of that scrape's samples, in the answer's order."""
+    """One target's samples of one answer: sample time -> (name, own labels, value text,
+    whether the labels may be over the bound) of each of that scrape's samples, in the
+    answer's order."""
 
     name: str
     labels: dict[str, str]  # its target's labels (Prometheus's, after relabelling)
-    times: dict[float, list[tuple[str, dict[str, str], str]]] = field(default_factory=dict)
+    times: dict[float, list[tuple[str, dict[str, str], str, bool]]] = field(default_factory=dict)
 
     def snapshot(self, t: float, series_limit: int = 0) -> Snapshot:
         """The scrape at `t` through the scrape path's parser (its samples, not a text)."""
@@ -88,10 +96,12 @@ def pods(payload: Any, target_label: str, where: str, newer_than: dict[str, floa
     series_of: dict[str, list[tuple[str, dict, list]]] = {}
     for i, series in enumerate(data["result"]):
         try:
-            metric, values = series["metric"], series["values"]
+            metric, values = series["metric"], series.get("values")
             name = metric["__name__"]
-        except (KeyError, TypeError):
+        except (KeyError, TypeError, AttributeError):
             raise DiscoveryError(f"{where}: result[{i}] is not a series with metric and values") from None
+        if values is None and "histograms" in series:
+            continue  # native histograms only (the API leaves out `values` then): no series the parser reads
         pod = metric.get(target_label) or metric.get("instance") or ""
         if not isinstance(pod, str) or not pod or not isinstance(values, list):
             continue  # a series of no pod cannot be anybody's
@@ -100,9 +110,9 @@ def pods(payload: Any, target_label: str, where: str, newer_than: dict[str, floa
     for pod, series in series_of.items():
         labels = _pod_labels(series)
         after = newer_than.get(pod, -math.inf)
-        times: dict[float, list[str]] = {}
+        times: dict[float, list[tuple[str, dict[str, str], str, bool]]] = {}
         for name, metric, values in series:
-            own = None  # one dict of the series' own labels, shared by its samples
+            own, long = None, False  # one dict of the series' own labels, shared by its samples
             # a series' samples come oldest first: read from the newest back to the first already read
             for sample in reversed(values):
                 try:
@@ -113,14 +123,19 @@ def pods(payload: Any, target_label: str, where: str, newer_than: dict[str, floa
                     break
                 if isinstance(value, str):
                     if own is None:
-                        own = {k: v for k, v in metric.items() if k != "__name__" and k not in labels and isinstance(v, str)}
+                        own = _own_labels_of(metric, labels)
+                        long = long_labels(own)
                     scrape = times.get(t)
                     if scrape is None:
                         scrape = times[t] = []
-                    scrape.append((name, own, value))
+                    scrape.append((name, own, value, long))
         if times:
             out[pod] = Pod(pod, labels, times)
     return out
+
+
+def _own_labels_of(metric: dict, pod_labels: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in metric.items() if k != "__name__" and k not in pod_labels and isinstance(v, str)}
 
 
 def _pod_labels(series: list[tuple[str, dict, list]]) -> dict[str, str]:
@@ -142,3 +157,155 @@ def target(pod: Pod, source_url: str, limits: Limits, dropped: Counter) -> Targe
     kept = _bounded_labels(_without_userinfo(pod.labels), limits, dropped)
     name = pod.name.rpartition("@")[2]  # an instance may carry user:pass@: a name is shown everywhere
     return Target(name=name, url=f"{source_url}#{name}", labels=_own_labels(kept))
+
+
+# The answer as Prometheus's API code (and the queriers that reuse it) writes it
+_PROLOGUE = '{"status":"success","data":{"resultType":"matrix","result":['
+_EPILOGUE = "]}}"
+_SERIES = '{"metric":'
+_VALUES = '},"values":[['
+
+
+@dataclass
+class _Known:
+    """A pod's series as an answer had them: the hash and length of their label texts
+    joined, each series' (name, own labels, long_labels of them) in the answer's order,
+    the pod's labels."""
+
+    key: tuple[int, int]
+    series: list[tuple[str, dict[str, str], bool]]
+    labels: dict[str, str]
+
+
+@dataclass
+class PodMemo:
+    """pod -> its series as the last answer had them (the reader keeps it between reads and
+    forgets a pod with its other state). Some 3 KB a pod: the label texts are not kept, only
+    their hash and length, and a pod whose texts hash and measure the same is read as it
+    was (a 64-bit hash: one pod's changed labels match the old ones once in 2^64)."""
+
+    pods: dict[str, _Known] = field(default_factory=dict)
+
+
+def pods_of_answer(body: bytes, target_label: str, where: str, newer_than: dict[str, float] | None = None,
+                   memo: PodMemo | None = None) -> dict[str, Pod]:
+    """pods() of an answer's bytes, as pods(json.loads(body)) reads them. The layout
+    Prometheus writes is read from the text (the module's doc); any other layout, or a
+    text that is not what that layout promises, is decoded whole."""
+    try:
+        text = body.decode()
+    except UnicodeDecodeError:
+        text = None
+    series_of = _scan(text, target_label) if text is not None else None
+    read = _read_scanned(series_of, newer_than or {}, memo) if series_of is not None else None
+    if read is not None:
+        return read
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise DiscoveryError(f"{where}: answer is not JSON: {str(exc)[:200]}") from None
+    return pods(payload, target_label, where, newer_than)
+
+
+def _scan(text: str, target_label: str) -> dict[str, list[tuple[str, str]]] | None:
+    """pod -> (label text, values text) of each of its series, in the answer's order, or
+    None for a text not in Prometheus's layout. With no backslash in the text, no string in
+    it holds a quote, so every token searched for that holds one is the answer's own."""
+    if not text.startswith(_PROLOGUE) or "\\" in text:
+        return None
+    stop = len(text.rstrip()) - len(_EPILOGUE)
+    if stop < len(_PROLOGUE) or not text.startswith(_EPILOGUE, stop):
+        return None
+    own_key, instance_key = f'"{target_label}":"', '"instance":"'
+    series_of: dict[str, list[tuple[str, str]]] = {}
+    i = len(_PROLOGUE)
+    while i < stop:
+        if not text.startswith(_SERIES, i):
+            return None
+        close = text.find(_VALUES, i)
+        if close < 0 or text.find(_SERIES, i + 1, close) >= 0:
+            return None  # a series without float samples (a native histogram's): its own layout
+        labels = text[i + len(_SERIES):close + 1]
+        start = close + len(_VALUES)
+        end = text.find("]]}", start)
+        if end < 0:
+            return None
+        pod = _value_of(labels, own_key) or _value_of(labels, instance_key)
+        if pod:
+            series = series_of.get(pod)
+            if series is None:
+                series = series_of[pod] = []
+            series.append((labels, text[start:end]))
+        i = end + 3
+        if i < stop:
+            if text[i] != ",":
+                return None
+            i += 1
+    return series_of
+
+
+def _value_of(labels: str, key: str) -> str:
+    at = labels.find(key)
+    if at < 0:
+        return ""
+    at += len(key)
+    return labels[at:labels.find('"', at)]
+
+
+def _read_scanned(series_of: dict[str, list[tuple[str, str]]], newer_than: dict[str, float],
+                  memo: PodMemo | None) -> dict[str, Pod] | None:
+    """The scanned pods' new samples, as pods() files them; None when a label or values
+    text is not what the layout promises (the whole answer is then decoded)."""
+    owns: dict[tuple, dict[str, str]] = {}  # one dict for the same own labels of many pods
+    out: dict[str, Pod] = {}
+    for pod, series in series_of.items():
+        joined = "\n".join([labels for labels, _ in series])
+        key = (hash(joined), len(joined))
+        known = memo.pods.get(pod) if memo is not None else None
+        if known is None or known.key != key:
+            known = _learn(series, key, owns)
+            if known is None:
+                return None
+            if memo is not None:
+                memo.pods[pod] = known
+        after = newer_than.get(pod, -math.inf)
+        times: dict[float, list[tuple[str, dict[str, str], str, bool]]] = {}
+        for (name, own, long), (_, values) in zip(known.series, series):
+            # a series' samples come oldest first: read from the newest back to the first already read
+            for sample in reversed(values.split("],[")):
+                time_text, comma, value = sample.partition(',"')
+                if not comma or value.find('"') != len(value) - 1:
+                    return None
+                try:
+                    t = float(time_text)
+                except ValueError:
+                    return None
+                if t <= after:
+                    break
+                scrape = times.get(t)
+                if scrape is None:
+                    scrape = times[t] = []
+                scrape.append((name, own, value[:-1], long))
+        if times:
+            out[pod] = Pod(pod, known.labels, times)
+    return out
+
+
+def _learn(series: list[tuple[str, str]], key: tuple[int, int], owns: dict[tuple, dict[str, str]]) -> _Known | None:
+    """A pod's series read from their label texts, as pods() reads the decoded ones."""
+    metrics = []
+    for labels, _ in series:
+        try:
+            metric = json.loads(labels)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(metric, dict) or not isinstance(metric.get("__name__"), str):
+            return None
+        metrics.append((metric["__name__"], metric, None))
+    pod_labels = _pod_labels(metrics)
+    read = []
+    for name, metric, _ in metrics:
+        own = _own_labels_of(metric, pod_labels)
+        own = owns.setdefault(tuple(own.items()), own)
+        read.append((name, own, long_labels(own)))
+    return _Known(key, read, pod_labels)

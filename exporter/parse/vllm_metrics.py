@@ -203,17 +203,23 @@ def parse(text: str, series_limit: int = 0, memo: dict[str, dict[str, str]] | No
     return snapshot
 
 
-def parse_samples(samples: Iterable[tuple[str, dict[str, str], str]], series_limit: int = 0) -> Snapshot:
+def parse_samples(samples: Iterable[tuple[str, dict[str, str], str, bool]], series_limit: int = 0) -> Snapshot:
     """One scrape's samples as a source holds them apart (Prometheus's API): (name, its
-    own labels, value text) each, in the body's order -> the Snapshot parse() makes of the
-    body they are (the same roles, checks and warnings; sample i stands for line i). No
-    text is written and read back; a source has no HELP or TYPE lines to give."""
+    own labels, value text, long_labels(labels)) each, in the body's order -> the Snapshot
+    parse() makes of the body they are (the same roles, checks and warnings; sample i
+    stands for line i). No text is written and read back; a source has no HELP or TYPE
+    lines to give. A series' labels and their `long` are the same at every sample: the
+    source works `long` out once a series."""
     warnings = _Warnings()
     roles = ROLE_BY_NAME
-    # a value over the bound makes the values' total over it: the cheap test, for the few whose values are checked one by one
-    return _build(((i, name, labels, value, len("".join(labels.values())) > MAX_LABEL_VALUE)
-                   for i, (name, labels, value) in enumerate(samples, 1) if name in roles),
+    return _build(((i, name, labels, value, long) for i, (name, labels, value, long) in enumerate(samples, 1) if name in roles),
                   series_limit, warnings, {}, set())
+
+
+def long_labels(labels: dict[str, str]) -> bool:
+    """Whether `labels` may hold a value over MAX_LABEL_VALUE: a value over the bound makes
+    the values' total over it (the cheap test, for the few whose values are checked one by one)."""
+    return len("".join(labels.values())) > MAX_LABEL_VALUE
 
 
 def _text_samples(text: str, warnings: _Warnings, helps: dict[str, str], declared: set[str],

@@ -35,23 +35,36 @@ class PrometheusAPI:
     def get(self, path: str, params: dict) -> object:
         """The decoded JSON of a 200 answer within `timeout` seconds in all; PrometheusAPIError
         for anything else (a redirect included: a sign-in page is not Prometheus)."""
-        where = redact_url(self.base_url + path)
+        return self.decode(self.get_bytes(path, params), self.where(path))
+
+    def get_bytes(self, path: str, params: dict) -> bytes:
+        """The body of a 200 answer, not decoded (a caller that reads Prometheus's layout
+        itself); PrometheusAPIError for anything else, with the answer's error if it has one."""
+        where = self.where(path)
         try:
             answer = exchange(self.endpoint, path=self.base_path + path + "?" + urlencode(params), headers=self.headers,
                               timeout=self.timeout, size_limit=self.max_answer, keep=self.connection)
         except PeerError as exc:
             raise PrometheusAPIError(f"{where}: unreachable: {type(exc).__name__}: {exc}") from None
-        status = answer.status
-        try:
-            payload = json.loads(answer.body)
-        except (ValueError, RecursionError) as exc:
-            if status != 200:
-                raise PrometheusAPIError(f"{where}: HTTP {status}, answer is not JSON") from None
-            raise PrometheusAPIError(f"{where}: answer is not JSON: {_short(exc)}") from None
-        if status != 200:
+        if answer.status != 200:
+            try:
+                payload = json.loads(answer.body)
+            except (ValueError, RecursionError):
+                raise PrometheusAPIError(f"{where}: HTTP {answer.status}, answer is not JSON") from None
             error = payload.get("error") if isinstance(payload, dict) else None
-            raise PrometheusAPIError(f"{where}: HTTP {status}" + (f": {_short(error)}" if error else ""))
-        return payload
+            raise PrometheusAPIError(f"{where}: HTTP {answer.status}" + (f": {_short(error)}" if error else ""))
+        return answer.body
+
+    def where(self, path: str) -> str:
+        return redact_url(self.base_url + path)
+
+    @staticmethod
+    def decode(body: bytes, where: str) -> object:
+        """A 200 answer's JSON; PrometheusAPIError when it is not JSON."""
+        try:
+            return json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise PrometheusAPIError(f"{where}: answer is not JSON: {_short(exc)}") from None
 
     def close(self) -> None:
         self.connection.close()

@@ -54,6 +54,7 @@ class PrometheusReader:
         self.newest: dict[str, float] = {}  # pod -> its newest sample read
         self.gap: dict[str, float] = {}  # pod -> the last interval between two of its samples
         self.targets: dict[str, Target] = {}  # pod -> its target, while not forgotten
+        self.memo = promseries.PodMemo()  # pod -> its series as the last answer had them
         self.state = SourceState(READ_PROMETHEUS)
         self.query_seconds: float | None = None  # the last query's duration, for the status page and benchmarks
         # pod -> its labels the limits dropped in this read: a pod is learnt once a slice of a long
@@ -65,6 +66,7 @@ class PrometheusReader:
     def carry_over(self, old: "PrometheusReader") -> None:
         """A reload's new reader goes on from where the old one was."""
         self.newest, self.gap, self.targets, self.last_read = dict(old.newest), dict(old.gap), dict(old.targets), old.last_read
+        self.memo = old.memo
 
     def reach(self, now: float) -> float:
         """How far back this read asks: since the last read, with the margin."""
@@ -98,13 +100,13 @@ class PrometheusReader:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            payload = self.api.get("/api/v1/query", {"query": promseries.query(self.read.match_labels, reach, part),
-                                                     "time": f"{at:.3f}"})
-            return promseries.pods(payload, self.read.target_label, self.where, self.newest)
+            body = self.api.get_bytes("/api/v1/query", {"query": promseries.query(self.read.match_labels, reach, part),
+                                                        "time": f"{at:.3f}"})
+            return promseries.pods_of_answer(body, self.read.target_label, self.where, self.newest, self.memo)
         except PrometheusAPIError as exc:
             raise DiscoveryError(str(exc)) from None
         finally:
-            payload = None
+            body = None
             if collecting:
                 gc.enable()
 
@@ -145,7 +147,7 @@ class PrometheusReader:
         self.dropped = {}
         for name in [n for n, t in self.newest.items() if n not in seen and now - t > self.cfg.accept_empty_after]:
             log.info("read_prometheus: %s has had no sample for %gs; forgotten", name, self.cfg.accept_empty_after)
-            for known in (self.newest, self.gap, self.targets):
+            for known in (self.newest, self.gap, self.targets, self.memo.pods):
                 known.pop(name, None)
         self.last_read = now
         limited = self.found()
