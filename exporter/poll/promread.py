@@ -55,6 +55,7 @@ class PrometheusReader:
         self.gap: dict[str, float] = {}  # pod -> the last interval between two of its samples
         self.targets: dict[str, Target] = {}  # pod -> its target, while not forgotten
         self.memo = promseries.PodMemo()  # pod -> its series as the last answer had them
+        self.learnt: dict[str, tuple[dict, Target, Counter]] = {}  # pod -> (its labels, its target, the labels dropped)
         self.state = SourceState(READ_PROMETHEUS)
         self.query_seconds: float | None = None  # the last query's duration, for the status page and benchmarks
         # pod -> its labels the limits dropped in this read: a pod is learnt once a slice of a long
@@ -116,7 +117,7 @@ class PrometheusReader:
             log.warning("read_prometheus: %s; the targets' samples wait for the next read", error)
 
     def learn(self, pods: dict[str, promseries.Pod]) -> bool:
-        """A part's pods: each a target (anew: its labels may have changed), the interval
+        """A part's pods: each a target (made again when its labels changed), the interval
         between its last two samples noted. Whether a target came or changed."""
         changed = False
         for name, pod in pods.items():
@@ -125,9 +126,13 @@ class PrometheusReader:
                 self.gap[name] = times[-1] - times[-2]
             elif name in self.newest:
                 self.gap[name] = times[-1] - self.newest[name]
-            dropped = self.dropped[name] = Counter()
-            target = promseries.target(pod, self.source_url, self.limits, dropped)
-            if self.targets.get(name) != target:
+            learnt = self.learnt.get(name)
+            if learnt is None or learnt[0] is not pod.labels:  # the memo hands out a pod's labels again while they stay
+                dropped = Counter()
+                learnt = self.learnt[name] = (pod.labels, promseries.target(pod, self.source_url, self.limits, dropped), dropped)
+            _, target, self.dropped[name] = learnt
+            known = self.targets.get(name)
+            if known is not target and known != target:
                 self.targets[name] = target
                 changed = True
         return changed
@@ -147,7 +152,7 @@ class PrometheusReader:
         self.dropped = {}
         for name in [n for n, t in self.newest.items() if n not in seen and now - t > self.cfg.accept_empty_after]:
             log.info("read_prometheus: %s has had no sample for %gs; forgotten", name, self.cfg.accept_empty_after)
-            for known in (self.newest, self.gap, self.targets, self.memo.pods):
+            for known in (self.newest, self.gap, self.targets, self.memo.pods, self.learnt):
                 known.pop(name, None)
         self.last_read = now
         limited = self.found()
