@@ -503,7 +503,9 @@ def test_a_sidecar_freezes_what_a_read_leaves_and_collects_its_cycles_at_the_ful
 def test_a_long_reads_slices_count_a_pods_dropped_labels_once():
     """The limits' drops are counted by pod and read, as one query a part counted them: a
     first read asked in 7 slices learns a pod 7 times, and its label over label_limit is
-    one dropped label, not 7."""
+    one dropped label, not 7. Answers in Prometheus's layout: the next read, whose pod
+    labels the memo hands out again, counts the drop again; a pod whose labels changed
+    gets the new ones."""
     import json
     import re
     from urllib.parse import parse_qs, urlsplit
@@ -521,17 +523,65 @@ def test_a_long_reads_slices_count_a_pods_dropped_labels_once():
         at, span = float(q["time"][0]), float(re.search(r"\[(\d+)s\]$", q["query"][0]).group(1))
         asked.append(at)
         inside = {t: b for t, b in bodies.items() if at - span < t <= at}
-        reply(h, 200, json.dumps(answer_of(inside, {"job": "vllm", "pod": "vllm-a", "zone": "z1"})).encode())
+        reply(h, 200, _compact(answer_of(inside, {"job": "vllm", "pod": "vllm-a", **pod_labels})))
 
+    pod_labels = {"version": "v1", "zone": "z1"}
+    clock = [now]
     with FakeServer({"/api/v1/query": query}) as prom:
-        raw = read_config(prom.base, label_limit=2)  # job, pod and zone: one over
+        raw = read_config(prom.base, label_limit=3)  # job, pod, version and zone: one over
         raw["global"]["poll_interval"] = "15s"
         state = State()
-        poller = Poller(load(raw), state, clock=lambda: now)
+        poller = Poller(load(raw), state, clock=lambda: clock[0])
         try:
             poller.read()
             (source,) = [s for s in state.published.discovery if s.name == "read_prometheus"]
             assert len(asked) == 7 and source.ok and source.dropped == (("label_limit", 1),)
             assert dict(state.target("vllm-a").scrapes)["success"] == len(bodies)
+            assert dict(state.target("vllm-a").target.labels)["version"] == "v1"
+            for version in ("v1", "v2"):
+                pod_labels["version"] = version
+                clock[0] += 15
+                replica.advance(clock[0] - 1)
+                bodies[clock[0] - 1] = replica.render()
+                poller.read()
+                (source,) = [s for s in state.published.discovery if s.name == "read_prometheus"]
+                assert source.dropped == (("label_limit", 1),)
+                assert dict(state.target("vllm-a").target.labels)["version"] == version
+            assert dict(state.target("vllm-a").scrapes)["success"] == len(bodies)
+            assert "vllm-a" in poller.reader.memo.pods and "vllm-a" in poller.reader.learnt
+        finally:
+            poller.stop(0.5)
+
+
+def test_a_pod_gone_from_prometheus_for_accept_empty_after_is_forgotten_with_all_the_reader_kept_of_it():
+    """Everything the reader keeps by pod (its newest sample, its interval, its target, its
+    labels' memo and what they were bounded to) goes when the pod is forgotten."""
+    from fakeserver import FakeServer, reply
+    clock = [20_000.0]
+    replicas = {name: simulator.Replica(name, simulator.Scenario(request_rate=4.0), start=clock[0] - 900, seed=i, model_names=[MODEL])
+                for i, name in enumerate(("vllm-a", "vllm-b"))}
+    serving = set(replicas)
+
+    def query(h):
+        answer = {"status": "success", "data": {"resultType": "matrix", "result": []}}
+        for name in sorted(serving):
+            replicas[name].advance(clock[0] - 1)
+            answer["data"]["result"] += answer_of({clock[0] - 1: replicas[name].render()}, {"job": "vllm", "pod": name})["data"]["result"]
+        reply(h, 200, _compact(answer))
+
+    with FakeServer({"/api/v1/query": query}) as prom:
+        poller = Poller(load(read_config(prom.base, accept_empty_after="30s")), State(), clock=lambda: clock[0])
+        reader = poller.reader
+        kept = lambda: [set(m) for m in (reader.newest, reader.gap, reader.targets, reader.memo.pods, reader.learnt)]
+        try:
+            for _ in range(2):
+                poller.read()
+                clock[0] += 15
+            assert kept() == [{"vllm-a", "vllm-b"}] * 5
+            serving.discard("vllm-b")
+            for _ in range(4):  # 60 s without a sample of vllm-b
+                poller.read()
+                clock[0] += 15
+            assert kept() == [{"vllm-a"}] * 5
         finally:
             poller.stop(0.5)
