@@ -296,6 +296,59 @@ def test_answers_in_any_other_layout_are_decoded_whole_to_the_same_pods():
             promseries.pods_of_answer(bad, "pod", "test")
 
 
+PROLOGUE = '{"status":"success","data":{"resultType":"matrix","result":['
+
+
+@pytest.mark.parametrize("result", [
+    '{"metric":{"__name__":"x","pod":"a","pod":"b"},"values":[[1,"1"]]}',  # a label twice: JSON keeps the last
+    '{"metric":{"__name__":"x","pod":1,"instance":"i"},"values":[[1,"1"]]}',  # a pod that is not a string
+    '{"metric":{"__name__":"x","n":{"pod":"q"},"instance":"i"},"values":[[1,"1"]]}',  # a label inside another
+    '{"metric":{"x":"y"},"values":[[1,"1"]]}',  # no pod and no name
+    '{"metric":{},"values":[[1,"1"]]}',
+    '{"metric":{"__name__":"x","pod":"a"},"values":[[9,"],[5,"],[7,"1"]]}',  # a value holding the separator
+    '{"metric":{"__name__":"x","pod":"a"},"values":[[1_0,"1"]]}',  # times JSON has not
+    '{"metric":{"__name__":"x","pod":"a"},"values":[[+1,"1"]]}',
+    '{"metric":{"__name__":"x","pod":"a"},"values":[[nan,"1"]]}',
+    '{"metric":{"__name__":"x","pod":"a"},"values":[[\u0661,"1"]]}',
+    '{"metric":{"__name__":"x","pod":"a"},"values":[[1,"1\n"]]}',  # a raw control character
+    '{"metric":{"__name__":"x","pod":"a"},"values":[[-Infinity,"1"]]}',
+    '{"metric":{"__name__":"x","pod":"a"},"values":[[' + "9" * 400 + ',"1"]]}',
+    '{"metric":{"__name__":"x","pod":"a"},"values":[[1,"1"]]}\u00a0',  # trailing space that is not JSON's
+])
+def test_a_text_that_only_looks_like_prometheus_layout_reads_as_the_decoder_reads_it(result):
+    """Bodies a review built to tell the two readings apart: each gives what pods() gives
+    the decoded answer (or the same error), and the memo learns nothing from one that is
+    not read whole from its text. (Not among them: a series' samples older than those
+    already read are not read from the text at all, so a broken one there goes unnoticed
+    where the decoder would refuse the answer.)"""
+    import json
+    from exporter.discovery.targets import DiscoveryError
+    body = (PROLOGUE + result + "]}}").encode()
+    memo = promseries.PodMemo()
+    try:
+        expected = promseries.pods(json.loads(body), "pod", "test", {"a": 6.0})
+    except (ValueError, DiscoveryError):
+        with pytest.raises(DiscoveryError):
+            promseries.pods_of_answer(body, "pod", "test", {"a": 6.0}, memo)
+    else:
+        assert promseries.pods_of_answer(body, "pod", "test", {"a": 6.0}, memo) == expected
+    assert not memo.pods
+
+
+def test_the_memo_learns_only_from_an_answer_read_whole_and_matches_the_series_count():
+    """A pod learnt before a later series breaks the text is not kept; label texts that
+    join to what two series joined to are not those two series."""
+    good = '{"metric":{"__name__":"x","pod":"a"},"values":[[1,"1"]]}'
+    memo = promseries.PodMemo()
+    with pytest.raises(Exception):
+        promseries.pods_of_answer((PROLOGUE + good + ',{"metric":{"__name__":"x","pod":"b"},"values":[[1x,"1"]]}]}}').encode(),
+                                  "pod", "test", {}, memo)
+    assert not memo.pods
+    two = PROLOGUE + '{"metric":{"__name__":"x","pod":"a"},"values":[[1,"1"]]},{"metric":{"__name__":"y","pod":"a"},"values":[[1,"2"]]}]}}'
+    first = promseries.pods_of_answer(two.encode(), "pod", "test", {}, memo)
+    assert [s[0] for s in first["a"].times[1.0]] == ["x", "y"] and "a" in memo.pods
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from(["vllm-0", "vllm-1", "", "a]]},{\"metric\":"]),
                           st.sampled_from(["vllm:prefix_cache_queries_total", "vllm:num_requests_running", "process_start_time_seconds"]),

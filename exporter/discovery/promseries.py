@@ -117,7 +117,7 @@ def pods(payload: Any, target_label: str, where: str, newer_than: dict[str, floa
             for sample in reversed(values):
                 try:
                     t, value = float(sample[0]), sample[1]
-                except (TypeError, ValueError, IndexError):
+                except (TypeError, ValueError, IndexError, OverflowError):
                     raise DiscoveryError(f"{where}: a sample of {name} of {pod} is not [time, \"value\"]") from None
                 if t <= after:
                     break
@@ -169,10 +169,10 @@ _VALUES = '},"values":[['
 @dataclass
 class _Known:
     """A pod's series as an answer had them: the hash and length of their label texts
-    joined, each series' (name, own labels, long_labels of them) in the answer's order,
-    the pod's labels."""
+    joined and their number, each series' (name, own labels, long_labels of them) in the
+    answer's order, the pod's labels."""
 
-    key: tuple[int, int]
+    key: tuple[int, int, int]
     series: list[tuple[str, dict[str, str], bool]]
     labels: dict[str, str]
 
@@ -191,13 +191,14 @@ def pods_of_answer(body: bytes, target_label: str, where: str, newer_than: dict[
                    memo: PodMemo | None = None) -> dict[str, Pod]:
     """pods() of an answer's bytes, as pods(json.loads(body)) reads them. The layout
     Prometheus writes is read from the text (the module's doc); any other layout, or a
-    text that is not what that layout promises, is decoded whole."""
+    text that is not what that layout promises, is decoded whole. `memo` learns only
+    from an answer read whole from its text."""
     try:
         text = body.decode()
     except UnicodeDecodeError:
         text = None
     series_of = _scan(text, target_label) if text is not None else None
-    read = _read_scanned(series_of, newer_than or {}, memo) if series_of is not None else None
+    read = _read_scanned(series_of, target_label, newer_than or {}, memo) if series_of is not None else None
     if read is not None:
         return read
     try:
@@ -210,13 +211,16 @@ def pods_of_answer(body: bytes, target_label: str, where: str, newer_than: dict[
 def _scan(text: str, target_label: str) -> dict[str, list[tuple[str, str]]] | None:
     """pod -> (label text, values text) of each of its series, in the answer's order, or
     None for a text not in Prometheus's layout. With no backslash in the text, no string in
-    it holds a quote, so every token searched for that holds one is the answer's own."""
+    it holds a quote, so every token searched for that holds one is the answer's own. A
+    series whose pod the text does not name plainly (no such label, one that is not a
+    string) is left to the decoder, as is what the label texts hold: they are decoded
+    when learnt (_learn), and the pod named here must be the one they name."""
     if not text.startswith(_PROLOGUE) or "\\" in text:
         return None
-    stop = len(text.rstrip()) - len(_EPILOGUE)
+    stop = len(text.rstrip(" \t\r\n")) - len(_EPILOGUE)  # JSON's own whitespace only
     if stop < len(_PROLOGUE) or not text.startswith(_EPILOGUE, stop):
         return None
-    own_key, instance_key = f'"{target_label}":"', '"instance":"'
+    own_key, instance_key = f'"{target_label}":', '"instance":'
     series_of: dict[str, list[tuple[str, str]]] = {}
     i = len(_PROLOGUE)
     while i < stop:
@@ -231,11 +235,12 @@ def _scan(text: str, target_label: str) -> dict[str, list[tuple[str, str]]] | No
         if end < 0:
             return None
         pod = _value_of(labels, own_key) or _value_of(labels, instance_key)
-        if pod:
-            series = series_of.get(pod)
-            if series is None:
-                series = series_of[pod] = []
-            series.append((labels, text[start:end]))
+        if not pod:
+            return None
+        series = series_of.get(pod)
+        if series is None:
+            series = series_of[pod] = []
+        series.append((labels, text[start:end]))
         i = end + 3
         if i < stop:
             if text[i] != ",":
@@ -245,40 +250,51 @@ def _scan(text: str, target_label: str) -> dict[str, list[tuple[str, str]]] | No
 
 
 def _value_of(labels: str, key: str) -> str:
+    """The string value of the label `key` (`"name":`), "" when there is none or it is
+    not a string."""
     at = labels.find(key)
     if at < 0:
         return ""
     at += len(key)
-    return labels[at:labels.find('"', at)]
+    if labels[at:at + 1] != '"':
+        return ""
+    return labels[at + 1:labels.find('"', at + 1)]
 
 
-def _read_scanned(series_of: dict[str, list[tuple[str, str]]], newer_than: dict[str, float],
+def _read_scanned(series_of: dict[str, list[tuple[str, str]]], target_label: str, newer_than: dict[str, float],
                   memo: PodMemo | None) -> dict[str, Pod] | None:
     """The scanned pods' new samples, as pods() files them; None when a label or values
-    text is not what the layout promises (the whole answer is then decoded)."""
+    text is not what the layout promises (the whole answer is then decoded, and the memo
+    learns nothing of it)."""
     owns: dict[tuple, dict[str, str]] = {}  # one dict for the same own labels of many pods
+    learnt: dict[str, _Known] = {}
     out: dict[str, Pod] = {}
     for pod, series in series_of.items():
-        joined = "\n".join([labels for labels, _ in series])
-        key = (hash(joined), len(joined))
+        # NUL is in no JSON text: joined texts that are equal were cut at the same places
+        joined = "\0".join([labels for labels, _ in series])
+        key = (hash(joined), len(joined), len(series))
         known = memo.pods.get(pod) if memo is not None else None
         if known is None or known.key != key:
-            known = _learn(series, key, owns)
+            known = learnt[pod] = _learn(pod, target_label, series, key, owns)
             if known is None:
                 return None
-            if memo is not None:
-                memo.pods[pod] = known
         after = newer_than.get(pod, -math.inf)
         times: dict[float, list[tuple[str, dict[str, str], str, bool]]] = {}
         for (name, own, long), (_, values) in zip(known.series, series):
+            if not values.isascii() or not values.isprintable():
+                return None  # a value's raw control character (JSON has none) or another script's digits
             # a series' samples come oldest first: read from the newest back to the first already read
+            # (those before it are not read at all: a broken one there goes unnoticed, where decoding fails)
             for sample in reversed(values.split("],[")):
                 time_text, comma, value = sample.partition(',"')
-                if not comma or value.find('"') != len(value) - 1:
+                # a value is a string with no quote in it: a cut inside one leaves it open
+                if not comma or not value or value.find('"') != len(value) - 1 or "_" in time_text or time_text[:1] == "+":
                     return None
                 try:
                     t = float(time_text)
                 except ValueError:
+                    return None
+                if not math.isfinite(t):
                     return None
                 if t <= after:
                     break
@@ -288,11 +304,15 @@ def _read_scanned(series_of: dict[str, list[tuple[str, str]]], newer_than: dict[
                 scrape.append((name, own, value[:-1], long))
         if times:
             out[pod] = Pod(pod, known.labels, times)
+    if memo is not None:
+        memo.pods.update(learnt)
     return out
 
 
-def _learn(series: list[tuple[str, str]], key: tuple[int, int], owns: dict[tuple, dict[str, str]]) -> _Known | None:
-    """A pod's series read from their label texts, as pods() reads the decoded ones."""
+def _learn(pod: str, target_label: str, series: list[tuple[str, str]], key: tuple[int, int, int],
+           owns: dict[tuple, dict[str, str]]) -> _Known | None:
+    """A pod's series read from their label texts, as pods() reads the decoded ones; None
+    when one is not a JSON object with a name, or names another pod than the scan read."""
     metrics = []
     for labels, _ in series:
         try:
@@ -301,6 +321,8 @@ def _learn(series: list[tuple[str, str]], key: tuple[int, int], owns: dict[tuple
             return None
         if not isinstance(metric, dict) or not isinstance(metric.get("__name__"), str):
             return None
+        if (metric.get(target_label) or metric.get("instance")) != pod:
+            return None  # a label twice, or inside another value: the decoder's reading differs
         metrics.append((metric["__name__"], metric, None))
     pod_labels = _pod_labels(metrics)
     read = []
