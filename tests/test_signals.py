@@ -4,6 +4,7 @@ import json
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -17,6 +18,11 @@ from conftest import free_port, wait_for
 from fakeserver import FakeServer, reply
 
 
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    """`code` in a Python process of its own (its limits and signal handlers are its own)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
 
 
 def start(config_path, port):
@@ -316,7 +322,7 @@ def test_the_sidecar_raises_its_open_files_limit_to_the_hard_one_as_go_programs_
             "from exporter.sidecar import raise_file_limit\n"
             "raise_file_limit()\n"
             "print(*resource.getrlimit(resource.RLIMIT_NOFILE))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    out = run_python(code)
     assert out.returncode == 0 and out.stdout.split() == ["256", "256"], out
 
 
@@ -350,18 +356,21 @@ def test_a_signal_the_kernel_hands_another_thread_still_reloads_and_stops():
     """A signal sent to the process may be taken by any thread; the main thread, waiting
     on the stop event, runs no Python handler until it wakes (the SIGHUP used to reload at
     the next SIGTERM). Here each signal goes to a thread that is not the main one."""
-    code = ("import signal, threading, time\n"
-            "from exporter.stopping import on_signals, stop_event\n"
-            "stop = stop_event()\n"
-            "on_signals((signal.SIGHUP,), lambda: print('reloaded', flush=True), 'reload')\n"
-            "other = threading.Event()\n"
-            "sleeper = threading.Thread(target=other.wait, daemon=True)\n"
-            "sleeper.start()\n"
-            "def send():\n"
-            "    for signum in (signal.SIGHUP, signal.SIGTERM):\n"
-            "        time.sleep(0.3)\n"
-            "        signal.pthread_kill(sleeper.ident, signum)\n"
-            "threading.Thread(target=send, daemon=True).start()\n"
-            "print('stopped' if stop.wait(20) else 'never stopped', flush=True)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    code = textwrap.dedent("""
+        import signal, threading, time
+        from exporter.stopping import on_signals, stop_event
+        stop = stop_event()
+        on_signals((signal.SIGHUP,), lambda: print('reloaded', flush=True), 'reload')
+        sleeper = threading.Thread(target=threading.Event().wait, daemon=True)
+        sleeper.start()
+
+        def send():
+            for signum in (signal.SIGHUP, signal.SIGTERM):
+                time.sleep(0.3)
+                signal.pthread_kill(sleeper.ident, signum)
+
+        threading.Thread(target=send, daemon=True).start()
+        print('stopped' if stop.wait(20) else 'never stopped', flush=True)
+        """)
+    out = run_python(code)
     assert out.returncode == 0 and out.stdout.split() == ["reloaded", "stopped"], out
