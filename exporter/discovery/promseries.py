@@ -268,6 +268,7 @@ def _read_scanned(series_of: dict[str, list[tuple[str, str]]], target_label: str
     learns nothing of it)."""
     owns: dict[tuple, dict[str, str]] = {}  # one dict for the same own labels of many pods
     learnt: dict[str, _Known] = {}
+    isfinite = math.isfinite
     out: dict[str, Pod] = {}
     for pod, series in series_of.items():
         # NUL is in no JSON text: joined texts that are equal were cut at the same places
@@ -281,20 +282,20 @@ def _read_scanned(series_of: dict[str, list[tuple[str, str]]], target_label: str
         after = newer_than.get(pod, -math.inf)
         times: dict[float, list[tuple[str, dict[str, str], str, bool]]] = {}
         for (name, own, long), (_, values) in zip(known.series, series):
-            if not values.isascii() or not values.isprintable():
-                return None  # a value's raw control character (JSON has none) or another script's digits
+            if not values.isascii() or "_" in values or "[+" in values or values[:1] == "+" or not values.isprintable():
+                return None  # what float() reads and JSON has not: digits of other scripts, 1_0, +1, raw control characters
             # a series' samples come oldest first: read from the newest back to the first already read
             # (those before it are not read at all: a broken one there goes unnoticed, where decoding fails)
             for sample in reversed(values.split("],[")):
                 time_text, comma, value = sample.partition(',"')
                 # a value is a string with no quote in it: a cut inside one leaves it open
-                if not comma or not value or value.find('"') != len(value) - 1 or "_" in time_text or time_text[:1] == "+":
+                if not comma or not value or value.find('"') != len(value) - 1:
                     return None
                 try:
                     t = float(time_text)
                 except ValueError:
                     return None
-                if not math.isfinite(t):
+                if not isfinite(t):  # nan, inf: JSON has no such number
                     return None
                 if t <= after:
                     break
