@@ -181,8 +181,9 @@ class _Known:
 class PodMemo:
     """pod -> its series as the last answer had them (the reader keeps it between reads and
     forgets a pod with its other state). Some 3 KB a pod: the label texts are not kept, only
-    their hash and length, and a pod whose texts hash and measure the same is read as it
-    was (a 64-bit hash: one pod's changed labels match the old ones once in 2^64)."""
+    their hash, length and count, and a pod whose texts hash, measure and count the same
+    is read as it was (a 64-bit hash: one pod's changed labels match the old ones once in
+    2^64). Only an answer read whole from its text teaches it."""
 
     pods: dict[str, _Known] = field(default_factory=dict)
 
