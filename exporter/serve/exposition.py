@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import functools
 import gzip
-from collections import defaultdict
 import logging
 import threading
 import time
+from collections import defaultdict
 from typing import Callable
 
 import math
