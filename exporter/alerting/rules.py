@@ -318,16 +318,20 @@ def rule_ttft_regression(f: Facts, s: RuleSettings, rc: RulesConfig) -> Conditio
     if _in_cold_start(f, rc.cold_start_grace):
         return FALSE
     recent = f.window(s.window)
-    r_now, p_now = judged_ratio(recent), recent.ttft_quantiles.get(0.99)
-    if r_now is None or p_now is None or f.query_tokens(recent) < s.min_query_tokens:
+    r_now = judged_ratio(recent)
+    if r_now is None or f.query_tokens(recent) < s.min_query_tokens:
         return FALSE
     # The reference is the time before the recent window, so a long regression cannot
-    # become its own reference. It costs a pass over the history, so first a cheap test:
-    # the long window mixes reference and recent time, at least half reference by
-    # default, so a drop of d points from the reference shows as at least d/2 in it.
+    # become its own reference. It costs a pass over the history, and the quantiles a
+    # pass over the buckets, so first a cheap test: the long window mixes reference and
+    # recent time, at least half reference by default, so a drop of d points from the
+    # reference shows as at least d/2 in it.
     longest = f.window(max(f.windows)) if f.windows else recent
     r_long = judged_ratio(longest)
     if f.active_since is None and (r_long is None or r_long - r_now < s.drop_points / 2):
+        return FALSE
+    p_now = recent.ttft_quantiles.get(0.99)
+    if p_now is None:
         return FALSE
     # while the alert is active its reference stays the time before it began: a
     # baseline never slides into the incident it measures
