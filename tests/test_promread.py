@@ -349,6 +349,59 @@ def test_the_memo_learns_only_from_an_answer_read_whole_and_matches_the_series_c
     assert [s[0] for s in first["a"].times[1.0]] == ["x", "y"] and "a" in memo.pods
 
 
+def _regular(values_of_series: list[str]) -> bytes:
+    return (PROLOGUE + ",".join('{"metric":{"__name__":"%s","model_name":"m","pod":"a"},"values":[%s]}' % (name, values)
+                                for name, values in zip(["vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+                                                         "vllm:num_requests_running"], values_of_series)) + "]}}").encode()
+
+
+def test_a_regular_reads_pod_is_filed_from_its_newest_scrape_as_the_decoder_files_it():
+    """A read every interval sees each series' last few samples, the newest one new: the
+    pod is filed from the newest samples alone, to what the decoder makes of them."""
+    import json
+    body = _regular(['[10,"1"],[25,"2"],[40,"3"]', '[10,"0"],[25,"1"],[40,"NaN"]', '[10,"5"],[25,"5"],[40,"+Inf"]'])
+    memo = promseries.PodMemo()
+    for newer in ({"a": 25.0}, {"a": 40.0}, {"a": 10.0}, {}):
+        assert promseries.pods_of_answer(body, "pod", "test", newer, memo) == promseries.pods(json.loads(body), "pod", "test", newer)
+    known = memo.pods["a"]
+    cut = "],[".join(v for _, v in promseries._scan(body.decode(), "pod")["a"])
+    values = tuple(v for _, v in promseries._scan(body.decode(), "pod")["a"])
+    assert promseries._newest_scrape(cut, values, 25.0, known) == {40.0: [
+        ("vllm:prefix_cache_queries_total", {"model_name": "m"}, "3", False),
+        ("vllm:prefix_cache_hits_total", {"model_name": "m"}, "NaN", False),
+        ("vllm:num_requests_running", {"model_name": "m"}, "+Inf", False)]}
+    assert promseries._newest_scrape(cut, values, 40.0, known) == {}
+    assert promseries._newest_scrape(cut, values, 10.0, known) is None  # two new scrapes: read sample by sample
+
+
+@pytest.mark.parametrize("series", [
+    ['[10,"1"],[25,"2"],[40,"3"]', '[25,"1"],[40,"2"]', '[10,"5"],[25,"5"],[40,"6"]'],  # a series with fewer samples
+    ['[10,"1"],[25,"2"],[40,"3"]', '[10,"1"],[25,"2"],[41,"3"]', '[10,"5"],[25,"5"],[40,"6"]'],  # newest times differ
+    ['[10,"1"],[25,"],[2"],[40,"3"]', '[10,"1"],[25,"2"],[40,"3"]', '[10,"5"],[25,"5"],[40,"6"]'],  # a value holding the separator
+    ['[10,"1"],[nan,"2"],[40,"3"]', '[10,"1"],[25,"2"],[40,"3"]', '[10,"5"],[25,"5"],[40,"6"]'],  # a time JSON has not
+    ['[10,"1"],[25,"2"],[1e999,"3"]', '[10,"1"],[25,"2"],[1e999,"3"]', '[10,"5"],[25,"5"],[1e999,"6"]'],
+    ['[10,"1"],[25,"2"],[40,"3"x"]', '[10,"1"],[25,"2"],[40,"3"]', '[10,"5"],[25,"5"],[40,"6"]'],  # a value with a quote inside
+    ['[10,"1"],[25,"2"],[40,3]', '[10,"1"],[25,"2"],[40,"3"]', '[10,"5"],[25,"5"],[40,"6"]'],  # a value that is no string
+], ids=["fewer-samples", "newest-times-differ", "separator-in-a-value", "nan-time", "huge-time", "quote-in-a-value", "number-value"])
+@pytest.mark.parametrize("newer", [{"a": 25.0}, {"a": 40.0}])
+def test_a_pod_the_newest_scrape_does_not_judge_is_read_as_the_decoder_reads_it(series, newer):
+    import json
+    from exporter.discovery.targets import DiscoveryError
+    body = _regular(series)
+    if "nan" in series[0] and newer["a"] == 40.0:
+        # the broken time is older than every sample read before: not read from the text at all
+        # (test_a_text_that_only_looks_like_prometheus_layout_reads_as_the_decoder_reads_it says so)
+        assert promseries.pods_of_answer(body, "pod", "test", newer, promseries.PodMemo()) == {}
+        return
+    try:
+        expected = promseries.pods(json.loads(body), "pod", "test", newer)
+    except (ValueError, DiscoveryError):
+        with pytest.raises(DiscoveryError):
+            promseries.pods_of_answer(body, "pod", "test", newer, promseries.PodMemo())
+    else:
+        assert promseries.pods_of_answer(body, "pod", "test", newer, promseries.PodMemo()) == expected
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from(["vllm-0", "vllm-1", "", "a]]},{\"metric\":"]),
                           st.sampled_from(["vllm:prefix_cache_queries_total", "vllm:num_requests_running", "process_start_time_seconds"]),

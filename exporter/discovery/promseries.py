@@ -25,6 +25,8 @@ import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 from ..config.sections import Target
@@ -164,16 +166,19 @@ _PROLOGUE = '{"status":"success","data":{"resultType":"matrix","result":['
 _EPILOGUE = "]}}"
 _SERIES = '{"metric":'
 _VALUES = '},"values":[['
+_NEXT = ']]},{"metric":'  # a series' end and the next one's start (the text gets one after its last)
 
 
 @dataclass
 class _Known:
     """A pod's series as an answer had them: the hash and length of their label texts
-    joined and their number, each series' (name, own labels, long_labels of them) in the
-    answer's order, the pod's labels."""
+    joined and their number, each series' name, own labels and long_labels of them, in
+    the answer's order, the pod's labels."""
 
     key: tuple[int, int, int]
-    series: list[tuple[str, dict[str, str], bool]]
+    names: tuple[str, ...]
+    owns: tuple[dict[str, str], ...]
+    longs: tuple[bool, ...]
     labels: dict[str, str]
 
 
@@ -212,54 +217,54 @@ def pods_of_answer(body: bytes, target_label: str, where: str, newer_than: dict[
 def _scan(text: str, target_label: str) -> dict[str, list[tuple[str, str]]] | None:
     """pod -> (label text, values text) of each of its series, in the answer's order, or
     None for a text not in Prometheus's layout. With no backslash in the text, no string in
-    it holds a quote, so every token searched for that holds one is the answer's own. A
-    series whose pod the text does not name plainly (no such label, one that is not a
-    string) is left to the decoder, as is what the label texts hold: they are decoded
-    when learnt (_learn), and the pod named here must be the one they name."""
-    if not text.startswith(_PROLOGUE) or "\\" in text:
+    it holds a quote, so every token searched for that holds one is the answer's own, and
+    each series' end is found with the next one's start. An answer with native histograms
+    (a series of them has its own layout) is left to the decoder, as is a series whose pod
+    the text does not name plainly (no such label, one that is not a string) and what the
+    label texts hold: they are decoded when learnt (_learn), and the pod named here must
+    be the one they name."""
+    if not text.startswith(_PROLOGUE) or "\\" in text or '"histograms":' in text:
         return None
     stop = len(text.rstrip(" \t\r\n")) - len(_EPILOGUE)  # JSON's own whitespace only
     if stop < len(_PROLOGUE) or not text.startswith(_EPILOGUE, stop):
         return None
-    own_key, instance_key = f'"{target_label}":', '"instance":'
     series_of: dict[str, list[tuple[str, str]]] = {}
+    if stop == len(_PROLOGUE):
+        return series_of
     i = len(_PROLOGUE)
+    if not text.startswith(_SERIES, i):
+        return None
+    text = text[:stop] + _NEXT[3:]  # the last series is followed by a start as every other is
+    find = text.find
+    own_key, instance_key = f'"{target_label}":"', '"instance":"'
     while i < stop:
-        if not text.startswith(_SERIES, i):
+        close = find(_VALUES, i)
+        if close < 0:
             return None
-        close = text.find(_VALUES, i)
-        if close < 0 or text.find(_SERIES, i + 1, close) >= 0:
-            return None  # a series without float samples (a native histogram's): its own layout
-        labels = text[i + len(_SERIES):close + 1]
-        start = close + len(_VALUES)
-        end = text.find("]]}", start)
+        end = find(_NEXT, close)
         if end < 0:
-            return None
-        pod = _value_of(labels, own_key) or _value_of(labels, instance_key)
+            return None  # what follows a series is no series
+        # a label's key: the first the text has (the decoder keeps the last: _learn compares)
+        at = find(own_key, i, close)
+        if at >= 0:
+            at += len(own_key)
+            pod = text[at:find('"', at)]
+        else:
+            pod = ""
         if not pod:
-            return None
+            at = find(instance_key, i, close)
+            if at < 0:
+                return None
+            at += len(instance_key)
+            pod = text[at:find('"', at)]
+            if not pod:
+                return None
         series = series_of.get(pod)
         if series is None:
             series = series_of[pod] = []
-        series.append((labels, text[start:end]))
-        i = end + 3
-        if i < stop:
-            if text[i] != ",":
-                return None
-            i += 1
+        series.append((text[i + len(_SERIES):close + 1], text[close + len(_VALUES):end]))
+        i = end + 4
     return series_of
-
-
-def _value_of(labels: str, key: str) -> str:
-    """The string value of the label `key` (`"name":`), "" when there is none or it is
-    not a string."""
-    at = labels.find(key)
-    if at < 0:
-        return ""
-    at += len(key)
-    if labels[at:at + 1] != '"':
-        return ""
-    return labels[at + 1:labels.find('"', at + 1)]
 
 
 def _read_scanned(series_of: dict[str, list[tuple[str, str]]], target_label: str, newer_than: dict[str, float],
@@ -269,41 +274,26 @@ def _read_scanned(series_of: dict[str, list[tuple[str, str]]], target_label: str
     learns nothing of it)."""
     owns: dict[tuple, dict[str, str]] = {}  # one dict for the same own labels of many pods
     learnt: dict[str, _Known] = {}
-    isfinite = math.isfinite
     out: dict[str, Pod] = {}
     for pod, series in series_of.items():
+        texts, values = zip(*series)
         # NUL is in no JSON text: joined texts that are equal were cut at the same places
-        joined = "\0".join([labels for labels, _ in series])
+        joined = "\0".join(texts)
         key = (hash(joined), len(joined), len(series))
         known = memo.pods.get(pod) if memo is not None else None
         if known is None or known.key != key:
-            known = learnt[pod] = _learn(pod, target_label, series, key, owns)
+            known = learnt[pod] = _learn(pod, target_label, texts, key, owns)
             if known is None:
                 return None
+        samples = "],[".join(values)
+        if not samples.isascii() or "_" in samples or "[+" in samples or samples[:1] == "+" or not samples.isprintable():
+            return None  # what float() reads and JSON has not: digits of other scripts, 1_0, +1, raw control characters
         after = newer_than.get(pod, -math.inf)
-        times: dict[float, list[tuple[str, dict[str, str], str, bool]]] = {}
-        for (name, own, long), (_, values) in zip(known.series, series):
-            if not values.isascii() or "_" in values or "[+" in values or values[:1] == "+" or not values.isprintable():
-                return None  # what float() reads and JSON has not: digits of other scripts, 1_0, +1, raw control characters
-            # a series' samples come oldest first: read from the newest back to the first already read
-            # (those before it are not read at all: a broken one there goes unnoticed, where decoding fails)
-            for sample in reversed(values.split("],[")):
-                time_text, comma, value = sample.partition(',"')
-                # a value is a string with no quote in it: a cut inside one leaves it open
-                if not comma or not value or value.find('"') != len(value) - 1:
-                    return None
-                try:
-                    t = float(time_text)
-                except ValueError:
-                    return None
-                if not isfinite(t):  # nan, inf: JSON has no such number
-                    return None
-                if t <= after:
-                    break
-                scrape = times.get(t)
-                if scrape is None:
-                    scrape = times[t] = []
-                scrape.append((name, own, value[:-1], long))
+        times = _newest_scrape(samples, values, after, known)
+        if times is None:
+            times = _samples_of(values, after, known)
+        if times is False:
+            return None
         if times:
             out[pod] = Pod(pod, known.labels, times)
     if memo is not None:
@@ -311,12 +301,75 @@ def _read_scanned(series_of: dict[str, list[tuple[str, str]]], target_label: str
     return out
 
 
-def _learn(pod: str, target_label: str, series: list[tuple[str, str]], key: tuple[int, int, int],
+def _newest_scrape(samples: str, values: tuple[str, ...], after: float, known: _Known):
+    """A regular read's pod, filed without a loop of its own: every series has as many
+    samples, the newest of each share one time and those before it were read before. The
+    scrape's samples ({} when even the newest were read), or None for any other pod and
+    any text this reading does not judge (read sample by sample, which does)."""
+    each = set(map(str.count, values, repeat("],[")))
+    if len(each) != 1:
+        return None
+    per_series = each.pop() + 1
+    cut = samples.split("],[")
+    if samples.count('"') != 2 * len(cut):
+        return None  # a value that holds the separator (each sample has two quotes): read sample by sample
+    newest = list(map(str.partition, cut[per_series - 1::per_series], repeat(',"')))
+    times = set(map(itemgetter(0), newest))
+    if len(times) != 1:
+        return None
+    try:
+        t = float(times.pop())
+        before = list(map(float, (s.partition(",")[0] for s in cut[per_series - 2::per_series]))) if per_series > 1 else []
+    except ValueError:
+        return None
+    if not math.isfinite(t) or not all(map(math.isfinite, before)):
+        return None  # nan, inf: JSON has no such time; read sample by sample, as the decoder would refuse it
+    scraped = list(map(itemgetter(2), newest))
+    # a value is a string with no quote in it: each ends at its one quote
+    if set(map(itemgetter(1), newest)) != {',"'} or "".join(scraped).count('"') != len(scraped) \
+            or not all(map(str.endswith, scraped, repeat('"'))):
+        return None
+    if t <= after:
+        return {}
+    if before and max(before) > after:
+        return None
+    return {t: list(zip(known.names, known.owns, map(str.removesuffix, scraped, repeat('"')), known.longs))}
+
+
+def _samples_of(values: tuple[str, ...], after: float, known: _Known):
+    """The pod's samples newer than `after`, series by series (False when a text is not
+    what the layout promises)."""
+    isfinite = math.isfinite
+    times: dict[float, list[tuple[str, dict[str, str], str, bool]]] = {}
+    for name, own, long, text in zip(known.names, known.owns, known.longs, values):
+        # a series' samples come oldest first: read from the newest back to the first already read
+        # (those before it are not read at all: a broken one there goes unnoticed, where decoding fails)
+        for sample in reversed(text.split("],[")):
+            time_text, comma, value = sample.partition(',"')
+            # a value is a string with no quote in it: a cut inside one leaves it open
+            if not comma or not value or value.find('"') != len(value) - 1:
+                return False
+            try:
+                t = float(time_text)
+            except ValueError:
+                return False
+            if not isfinite(t):  # nan, inf: JSON has no such number
+                return False
+            if t <= after:
+                break
+            scrape = times.get(t)
+            if scrape is None:
+                scrape = times[t] = []
+            scrape.append((name, own, value[:-1], long))
+    return times
+
+
+def _learn(pod: str, target_label: str, texts: tuple[str, ...], key: tuple[int, int, int],
            owns: dict[tuple, dict[str, str]]) -> _Known | None:
     """A pod's series read from their label texts, as pods() reads the decoded ones; None
     when one is not a JSON object with a name, or names another pod than the scan read."""
     metrics = []
-    for labels, _ in series:
+    for labels in texts:
         try:
             metric = json.loads(labels)
         except (ValueError, RecursionError):
@@ -327,9 +380,9 @@ def _learn(pod: str, target_label: str, series: list[tuple[str, str]], key: tupl
             return None  # a label twice, or inside another value: the decoder's reading differs
         metrics.append((metric["__name__"], metric, None))
     pod_labels = _pod_labels(metrics)
-    read = []
+    names, own_labels = [], []
     for name, metric, _ in metrics:
         own = _own_labels_of(metric, pod_labels)
-        own = owns.setdefault(tuple(own.items()), own)
-        read.append((name, own, long_labels(own)))
-    return _Known(key, read, pod_labels)
+        names.append(name)
+        own_labels.append(owns.setdefault(tuple(own.items()), own))
+    return _Known(key, tuple(names), tuple(own_labels), tuple(map(long_labels, own_labels)), pod_labels)
