@@ -156,11 +156,11 @@ class Engine:
             return []
         found = track.detector.observe(now, snapshot)
         snapshot = _with_ingest_notes(snapshot, track)
-        view = track.view
-        view = replace(view, samples=track.history.samples(), snapshot=snapshot, up=True, down_since=None,
-                       ever_up=True, last_t=now, since=now if view.since is None else view.since)
-        view = replace(view, stats=self._summarize(view, now))
-        track.view = view
+        view, samples = track.view, track.history.samples()
+        g = self.config.global_
+        track.view = replace(view, samples=samples, stats=summarize(samples, now, g.windows, g.min_query_tokens, snapshot.block_size),
+                             snapshot=snapshot, up=True, down_since=None, ever_up=True, last_t=now,
+                             since=now if view.since is None else view.since)
         point = self._change_point(track, now, found)
         if point is not None:
             found.append(point)
