@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import math
 import re
-from sys import intern
 from collections.abc import Iterable
+from itertools import count
+from operator import itemgetter
+from sys import intern
 
 # what the parser builds; the types live in snapshot.py, which their users import
 from . import cacheconfig, tiers, trtllm
@@ -212,8 +214,12 @@ def parse_samples(samples: Iterable[tuple[str, dict[str, str], str, bool]], seri
     source works `long` out once a series."""
     warnings = _Warnings()
     roles = ROLE_BY_NAME
-    return _build(((i, name, labels, value, long) for i, (name, labels, value, long) in enumerate(samples, 1) if name in roles),
-                  series_limit, warnings, {}, set())
+    samples = list(samples)
+    if samples and all(map(roles.__contains__, map(itemgetter(0), samples))):  # a source asks for these names alone
+        numbered = zip(count(1), *zip(*samples))
+    else:
+        numbered = ((i, name, labels, value, long) for i, (name, labels, value, long) in enumerate(samples, 1) if name in roles)
+    return _build(numbered, series_limit, warnings, {}, set())
 
 
 def long_labels(labels: dict[str, str]) -> bool:
