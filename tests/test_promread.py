@@ -355,36 +355,39 @@ def _regular(values_of_series: list[str]) -> bytes:
                                                          "vllm:num_requests_running"], values_of_series)) + "]}}").encode()
 
 
-def test_a_regular_reads_pod_is_filed_from_its_newest_scrape_as_the_decoder_files_it():
-    """A read every interval sees each series' last few samples, the newest one new: the
-    pod is filed from the newest samples alone, to what the decoder makes of them."""
+def test_a_pod_whose_series_share_their_sample_times_is_filed_a_scrape_at_a_time_as_the_decoder_files_it():
+    """A read every interval sees each series' last few samples, the newest one new (or a
+    few, after a slow read): the pod is filed a scrape at a time, to what the decoder
+    makes of them."""
     import json
     body = _regular(['[10,"1"],[25,"2"],[40,"3"]', '[10,"0"],[25,"1"],[40,"NaN"]', '[10,"5"],[25,"5"],[40,"+Inf"]'])
     memo = promseries.PodMemo()
     for newer in ({"a": 25.0}, {"a": 40.0}, {"a": 10.0}, {}):
         assert promseries.pods_of_answer(body, "pod", "test", newer, memo) == promseries.pods(json.loads(body), "pod", "test", newer)
     known = memo.pods["a"]
-    cut = "],[".join(v for _, v in promseries._scan(body.decode(), "pod")["a"])
     values = tuple(v for _, v in promseries._scan(body.decode(), "pod")["a"])
-    assert promseries._newest_scrape(cut, values, 25.0, known) == {40.0: [
-        ("vllm:prefix_cache_queries_total", {"model_name": "m"}, "3", False),
-        ("vllm:prefix_cache_hits_total", {"model_name": "m"}, "NaN", False),
-        ("vllm:num_requests_running", {"model_name": "m"}, "+Inf", False)]}
-    assert promseries._newest_scrape(cut, values, 40.0, known) == {}
-    assert promseries._newest_scrape(cut, values, 10.0, known) is None  # two new scrapes: read sample by sample
+    cut = "],[".join(values)
+    names = ["vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_requests_running"]
+
+    def scrape(*texts):
+        return [(name, {"model_name": "m"}, text, False) for name, text in zip(names, texts)]
+    assert promseries._scrapes(cut, values, 25.0, known) == {40.0: scrape("3", "NaN", "+Inf")}
+    assert promseries._scrapes(cut, values, 40.0, known) == {}
+    assert promseries._scrapes(cut, values, 10.0, known) == {40.0: scrape("3", "NaN", "+Inf"), 25.0: scrape("2", "1", "5")}
 
 
 @pytest.mark.parametrize("series", [
     ['[10,"1"],[25,"2"],[40,"3"]', '[25,"1"],[40,"2"]', '[10,"5"],[25,"5"],[40,"6"]'],  # a series with fewer samples
     ['[10,"1"],[25,"2"],[40,"3"]', '[10,"1"],[25,"2"],[41,"3"]', '[10,"5"],[25,"5"],[40,"6"]'],  # newest times differ
+    ['[10,"1"],[25,"2"],[40,"3"]', '[10,"1"],[26,"2"],[40,"3"]', '[10,"5"],[25,"5"],[40,"6"]'],  # older times differ
     ['[10,"1"],[25,"],[2"],[40,"3"]', '[10,"1"],[25,"2"],[40,"3"]', '[10,"5"],[25,"5"],[40,"6"]'],  # a value holding the separator
     ['[10,"1"],[nan,"2"],[40,"3"]', '[10,"1"],[25,"2"],[40,"3"]', '[10,"5"],[25,"5"],[40,"6"]'],  # a time JSON has not
     ['[10,"1"],[25,"2"],[1e999,"3"]', '[10,"1"],[25,"2"],[1e999,"3"]', '[10,"5"],[25,"5"],[1e999,"6"]'],
     ['[10,"1"],[25,"2"],[40,"3"x"]', '[10,"1"],[25,"2"],[40,"3"]', '[10,"5"],[25,"5"],[40,"6"]'],  # a value with a quote inside
     ['[10,"1"],[25,"2"],[40,3]', '[10,"1"],[25,"2"],[40,"3"]', '[10,"5"],[25,"5"],[40,"6"]'],  # a value that is no string
-], ids=["fewer-samples", "newest-times-differ", "separator-in-a-value", "nan-time", "huge-time", "quote-in-a-value", "number-value"])
+], ids=["fewer-samples", "newest-times-differ", "older-times-differ", "separator-in-a-value", "nan-time", "huge-time", "quote-in-a-value", "number-value"])
 @pytest.mark.parametrize("newer", [{"a": 25.0}, {"a": 40.0}])
-def test_a_pod_the_newest_scrape_does_not_judge_is_read_as_the_decoder_reads_it(series, newer):
+def test_a_pod_the_scrape_reading_does_not_judge_is_read_as_the_decoder_reads_it(series, newer):
     import json
     from exporter.discovery.targets import DiscoveryError
     body = _regular(series)

@@ -289,7 +289,7 @@ def _read_scanned(series_of: dict[str, list[tuple[str, str]]], target_label: str
         if not samples.isascii() or "_" in samples or "[+" in samples or samples[:1] == "+" or not samples.isprintable():
             return None  # what float() reads and JSON has not: digits of other scripts, 1_0, +1, raw control characters
         after = newer_than.get(pod, -math.inf)
-        times = _newest_scrape(samples, values, after, known)
+        times = _scrapes(samples, values, after, known)
         if times is None:
             times = _samples_of(values, after, known)
         if times is False:
@@ -301,11 +301,12 @@ def _read_scanned(series_of: dict[str, list[tuple[str, str]]], target_label: str
     return out
 
 
-def _newest_scrape(samples: str, values: tuple[str, ...], after: float, known: _Known):
-    """A regular read's pod, filed without a loop of its own: every series has as many
-    samples, the newest of each share one time and those before it were read before. The
-    scrape's samples ({} when even the newest were read), or None for any other pod and
-    any text this reading does not judge (read sample by sample, which does)."""
+def _scrapes(samples: str, values: tuple[str, ...], after: float, known: _Known):
+    """A pod whose series all have their samples at the same times (one scrape each, as a
+    regular read has them, or a few after a slow read), filed a scrape at a time, from
+    the newest back to the first already read, without a loop over each series'
+    samples. Its new scrapes ({} when none), or None for any other pod and any text this
+    reading does not judge (read sample by sample, which does)."""
     each = set(map(str.count, values, repeat("],[")))
     if len(each) != 1:
         return None
@@ -313,27 +314,25 @@ def _newest_scrape(samples: str, values: tuple[str, ...], after: float, known: _
     cut = samples.split("],[")
     if samples.count('"') != 2 * len(cut):
         return None  # a value that holds the separator (each sample has two quotes): read sample by sample
-    newest = list(map(str.partition, cut[per_series - 1::per_series], repeat(',"')))
-    times = set(map(itemgetter(0), newest))
-    if len(times) != 1:
-        return None
-    try:
-        t = float(times.pop())
-        before = list(map(float, (s.partition(",")[0] for s in cut[per_series - 2::per_series]))) if per_series > 1 else []
-    except ValueError:
-        return None
-    if not math.isfinite(t) or not all(map(math.isfinite, before)):
-        return None  # nan, inf: JSON has no such time; read sample by sample, as the decoder would refuse it
-    scraped = list(map(itemgetter(2), newest))
-    # a value is a string with no quote in it: each ends at its one quote
-    if set(map(itemgetter(1), newest)) != {',"'} or "".join(scraped).count('"') != len(scraped) \
-            or not all(map(str.endswith, scraped, repeat('"'))):
-        return None
-    if t <= after:
-        return {}
-    if before and max(before) > after:
-        return None
-    return {t: list(zip(known.names, known.owns, map(str.removesuffix, scraped, repeat('"')), known.longs))}
+    scrapes: dict[float, list[tuple[str, dict[str, str], str, bool]]] = {}
+    for back in range(1, per_series + 1):
+        column = list(map(str.partition, cut[per_series - back::per_series], repeat(',"')))  # each series' sample
+        times = set(map(itemgetter(0), column))
+        if len(times) != 1:
+            return None
+        try:
+            t = float(times.pop())
+        except ValueError:
+            return None
+        scraped = list(map(itemgetter(2), column))
+        # a value is a string with no quote in it: each ends at its one quote
+        if not math.isfinite(t) or set(map(itemgetter(1), column)) != {',"'} or "".join(scraped).count('"') != len(scraped) \
+                or not all(map(str.endswith, scraped, repeat('"'))):
+            return None  # nan, inf: JSON has no such time
+        if t <= after:
+            break
+        scrapes[t] = list(zip(known.names, known.owns, map(str.removesuffix, scraped, repeat('"')), known.longs))
+    return scrapes
 
 
 def _samples_of(values: tuple[str, ...], after: float, known: _Known):
