@@ -305,6 +305,7 @@ class Engine:
         fleets = {model: tuple(ratios) for model, ratios in by_model.items()}
         with_events = {model: {other for other, _ in ratios if any(e.model is None or e.model == model for e in events_of.get(other, ()))}
                        for model, ratios in by_model.items()}
+        target_rules, model_rules = rules_to_run(rc, ""), rules_to_run(rc, "any model")  # the scope is all a model changes
         for name, track in list(self.tracks.items()):
             view = track.view
             # a decode pod's prompt arrives as KV from prefill pods: its ratio is near zero by design
@@ -318,14 +319,18 @@ class Engine:
                              block_size=view.snapshot.block_size if view.snapshot else None,
                              ever_up=view.ever_up, fleet_baseline=self.fleet_baselines.get((name, model)),
                              hits_reference=self._hits_reference(name, model, view, references) if model else None)
-                for rule, settings in rules_to_run(rc, model):
+                for rule, settings in model_rules if model else target_rules:
                     alertname = rule.alertname
                     key = (alertname, name, model, "")
                     evaluated.add(key)
-                    alert = self.alerts.get(key) or Alert(alertname, name, model)
-                    facts = base if alert.state not in (PENDING, FIRING) else replace(  # an inactive alert's: None each
+                    alert = self.alerts.get(key)
+                    facts = base if alert is None or alert.state not in (PENDING, FIRING) else replace(  # an inactive alert's: None each
                         base, active_since=alert.active_at, anchor=alert.anchor, anchor_baseline=alert.baseline)
                     cond = rule.condition(facts, settings, rc)
+                    if alert is None:
+                        if cond.state == "false":
+                            continue  # no alert, and none to begin: the common case at fleet size, nothing to step
+                        alert = Alert(alertname, name, model)
                     new, transition = step(alert, cond, now, settings, lambda a, c, f=facts: self._describe(a, c, f))
                     self._keep(key, new, transition, transitions)
         self.hits_references = references
