@@ -3,7 +3,10 @@ keep-alive connection, hammer a sidecar that polls 200 simulated targets every 5
 Reports a single scraper's time (one at a time, the median of 20), then throughput,
 p50/p99/max latency and errors of 50 at once and back to back, and their p99 as a
 multiple of the single scrape's time (a ratio that holds across machines), side by side
-with the same loads on /-/healthy (the server's floor, no rendering).
+with the same loads on /-/healthy (the server's floor, no rendering), and the same
+clients on a C server that sends the same gzip bytes and does nothing else
+(floorserver.c, built with the system's cc): the machine's floor, what any server's
+ratio is bounded by when its clients share its cores.
 
 Clients run in separate processes (5 x 10 threads) so that their own interpreter lock
 does not become the bottleneck being measured. With --old REV, the code of REV is measured
@@ -13,6 +16,7 @@ import http.client
 import json
 import multiprocessing
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -146,6 +150,45 @@ def prometheus_scrapers(port: int, scrapers: int, seconds: float, interval: floa
             "prometheus_cpu_share": theirs_cpu, "our_cpu_share": ours_cpu}
 
 
+def single_scrape_ms(url: str) -> float:
+    """One scraper alone on its keep-alive connection: the median of 20, gzip asked."""
+    single = []
+    with requests.Session() as one:
+        for _ in range(20):
+            began = time.perf_counter()
+            one.get(url, headers={"Accept-Encoding": "gzip"}, timeout=10).content
+            single.append(time.perf_counter() - began)
+            time.sleep(0.25)
+    return statistics.median(single) * 1000
+
+
+def machine_floor(body: bytes, scrapers: int, seconds: float) -> dict | None:
+    """The same clients, one alone and all at once every second, on floorserver.c sending
+    `body` (our gzipped answer); None where no C compiler is installed."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        binary, answer, port = Path(tmp) / "floorserver", Path(tmp) / "answer.gz", free_port()
+        subprocess.run([cc, "-O2", "-pthread", "-o", str(binary), str(Path(__file__).parent / "floorserver.c")], check=True, timeout=120)
+        answer.write_bytes(body)
+        server = subprocess.Popen([str(binary), str(answer), str(port)])
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+            single_ms = single_scrape_ms(f"http://127.0.0.1:{port}/metrics")
+            aligned = load(port, "/metrics", scrapers, seconds, interval=1.0)
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+    return {"single_ms": single_ms, "aligned": aligned}
+
+
 def phase(label: str, code: Path | None, urls: list[str], args) -> dict:
     """One sidecar (this checkout's code, or `code`'s) polling `urls`, measured under every load."""
     port = free_port()
@@ -167,20 +210,15 @@ def phase(label: str, code: Path | None, urls: list[str], args) -> dict:
                 time.sleep(0.2)
             time.sleep(3)
             size = len(requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).content)
-            single = []
-            with requests.Session() as one:
-                for _ in range(20):
-                    began = time.perf_counter()
-                    one.get(f"http://127.0.0.1:{port}/metrics", headers={"Accept-Encoding": "gzip"}, timeout=10).content
-                    single.append(time.perf_counter() - began)
-                    time.sleep(0.25)
-            single_ms = statistics.median(single) * 1000
+            single_ms = single_scrape_ms(f"http://127.0.0.1:{port}/metrics")
             aligned = load(port, "/metrics", args.scrapers, args.seconds, interval=1.0)
             floor_aligned = load(port, "/-/healthy", args.scrapers, args.seconds / 2, interval=1.0)
             floor = load(port, "/-/healthy", args.scrapers, args.seconds / 2)
             metrics = load(port, "/metrics", args.scrapers, args.seconds)
             real_one = prometheus_scrapers(port, 1, args.seconds, 1.0, sidecar.pid)
             real = prometheus_scrapers(port, args.scrapers, args.seconds, 1.0, sidecar.pid)
+            gzipped = requests.get(f"http://127.0.0.1:{port}/metrics", headers={"Accept-Encoding": "gzip"}, stream=True,
+                                   timeout=10).raw.read()
         finally:
             sidecar.terminate()
             sidecar.wait(timeout=30)
@@ -203,8 +241,17 @@ def phase(label: str, code: Path | None, urls: list[str], args) -> dict:
           f"request, read, gunzip and parse, as Prometheus times a scrape); CPU meanwhile: Prometheus "
           f"{real['prometheus_cpu_share'] * 100:.0f}% of a core, ours {real['our_cpu_share'] * 100:.0f}% "
           f"(one loop: {real_one['prometheus_cpu_share'] * 100:.0f}%, {real_one['our_cpu_share'] * 100:.0f}%)")
+    floor_of_machine = machine_floor(gzipped, args.scrapers, args.seconds) if code is None else None  # the same for both codes
+    if floor_of_machine is not None:
+        f = floor_of_machine
+        print(f"scrapers ({label}): the machine's floor, the same clients on a C server sending the same {len(gzipped) / 1024:.0f} KiB "
+              f"and nothing else (benchmarks/floorserver.c): one alone {f['single_ms']:.2f} ms, {args.scrapers} at once every second "
+              f"p99 {f['aligned']['p99_ms']:.1f} ms = {f['aligned']['p99_ms'] / f['single_ms']:.1f}x, {f['aligned']['errors']} errors")
+    elif code is None:
+        print(f"scrapers ({label}): no C compiler (cc): the machine's floor is not measured")
     return {"code": label, "single_ms": single_ms, "aligned": aligned, "healthy_aligned": floor_aligned, "healthy": floor,
-            "metrics": metrics, "exposition_bytes": size, "prometheus_one": real_one, "prometheus_scrapers": real}
+            "metrics": metrics, "exposition_bytes": size, "prometheus_one": real_one, "prometheus_scrapers": real,
+            "machine_floor": floor_of_machine}
 
 
 def main(argv=None) -> list[dict]:
