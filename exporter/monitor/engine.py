@@ -37,7 +37,7 @@ from ..alerting.rules_state import FIRING, INACTIVE, PENDING, RESOLVED, Alert, C
 from ..config.sections import Config, Target
 from ..parse import roles
 from ..parse.snapshot import Snapshot
-from ..series.history import History
+from ..series.history import History, Samples
 from ..series.hitratio import judged_counts, shown_ratio
 from ..series.window import WindowStats, interval_sums, recent_intervals, stats_between, summarize
 from .targetview import TargetView
@@ -157,10 +157,8 @@ class Engine:
         found = track.detector.observe(now, snapshot)
         snapshot = _with_ingest_notes(snapshot, track)
         view, samples = track.view, track.history.samples()
-        g = self.config.global_
-        track.view = replace(view, samples=samples, stats=summarize(samples, now, g.windows, g.min_query_tokens, snapshot.block_size),
-                             snapshot=snapshot, up=True, down_since=None, ever_up=True, last_t=now,
-                             since=now if view.since is None else view.since)
+        track.view = replace(view, samples=samples, stats=self._summarize(samples, snapshot, now), snapshot=snapshot,
+                             up=True, down_since=None, ever_up=True, last_t=now, since=now if view.since is None else view.since)
         point = self._change_point(track, now, found)
         if point is not None:
             found.append(point)
@@ -182,7 +180,7 @@ class Engine:
         view = track.view
         down_since = now if view.up or view.down_since is None else view.down_since
         view = replace(view, up=False, down_since=down_since)
-        track.view = replace(view, stats=self._summarize(view, now))
+        track.view = replace(view, stats=self._summarize(view.samples, view.snapshot, now))
 
     def add_event(self, event: DeployEvent) -> None:
         self.events.append(event)
@@ -201,10 +199,9 @@ class Engine:
             target = event.target or ""
             self.last_deploy_t[target] = max(self.last_deploy_t.get(target, event.t), event.t)
 
-    def _summarize(self, view: TargetView, now: float):
+    def _summarize(self, samples: Samples, snapshot: Snapshot | None, now: float):
         g = self.config.global_
-        block_size = view.snapshot.block_size if view.snapshot else None
-        return summarize(view.samples, now, g.windows, g.min_query_tokens, block_size)
+        return summarize(samples, now, g.windows, g.min_query_tokens, snapshot.block_size if snapshot else None)
 
     def _change_point(self, track: Track, now: float, found: list[DeployEvent]) -> DeployEvent | None:
         rc = self.config.rules
@@ -320,18 +317,16 @@ class Engine:
                              ever_up=view.ever_up, fleet_baseline=self.fleet_baselines.get((name, model)),
                              hits_reference=self._hits_reference(name, model, view, references) if model else None)
                 for rule, settings in model_rules if model else target_rules:
-                    alertname = rule.alertname
-                    key = (alertname, name, model, "")
+                    key = (rule.alertname, name, model, "")
                     evaluated.add(key)
                     alert = self.alerts.get(key)
                     facts = base if alert is None or alert.state not in (PENDING, FIRING) else replace(  # an inactive alert's: None each
                         base, active_since=alert.active_at, anchor=alert.anchor, anchor_baseline=alert.baseline)
                     cond = rule.condition(facts, settings, rc)
-                    if alert is None:
-                        if cond.state == "false":
-                            continue  # no alert, and none to begin: the common case at fleet size, nothing to step
-                        alert = Alert(alertname, name, model)
-                    new, transition = step(alert, cond, now, settings, lambda a, c, f=facts: self._describe(a, c, f))
+                    if alert is None and cond.state == "false":
+                        continue  # no alert, and none to begin: the common case at fleet size, nothing to step
+                    new, transition = step(alert or Alert(rule.alertname, name, model), cond, now, settings,
+                                           lambda a, c, f=facts: self._describe(a, c, f))
                     self._keep(key, new, transition, transitions)
         self.hits_references = references
         self._evaluate_routing(now, evaluated, transitions)
