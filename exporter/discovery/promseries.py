@@ -244,27 +244,26 @@ def _scan(text: str, target_label: str) -> dict[str, list[tuple[str, str]]] | No
         end = find(_NEXT, close)
         if end < 0:
             return None  # what follows a series is no series
-        # a label's key: the first the text has (the decoder keeps the last: _learn compares)
-        at = find(own_key, i, close)
-        if at >= 0:
-            at += len(own_key)
-            pod = text[at:find('"', at)]
-        else:
-            pod = ""
+        pod = _value_of(text, own_key, i, close) or _value_of(text, instance_key, i, close)
         if not pod:
-            at = find(instance_key, i, close)
-            if at < 0:
-                return None
-            at += len(instance_key)
-            pod = text[at:find('"', at)]
-            if not pod:
-                return None
+            return None
         series = series_of.get(pod)
         if series is None:
             series = series_of[pod] = []
         series.append((text[i + len(_SERIES):close + 1], text[close + len(_VALUES):end]))
         i = end + 4
     return series_of
+
+
+def _value_of(text: str, key: str, start: int, stop: int) -> str:
+    """The string value of the label whose `"name":"` is `key` in the label text
+    text[start:stop], "" when it has none. The first the text has: the decoder keeps the
+    last, and _learn compares the two."""
+    at = text.find(key, start, stop)
+    if at < 0:
+        return ""
+    at += len(key)
+    return text[at:text.find('"', at)]
 
 
 def _read_scanned(series_of: dict[str, list[tuple[str, str]]], target_label: str, newer_than: dict[str, float],
