@@ -173,3 +173,37 @@ def test_a_fragments_lines_follow_every_value_from_render_to_render():
         sum_line = [line for line in lines if line.startswith("prefixcache_vllm_time_to_first_token_seconds_sum")]
         assert sum_line == ['prefixcache_vllm_time_to_first_token_seconds_sum{engine="0",model_name="m",target="t"} 1.0']
         assert all(line.rpartition(" ")[2] == floatToGoString(value) for line in lines if line not in sum_line), (value, lines)
+
+
+def test_a_scrape_that_may_not_wait_hears_so_and_a_burst_shares_one_runtime_reading():
+    """The selector's thread asks without waiting (immediate.py): where a scrape would wait
+    for a render it gets WouldWait and a worker asks again. Scrapes less than
+    `runtime_max_age` apart share one reading of the runtime collectors."""
+    import pytest
+    from prometheus_client.core import GaugeMetricFamily
+
+    from exporter.serve.exposition import WouldWait
+
+    class Counting:
+        reads = 0
+
+        def collect(self):
+            Counting.reads += 1
+            yield GaugeMetricFamily("runtime_reads", "reads of the runtime collectors", value=Counting.reads)
+
+    runtime = CollectorRegistry(auto_describe=False)
+    runtime.register(Counting())
+    now = [1000.0]
+    state = fleet_state()
+    exposition = Exposition(state, runtime, min_interval=0.0, clock=lambda: now[0],
+                            collector=PrefixCacheCollector(state, ["1m", "5m"]), runtime_max_age=0.1)
+    state.update(config_reload_success=False)
+    with pytest.raises(WouldWait):  # its first render since: every scrape would wait for it
+        exposition.parts(False, wait=False)
+    ours, first = exposition.parts(False)
+    assert b"prefixcache_config_last_reload_successful 0.0" in ours and b"runtime_reads 1.0" in first
+    now[0] += 0.05
+    assert exposition.parts(False, wait=False)[1] == first and exposition.parts(True)[1] != first
+    now[0] += 0.06
+    assert b"runtime_reads 2.0" in exposition.parts(False, wait=False)[1]
+    assert Counting.reads == 2
