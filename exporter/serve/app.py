@@ -17,7 +17,7 @@ from ..alerting.deploys import API, DeployEvent
 from ..peers.urls import redact_url
 from ..series import hitratio
 from .collector import PrefixCacheCollector
-from .exposition import Exposition
+from .exposition import Exposition, WouldWait
 from .state import State
 from .statuspage import CONTENT_SECURITY_POLICY, StatusPage
 from .webconfig import BasicAuth, WebSecurity
@@ -25,6 +25,11 @@ from .webconfig import BasicAuth, WebSecurity
 log = logging.getLogger(__name__)
 
 Handler = Callable[[dict], tuple[int, str, bytes]]  # environ -> (status, content type, body)
+
+# The paths the server's selector thread may answer itself, when their answer is ready
+# (server.py): what a burst of scrapers and the kubelet's probes ask, cheap when ready.
+IMMEDIATE = ("/metrics", "/-/healthy", "/-/ready")
+NO_WAIT = "vllm_prefix_cache.no_wait"  # in the environ of a request answered so: a handler must not wait
 
 _STATUS = {200: "200 OK", 202: "202 Accepted", 204: "204 No Content", 400: "400 Bad Request", 401: "401 Unauthorized", 403: "403 Forbidden",
            404: "404 Not Found", 405: "405 Method Not Allowed", 409: "409 Conflict", 411: "411 Length Required", 413: "413 Payload Too Large",
@@ -93,15 +98,35 @@ class App:
             self.routes.setdefault(("HEAD", path), handler)
 
     def __call__(self, environ: dict, start_response) -> Iterable[bytes]:
+        status, headers, chunks = self.respond(environ)
+        start_response(status, headers)
+        return chunks
+
+    def answer_now(self, environ: dict) -> tuple[str, list[tuple[str, str]], list[bytes]] | None:
+        """The answer to a request on one of IMMEDIATE's paths when it is ready now; None
+        where it is not (a render to wait for, credentials to check with bcrypt): the
+        server's thread that calls this serves every other client meanwhile."""
+        if environ.get("PATH_INFO") not in IMMEDIATE:
+            return None
+        try:
+            return self.respond(environ, wait=False)
+        except WouldWait:
+            return None
+
+    def respond(self, environ: dict, wait: bool = True) -> tuple[str, list[tuple[str, str]], list[bytes]]:
+        """(status, headers, body chunks). With `wait` False, raises WouldWait instead of
+        waiting for a render or checking a password with bcrypt."""
         method, path = environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "/") or "/"
         handler = self.routes.get((method, path))
         basic_auth = self.basic_auth  # once: a reload swaps it
-        if basic_auth is not None and not self._skips_basic_auth(method, path) \
-                and not basic_auth.check(environ.get("HTTP_AUTHORIZATION", "")):
-            status, ctype, body = _error(path, 401, "Unauthorized")
-            start_response(_STATUS[401], [("Content-Type", ctype), ("WWW-Authenticate", 'Basic realm="vllm-prefix-cache-exporter"'),
-                                          ("Content-Length", str(len(body)))])
-            return [b"" if method == "HEAD" else body]
+        if basic_auth is not None and not self._skips_basic_auth(method, path):
+            header = environ.get("HTTP_AUTHORIZATION", "")
+            if not wait and not basic_auth.remembered(header):
+                raise WouldWait()
+            if not basic_auth.check(header):
+                status, ctype, body = _error(path, 401, "Unauthorized")
+                return _STATUS[401], [("Content-Type", ctype), ("WWW-Authenticate", 'Basic realm="vllm-prefix-cache-exporter"'),
+                                      ("Content-Length", str(len(body)))], [b"" if method == "HEAD" else body]
         if handler is None:
             if any(p == path for _, p in self.routes):
                 status, ctype, body = _error(path, 405, f"method {method} not allowed on {path}")
@@ -109,18 +134,20 @@ class App:
                 status, ctype, body = _error(path, 404, f"{path} not found")
         else:
             try:
-                status, ctype, body = handler(environ)
+                status, ctype, body = handler({**environ, NO_WAIT: True} if not wait else environ)
+            except WouldWait:
+                raise
             except Exception:  # noqa: BLE001 - answer 500, keep serving
                 log.exception("handler for %s %s failed", method, path)
                 status, ctype, body = _error(path, 500, "internal error")
+        chunks = list(body) if isinstance(body, tuple) else [body]
         headers = [("Content-Type", ctype)]
         if path == "/metrics" and status == 200 and _wants_gzip(environ):
             headers.append(("Content-Encoding", "gzip"))
         if ctype.startswith("text/html"):
             headers.append(("Content-Security-Policy", CONTENT_SECURITY_POLICY))
-        headers.append(("Content-Length", str(len(body))))
-        start_response(_STATUS.get(status, f"{status} Status"), headers)
-        return [b"" if method == "HEAD" else body]
+        headers.append(("Content-Length", str(sum(len(chunk) for chunk in chunks))))
+        return _STATUS.get(status, f"{status} Status"), headers, [b""] if method == "HEAD" else chunks
 
     def _skips_basic_auth(self, method: str, path: str) -> bool:
         if method in ("GET", "HEAD") and path in PROBES:
@@ -128,9 +155,11 @@ class App:
         own = self.own_auth.get((method, path))
         return own is not None and own()
 
-    def _metrics(self, environ) -> tuple[int, str, bytes]:
+    def _metrics(self, environ) -> tuple[int, str, tuple[bytes, bytes]]:
         try:
-            return 200, CONTENT_TYPE_LATEST, self.exposition.get(_wants_gzip(environ))
+            return 200, CONTENT_TYPE_LATEST, self.exposition.parts(_wants_gzip(environ), wait=NO_WAIT not in environ)
+        except WouldWait:
+            raise
         except Exception:  # noqa: BLE001 - logged and counted by the exposition
             return 500, "text/plain", b"collecting metrics failed; see the log and prefixcache_collect_errors_total\n"
 

@@ -49,6 +49,7 @@ from cheroot.makefile import MakeFile, StreamReader, StreamWriter
 from cheroot.ssl import Adapter
 
 from ..config.reader import ConfigError
+from . import immediate
 from .webconfig import TLSContexts, WebSecurity
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,7 @@ class _TLSAdapter(Adapter):
 
 
 WAIT, SERVE, REFUSE, CLOSE = "wait", "serve", "refuse", "close"
+KEEP, REST = "keep", "rest"  # answered at once: the connection waits for its next request; a worker writes the rest
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
@@ -245,6 +247,8 @@ class _Connection(cheroot_server.HTTPConnection):
     _handshaken = False
     # the request being read: the bytes searched for its head's end; its whole length once its head is in
     _scanned, _need = 0, 0
+    _unsent: list[memoryview] | None = None  # an answer given at once that the socket's buffer did not all take
+    _close_after = False
 
     def __init__(self, server, sock, makefile=MakeFile):
         def files(s, mode, bufsize):
@@ -330,7 +334,55 @@ class _Connection(cheroot_server.HTTPConnection):
         except OSError:
             pass
 
+    def answer_at_once(self) -> str | None:
+        """The whole request in hand answered from this (the selector's) thread when it is
+        simple and its answer ready (immediate.py): KEEP, CLOSE, or REST (a worker writes what
+        the socket's buffer did not take); None leaves it to a worker."""
+        answer_now = self.server.answer_now
+        if answer_now is None or isinstance(self.socket, ssl.SSLSocket) or not self.socket.gettimeout():
+            return None  # gettimeout: a socket without a timeout is blocking, and a write could wait
+        pending = self.rfile.io.pending
+        environ = immediate.simple_request(bytes(pending))
+        if environ is None:
+            return None
+        try:
+            answer = answer_now(environ)
+            if answer is None:
+                return None
+            status, headers, chunks = answer
+            close = immediate.wants_close(environ) or not self.server.can_add_keepalive_connection
+            head = immediate.response_head(status, headers, close, self.server.server_name)
+        except Exception:  # noqa: BLE001 - a worker answers it the long way, and logs what fails there
+            log.debug("answering %s at once failed", environ.get("PATH_INFO"), exc_info=True)
+            return None
+        pending.clear()
+        self.requests_seen += 1
+        try:
+            unsent = immediate.send_now(self.socket.fileno(), [head, *chunks])
+        except OSError as exc:
+            log.debug("connection from %s ended while answering it: %s", self.remote_addr, exc)
+            return CLOSE
+        if unsent:
+            self._unsent, self._close_after = unsent, close
+            return REST
+        return CLOSE if close else KEEP
+
+    def _send_rest(self) -> bool:
+        unsent, self._unsent = self._unsent or [], None
+        self.server.deadlines.arm(id(self), self.socket, self.server.write_deadline)
+        try:
+            for chunk in unsent:
+                self.socket.sendall(chunk)
+        except OSError as exc:
+            log.debug("connection from %s ended while reading its answer: %s", self.remote_addr, exc)
+            return False
+        finally:
+            self.server.deadlines.disarm(id(self))
+        return not self._close_after
+
     def communicate(self):
+        if self._unsent is not None:
+            return self._send_rest()
         # a backstop: the request is in, so the worker waits on the client only for a body over what is read ahead
         self.server.deadlines.arm(id(self), self.socket, self.server.read_deadline)
         try:
@@ -385,6 +437,7 @@ class _Server(wsgi.Server):
     `timeout`; the deadlines end one whose request is not whole in `read_deadline`."""
 
     ConnectionClass = _Connection
+    answer_now = None  # environ -> (status, headers, chunks) or None: the app's answers ready at once
     deadlines: _Deadlines
     read_deadline: float
     write_deadline: float
@@ -403,7 +456,12 @@ class _Server(wsgi.Server):
         state = conn.read_ahead()
         if state == SERVE:
             self.deadlines.disarm(id(conn))
-            return super().process_conn(conn)
+            answered = conn.answer_at_once()
+            if answered == KEEP:
+                return self._wait(conn)
+            if answered == CLOSE:
+                return conn.close()
+            return super().process_conn(conn)  # not answered, or its rest to write
         if state == WAIT:
             if conn.started and not self.deadlines.armed(id(conn)):
                 self.deadlines.arm(id(conn), conn.socket, self.read_deadline)
@@ -440,9 +498,21 @@ class _WithHeaders:
             return self.app(environ, start_response)
 
         def respond(status, headers, exc_info=None):
-            own = {name.lower() for name, _ in headers}
-            return start_response(status, list(headers) + [(k, v) for k, v in extra if k.lower() not in own], exc_info)
+            return start_response(status, self._with(headers, extra), exc_info)
         return self.app(environ, respond)
+
+    def answer_now(self, environ):
+        answer_now = getattr(self.app, "answer_now", None)
+        answer = answer_now(environ) if answer_now is not None else None
+        if answer is None:
+            return None
+        status, headers, chunks = answer
+        return status, self._with(headers, self.headers), chunks
+
+    @staticmethod
+    def _with(headers, extra) -> list:
+        own = {name.lower() for name, _ in headers}
+        return list(headers) + [(k, v) for k, v in extra if k.lower() not in own]
 
 
 class Server:
@@ -469,6 +539,7 @@ class Server:
         self.httpd.max_request_body_size = max_body
         self.httpd.read_deadline = read_deadline
         self.httpd.write_deadline = write_deadline
+        self.httpd.answer_now = self.app.answer_now
         if security is not None and security.tls is not None:
             self.httpd.ssl_adapter = _TLSAdapter(TLSContexts(security.tls))
         self.httpd.prepare()  # binds now, so a busy port fails at build time

@@ -324,19 +324,34 @@ class BasicAuth:
         self._verified: set[bytes] = set()
         self._lock = threading.Lock()
 
-    def check(self, header: str) -> bool:
+    def _candidate(self, header: str) -> tuple[bytes, bytes, bytes | None, bytes] | None:
+        """(remembered key, password, the user's hash or None, the hash to check against)."""
         scheme, _, value = header.strip().partition(" ")
         if scheme.lower() != "basic" or not value:
-            return False
+            return None
         try:
             decoded = base64.b64decode(value.strip(), validate=True)
         except binascii.Error:
-            return False
+            return None
         # the password stays bytes: Go compares bytes, whatever their encoding
         user_bytes, sep, password = decoded.partition(b":")
         hashed = self.users.get(user_bytes.decode("utf-8", "replace")) if sep else None
         candidate = hashed if hashed is not None else self.dummy
-        key = hmac.new(candidate, user_bytes + b"\0" + password, "sha256").digest()
+        return hmac.new(candidate, user_bytes + b"\0" + password, "sha256").digest(), password, hashed, candidate
+
+    def remembered(self, header: str) -> bool:
+        """Credentials verified before: checked without bcrypt."""
+        found = self._candidate(header)
+        if found is None or found[2] is None:
+            return False
+        with self._lock:
+            return found[0] in self._verified
+
+    def check(self, header: str) -> bool:
+        found = self._candidate(header)
+        if found is None:
+            return False
+        key, password, hashed, candidate = found
         if hashed is not None:
             with self._lock:
                 if key in self._verified:
