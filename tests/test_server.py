@@ -131,6 +131,7 @@ def test_a_client_that_closes_its_side_after_the_request_gets_its_answer(served)
     pytest.param(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n", b"413", id="body-over-64-KiB"),
     pytest.param(b"POST /api/v1/deploys HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n", b"413", id="api-body-over-64-KiB"),
     pytest.param(b"GET /-/healthy HTTP/1.1\r\nX: " + b"a" * 70000, b"413", id="head-over-64-KiB"),
+    pytest.param(b"GET /-/healthy HTTP/1.1\r\nX: " + b"a" * 70000 + b"\r\n\r\n", b"413", id="whole-head-over-64-KiB"),
 ])
 def test_what_cannot_be_read_ahead_is_refused_at_once(served, request_bytes, status):
     """At once, not at the request deadline; under /api/ in JSON, as the APIs answer every status."""

@@ -342,6 +342,8 @@ class _Connection(cheroot_server.HTTPConnection):
         if answer_now is None or isinstance(self.socket, ssl.SSLSocket) or not self.socket.gettimeout():
             return None  # gettimeout: a socket without a timeout is blocking, and a write could wait
         pending = self.rfile.io.pending
+        if len(pending) > self.server.max_request_header_size:
+            return None  # a head over the limit: a worker refuses it
         environ = immediate.simple_request(bytes(pending))
         if environ is None:
             return None
