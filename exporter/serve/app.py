@@ -123,7 +123,7 @@ class App:
             header = environ.get("HTTP_AUTHORIZATION", "")
             if not wait and not basic_auth.remembered(header):
                 raise WouldWait()
-            if not basic_auth.check(header):
+            if wait and not basic_auth.check(header):  # without wait: remembered, checked above
                 status, ctype, body = _error(path, 401, "Unauthorized")
                 return _STATUS[401], [("Content-Type", ctype), ("WWW-Authenticate", 'Basic realm="vllm-prefix-cache-exporter"'),
                                       ("Content-Length", str(len(body)))], [b"" if method == "HEAD" else body]
