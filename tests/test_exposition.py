@@ -207,3 +207,34 @@ def test_a_scrape_that_may_not_wait_hears_so_and_a_burst_shares_one_runtime_read
     now[0] += 0.06
     assert b"runtime_reads 2.0" in exposition.parts(False, wait=False)[1]
     assert Counting.reads == 2
+
+
+def test_a_burst_right_after_a_quiet_state_changed_does_not_wait_for_its_render():
+    """Polls every 5 s, scrapers every second: the state stays still for seconds, then a
+    poll round changes it just before a burst. The last render was read seconds ago, but
+    the scrape a second ago found it still the state: the burst gets it at once, and a
+    scrape after a long quiet still waits for the state as it is now."""
+    import threading
+
+    state = fleet_state()
+    now = [0.0]
+    exposition = Exposition(state, CollectorRegistry(), min_interval=1.0, clock=lambda: now[0], wait=30.0,
+                            collector=PrefixCacheCollector(state, ["1m", "5m"]), max_age=2.0)
+    state.update(config_reload_success=False)
+    assert b"prefixcache_config_last_reload_successful 0.0" in exposition.get(False)
+    for second in range(1, 5):  # nothing changes: each scrape finds the render still the state
+        now[0] = float(second)
+        exposition.get(False)
+    gate = threading.Event()
+    real = exposition.fragments.render
+    exposition.fragments.render = lambda: (gate.wait(30.0), real())[1]
+    state.update(config_reload_success=True)  # the poll round
+    now[0] = 5.0  # the render read the state 5 s ago, but it was the state a second ago
+    answers = [exposition.get(False) for _ in range(50)]
+    assert all(b"prefixcache_config_last_reload_successful 0.0" in a for a in answers)  # none waited
+    gate.set()
+    assert wait_for(lambda: b"prefixcache_config_last_reload_successful 1.0" in exposition.get(False))
+    exposition.fragments.render = real
+    now[0] = 30.0  # quiet since the render: a change now is news to this scrape, which waits for it
+    state.update(config_reload_success=False)
+    assert b"prefixcache_config_last_reload_successful 0.0" in exposition.get(False)

@@ -191,7 +191,7 @@ class Exposition:
     """/metrics for every scraper. With `collector` (the sidecar): our families rendered
     at most once per `min_interval` and only when the state changed, from cached
     fragments, on a thread of their own, shared by every scraper with their gzip; a
-    scrape starts a render that is due and gets the last one while it read the state at
+    scrape starts a render that is due and gets the last one while it was the state at
     most `max_age` seconds ago (twice `min_interval` unless given): scrapers that come
     often, or many at once, never wait for a render, and a render they start waits for a
     pause in their scrapes (`quiet`, at most `max_defer`). One whose last render is older waits
@@ -221,7 +221,9 @@ class Exposition:
         self._waiting = 0  # scrapes waiting for the render in progress
         self._runtime_lock = threading.Lock()
         self._runtime_reading: tuple[float, bytes, bytes] | None = None  # when, plain, gzipped
-        self._read_at = -1e18  # when the last render read the state: the age of what a scrape gets
+        # when the last render was last known to be the state (read by the render, or found
+        # unchanged by a later scrape): the age of what a scrape gets
+        self._read_at = -1e18
         self.fragments = FragmentRender(collector) if collector is not None else None
         self._lock = threading.Lock()
         self._generation = -1
@@ -259,6 +261,10 @@ class Exposition:
         if self.fragments is None:
             return self._get_whole(gzipped), b""
         with self._lock:
+            if not self._busy and self.state.generation == self._generation:
+                # still the state: a poll round that lands just before a burst of scrapers
+                # ages it from now, not from its render seconds ago, so the burst need not wait
+                self._read_at = self.clock()
             if self._due() and not self._busy:
                 self._busy, self._asked = True, self.state.generation
                 if self._renderer is None:
