@@ -115,14 +115,14 @@ def test_a_scrape_never_waits_long_for_a_render_and_a_failed_one_is_a_500():
     first = exposition.get(False)
     gate = threading.Event()
     real = exposition.fragments.render
-    exposition.fragments.render = lambda: (gate.wait(5.0), real())[1]
+    exposition.fragments.render = lambda *between: (gate.wait(5.0), real(*between))[1]
     state.update(config_reload_success=False)
     began = time.monotonic()
     assert exposition.get(False) == first + b""  # the last render, after the wait
     assert time.monotonic() - began < 1.0
     gate.set()
     assert wait_for(lambda: b"prefixcache_config_last_reload_successful 0.0" in exposition.get(False))
-    exposition.fragments.render = lambda: 1 / 0
+    exposition.fragments.render = lambda *between: 1 / 0
     state.update(config_reload_success=True)
     with pytest.raises(RuntimeError):
         exposition.get(False)
@@ -145,7 +145,7 @@ def test_a_scrape_waits_for_a_render_only_when_the_last_one_is_older_than_max_ag
     assert b"prefixcache_config_last_reload_successful 0.0" in exposition.get(False)  # the first scrape waits
     gate = threading.Event()
     real = exposition.fragments.render
-    exposition.fragments.render = lambda: (gate.wait(30.0), real())[1]
+    exposition.fragments.render = lambda *between: (gate.wait(30.0), real(*between))[1]
     state.update(config_reload_success=True)
     now[0] = 1.5  # due, and the last render read the state 1.5 s ago
     answers = [exposition.get(False) for _ in range(50)]
@@ -227,7 +227,7 @@ def test_a_burst_right_after_a_quiet_state_changed_does_not_wait_for_its_render(
         exposition.get(False)
     gate = threading.Event()
     real = exposition.fragments.render
-    exposition.fragments.render = lambda: (gate.wait(30.0), real())[1]
+    exposition.fragments.render = lambda *between: (gate.wait(30.0), real(*between))[1]
     state.update(config_reload_success=True)  # the poll round
     now[0] = 5.0  # the render read the state 5 s ago, but it was the state a second ago
     answers = [exposition.get(False) for _ in range(50)]
@@ -238,3 +238,52 @@ def test_a_burst_right_after_a_quiet_state_changed_does_not_wait_for_its_render(
     now[0] = 30.0  # quiet since the render: a change now is news to this scrape, which waits for it
     state.update(config_reload_success=False)
     assert b"prefixcache_config_last_reload_successful 0.0" in exposition.get(False)
+
+
+def test_a_render_lets_a_burst_that_comes_while_it_runs_go_first_after_each_target():
+    """Scrapes that come while a render runs (a burst the poll round spaced out) get the
+    last answer at once, and the render pauses after the target it was rendering until
+    they stop for `quiet`, or until `max_defer` from when it was asked for has passed."""
+    state = fleet_state()
+    now = [0.0]
+    collector = PrefixCacheCollector(state, ["1m", "5m"])
+    exposition = Exposition(state, CollectorRegistry(), min_interval=0.0, clock=lambda: now[0], max_age=1000.0,
+                            collector=collector, quiet=0.05, max_defer=5.0)
+    before = exposition.get(False)
+    rendered, real_target = [], collector.target
+
+    def target(families, view, *more):
+        rendered.append(view.target.name)
+        if len(rendered) == 1:
+            assert exposition.get(False) == before  # a scrape mid-render: the last answer, at once
+        return real_target(families, view, *more)
+
+    collector.target = target
+
+    def later():  # a scrape a while after the last
+        now[0] += 0.1
+        return exposition.get(False)
+
+    views = state.targets()
+    for view in views:  # the poll round: every target changed
+        state.publish(replace(view, scrape_duration=0.5))
+    now[0] = 1.0
+    assert exposition.get(False) == before  # asks for the render, which waits for a pause first
+    now[0] = 1.06
+    assert wait_for(lambda: len(rendered) == 1, timeout=5.0, step=0.01)
+    time.sleep(0.3)  # real time: the stopped clock says the scrape mid-render was 0 s ago
+    assert len(rendered) == 1
+    now[0] = 1.2  # the scrapes stopped 0.14 s ago: the render goes on
+    assert wait_for(lambda: len(rendered) == len(views), timeout=5.0, step=0.01)
+    assert wait_for(lambda: b'scrape_duration_seconds{namespace="llm",target="vllm-1",team="t1"} 0.5\n' in later(), timeout=5.0, step=0.01)
+    assert sorted(rendered) == sorted(v.target.name for v in views)
+
+    rendered.clear()
+    for view in views:
+        state.publish(replace(view, scrape_duration=0.25))
+    now[0] = 10.0
+    exposition.get(False)
+    now[0] = 15.5  # a scrape after every target, but the render was asked for more than max_defer ago
+    collector.target = lambda *a: (rendered.append(a[1].target.name), exposition.get(False), real_target(*a))[-1]
+    assert wait_for(lambda: len(rendered) == len(views), timeout=2.0, step=0.01)
+    assert wait_for(lambda: b'scrape_duration_seconds{namespace="llm",target="vllm-1",team="t1"} 0.25\n' in later(), timeout=5.0, step=0.01)

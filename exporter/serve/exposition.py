@@ -150,7 +150,9 @@ class FragmentRender:
         fill(families)
         return families.fragments()
 
-    def render(self) -> bytes:
+    def render(self, between: Callable[[], None] = lambda: None) -> bytes:
+        """The answer as of one reading of the state; `between` is called after each
+        target rendered anew (the render lets a burst of scrapes go first there)."""
         reading = self.collector.state.read()
         extra = label_names(reading)
         p = reading.published
@@ -168,6 +170,7 @@ class FragmentRender:
                 text = self._text(lambda f, v=view, m=more: self.collector.target(f, v, *m), extra, prefixes)
                 fragments[name] = ((view, more, extra), text, prefixes)
                 self.rendered_targets += 1
+                between()
             parts.append(fragments[name][1])
         self._fragments = fragments  # gone targets' fragments go with them
         parts.append(self._text(lambda f: self.collector.tail(f, reading), extra))
@@ -219,6 +222,7 @@ class Exposition:
         self.quiet, self.max_defer = quiet, max_defer
         self._scraped_at = -1e18
         self._waiting = 0  # scrapes waiting for the render in progress
+        self._asked_at, self._turns = -1e18, 0  # the render's deferral: since when, and its waits left
         self._runtime_lock = threading.Lock()
         self._runtime_reading: tuple[float, bytes, bytes] | None = None  # when, plain, gzipped
         # when the last render was last known to be the state (read by the render, or found
@@ -266,7 +270,8 @@ class Exposition:
                 # ages it from now, not from its render seconds ago, so the burst need not wait
                 self._read_at = self.clock()
             if self._due() and not self._busy:
-                self._busy, self._asked = True, self.state.generation
+                self._busy, self._asked, self._asked_at = True, self.state.generation, self.clock()
+                self._turns = math.ceil(self.max_defer / self.quiet) if self.quiet > 0 else 0  # bounded by a stopped clock too
                 if self._renderer is None:
                     # one thread for every render: its allocations stay in one malloc arena (a thread per
                     # render spread the long-lived fragments over many, and the RSS with them)
@@ -312,23 +317,30 @@ class Exposition:
 
     def _after_the_burst(self) -> None:
         """Holds a render back until scrapes have stopped coming for `quiet` seconds, at most
-        `max_defer` seconds, and not while a scrape waits for it. Scrapers that come at the
-        same instant (one every second each) start a render with their first scrape: run
-        beside them, its work took the interpreter lock from the thread answering them at
-        each of its calls into the kernel, and the burst's last answers waited for the whole
-        render (100 ms at 200 targets)."""
-        asked = self.clock()
-        for _ in range(math.ceil(self.max_defer / self.quiet) if self.quiet > 0 else 0):  # bounded by a stopped clock too
+        `max_defer` seconds from when it was asked for in all, and not while a scrape waits
+        for it; before it starts, and again after each target it renders. Scrapers that come
+        at the same instant (one every second each) start a render with their first scrape:
+        run beside them, its work took the interpreter lock from the thread answering them
+        at each of its calls into the kernel, and the burst's last answers waited for the
+        whole render (100 ms at 200 targets). A burst that comes while a render runs (or
+        whose scrapes a poll round spaces out more than `quiet`) waits for one target's
+        fragment, not for the rest of the render."""
+        while self._turns > 0:
             now = self.clock()
-            quiet_for, deferred = now - self._scraped_at, now - asked
+            quiet_for, deferred = now - self._scraped_at, now - self._asked_at
             if self._waiting or quiet_for >= self.quiet or deferred >= self.max_defer:
                 return
+            self._turns -= 1
             self._changed.wait(min(self.quiet - quiet_for, self.max_defer - deferred))
+
+    def _between_targets(self) -> None:
+        with self._lock:
+            self._after_the_burst()
 
     def _render(self, generation: int) -> None:
         began = self.clock()
         try:
-            body = self.fragments.render()
+            body = self.fragments.render(self._between_targets)
             zipped = gzip.compress(body, compresslevel=1)
         except Exception:  # noqa: BLE001 - logged, counted, and the scrapes waiting for it answer 500
             log.exception("collect failed: /metrics answers 500 until a render succeeds")
