@@ -28,6 +28,7 @@ from .poll.warmup import Warmer
 from .serve.app import App, analysis_handlers, deploy_handlers
 from .serve.collector import PrefixCacheCollector
 from .serve.exposition import ReservedNames
+from .serve.gcpacer import CollectionPacer
 from .serve.server import Server
 from .serve.state import State
 from .serve.webconfig import WebSecurity, load_web_config
@@ -264,10 +265,12 @@ def run(args) -> int:
         # one reload at a time; signals that come during one make one more, which reads the file as the last left it
         on_signals((signal.SIGHUP,), lambda: sidecar.reload(args.config_file), "reload")
     sidecar.start()
+    pacer = CollectionPacer(sidecar.app.exposition.quiet_for).start()  # this process's collector is ours (tune_gc)
     log.info("listening on %s:%d, polling %d target(s) every %gs", listen.rpartition(":")[0] or "0.0.0.0",
              sidecar.server.port, len(sidecar.poller.current.targets), cfg.global_.poll_interval)
     stop.wait()
     log.info("shutting down")
+    pacer.stop()
     return leave(EXIT_OK, sidecar.stop(STOP_BUDGET))
 
 

@@ -257,6 +257,10 @@ class Exposition:
     def get(self, gzipped: bool) -> bytes:
         return b"".join(self.parts(gzipped))
 
+    def quiet_for(self) -> float:
+        """Seconds since a scrape last got its answer (the collections wait for a pause: gcpacer.py)."""
+        return self.clock() - self._scraped_at
+
     def parts(self, gzipped: bool, wait: bool = True) -> tuple[bytes, bytes]:
         """Our families and the runtime collectors' (a gzip stream may hold several
         members, read as one: RFC 1952; Go's and Python's readers do), sent one after the
