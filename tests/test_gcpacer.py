@@ -34,7 +34,7 @@ def test_a_young_threshold_of_zero_is_a_collector_turned_off():
 
 
 class Fakes:
-    def __init__(self, quiet_for=1.0, counts=(30_000, 3, 3), enabled=True):
+    def __init__(self, quiet_for=0.05, counts=(30_000, 3, 3), enabled=True):  # right after a scrape
         self.quiet, self.counts, self.enabled, self.collected = quiet_for, counts, enabled, []
 
     def pacer(self, **kwargs) -> CollectionPacer:
@@ -46,7 +46,7 @@ def test_it_collects_only_when_the_scrapes_pause_and_the_collector_is_on():
     fakes = Fakes(quiet_for=0.005)
     pacer = fakes.pacer(quiet=0.02)
     assert pacer.step() is None and fakes.collected == []  # a scrape 5 ms ago: a burst may be under way
-    fakes.quiet = 0.5
+    fakes.quiet = 0.05
     assert pacer.step() == 0 and fakes.collected == [0]
     fakes.counts = (30_000, 21, 21)
     assert pacer.step() == 2 and fakes.collected == [0, 2]
@@ -72,7 +72,7 @@ def test_its_thread_looks_until_stopped_and_a_failure_leaves_the_collector_alone
 
 def test_the_real_collector_runs_the_collection_it_is_asked_for():
     was = gc.get_count()
-    pacer = CollectionPacer(lambda: 1.0, share=0.0)
+    pacer = CollectionPacer(lambda: 1.0, share=0.0, late_share=0.0)
     generation = pacer.step()
     assert generation is not None and pacer.collections == 1
     assert gc.get_count()[0] <= max(was[0], 50)  # the young generation was just collected
@@ -86,3 +86,17 @@ def test_the_exposition_says_how_long_since_a_scrape_got_its_answer():
     exposition.get(False)
     now[0] = 100.25
     assert exposition.quiet_for() == pytest.approx(0.25)
+
+
+def test_right_after_a_scrape_it_collects_sooner_than_at_any_other_moment():
+    """Scrapers every few seconds: the moment right after one (`window`) is the furthest
+    from the next, so a collection due by `share` runs there; elsewhere it waits for
+    `late_share` of the threshold."""
+    fakes = Fakes(counts=(30_000, 0, 0))  # 60% of the way to the young threshold
+    pacer = fakes.pacer(quiet=0.02, window=0.1, late_share=0.9)
+    fakes.quiet = 0.5  # long after the last scrape
+    assert pacer.step() is None
+    fakes.quiet = 0.05  # right after one
+    assert pacer.step() == 0
+    fakes.quiet, fakes.counts = 3.0, (46_000, 0, 0)  # no scrape for long, and 92% of the way
+    assert pacer.step() == 0 and fakes.collected == [0, 0]

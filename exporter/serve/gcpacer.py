@@ -3,9 +3,12 @@
 A collection holds the interpreter lock from start to end: at 200 targets a young one
 took 15-60 ms and a full one 65-100 ms, and a burst of scrapers that came meanwhile
 waited for all of it (the bursts whose every answer took 100 ms and more). The pacer
-looks every `every` seconds; when scrapes have paused for `quiet` seconds and the young
-generation is at least `share` of the way to its threshold, it runs the collection the
-collector would run next. The automatic collector stays on behind it with the same
+looks every `every` seconds and runs the collection the collector would run next:
+right after a scrape (it paused `quiet` seconds ago, not more than `window` more), once
+the young generation is `share` of the way to its threshold, since the next scrape of
+scrapers that come every few seconds is then furthest off; at any other moment without
+scrapes, once it is `late_share` of the way (a collection at a random moment lands in
+the next burst now and then). The automatic collector stays on behind it with the same
 thresholds: a pacer that finds no pause, or stops, leaves the collections as they were.
 Where the collector is off (a Prometheus read decoding its answer) it collects nothing.
 """
@@ -33,10 +36,11 @@ def generation_due(counts: Sequence[int], thresholds: Sequence[int], share: floa
 
 class CollectionPacer:
     def __init__(self, quiet_for: Callable[[], float], quiet: float = 0.02, every: float = 0.05, share: float = 0.5,
+                 window: float = 0.1, late_share: float = 0.9,
                  collect: Callable[[int], int] = gc.collect, counts: Callable[[], tuple] = gc.get_count,
                  thresholds: Callable[[], tuple] = gc.get_threshold, enabled: Callable[[], bool] = gc.isenabled):
         self.quiet_for = quiet_for  # seconds since the last scrape
-        self.quiet, self.every, self.share = quiet, every, share
+        self.quiet, self.every, self.share, self.window, self.late_share = quiet, every, share, window, late_share
         self._collect, self._counts, self._thresholds, self._enabled = collect, counts, thresholds, enabled
         self.collections = 0  # run by the pacer, for tests
         self._stop = threading.Event()
@@ -44,9 +48,11 @@ class CollectionPacer:
 
     def step(self) -> int | None:
         """One look: the generation collected, or None."""
-        if not self._enabled() or self.quiet_for() < self.quiet:
+        quiet_for = self.quiet_for()
+        if not self._enabled() or quiet_for < self.quiet:
             return None
-        generation = generation_due(self._counts(), self._thresholds(), self.share)
+        share = self.share if quiet_for <= self.quiet + self.window else self.late_share
+        generation = generation_due(self._counts(), self._thresholds(), share)
         if generation is not None:
             self._collect(generation)
             self.collections += 1
