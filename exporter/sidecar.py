@@ -210,6 +210,7 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
     app.route("POST", "/api/v1/analysis/flagger", flagger_post)
     # while a deploy token is configured (asked per request: reloads change it), it stands in for basic auth
     app.own_auth[("POST", "/api/v1/deploys")] = lambda: bool(sidecar.config.deploys.api_token)
+    poller.pause_for_scrapes = app.exposition.wait_for_pause
     server = Server(app, host, port, security)
     sidecar = Sidecar(cfg, state, registry, poller, app, server, notifier, warmer)
     return sidecar

@@ -287,3 +287,33 @@ def test_a_render_lets_a_burst_that_comes_while_it_runs_go_first_after_each_targ
     collector.target = lambda *a: (rendered.append(a[1].target.name), exposition.get(False), real_target(*a))[-1]
     assert wait_for(lambda: len(rendered) == len(views), timeout=2.0, step=0.01)
     assert wait_for(lambda: b'scrape_duration_seconds{namespace="llm",target="vllm-1",team="t1"} 0.25\n' in later(), timeout=5.0, step=0.01)
+
+
+def test_work_that_can_wait_waits_for_a_pause_in_the_scrapes_and_never_longer_than_the_limit():
+    """A poll's parse (Exposition.wait_for_pause): at once without scrapes; while a burst
+    comes, until the scrapes pause for `quiet`; and never more than `limit` after the
+    burst's first scrape, so scrapers that never pause hold no poll back."""
+    import threading
+
+    state = fleet_state()
+    now = [0.0]
+    exposition = Exposition(state, CollectorRegistry(), min_interval=0.0, clock=lambda: now[0],
+                            collector=PrefixCacheCollector(state, ["1m", "5m"]), quiet=0.05)
+    began = time.monotonic()
+    exposition.wait_for_pause(limit=5.0)  # never scraped
+    assert time.monotonic() - began < 0.5
+    exposition.get(False)  # a burst begins at 0
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (exposition.wait_for_pause(limit=5.0), done.set()))
+    waiter.start()
+    assert not done.wait(0.3)  # the stopped clock: the scrape was 0 s ago
+    now[0] = 0.06  # 60 ms without a scrape
+    assert done.wait(5.0)
+    waiter.join()
+
+    for step in range(140):  # scrapes 40 ms apart for 5.6 s, the last one now: they never paused
+        now[0] = 10.0 + step * 0.04
+        exposition.get(False)
+    began = time.monotonic()
+    exposition.wait_for_pause(limit=5.0)
+    assert time.monotonic() - began < 0.5

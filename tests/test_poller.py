@@ -651,3 +651,25 @@ def test_a_poll_never_publishes_over_a_newer_one():
         poller.stop(0.5)
     view = state.target("a")
     assert view.up and view.last_result == "success" and dict(view.scrapes) == {"success": 1}
+
+
+def test_a_poll_pauses_for_scrapes_after_its_answer_came_and_before_its_parse(switch):
+    """The sidecar's pollers wait for a burst of /metrics scrapers to pass
+    (Poller.pause_for_scrapes, set to Exposition.wait_for_pause) between the answer and the
+    parse: a failed scrape has nothing to parse and does not wait."""
+    replica = simulator.Replica("r", simulator.Scenario(), start=-600.0, seed=1)
+    clock, state = Clock(0.0), State()
+    target = Target("r", switch.url)
+    cfg = config(target)
+    poller = Poller(cfg, state, clock=clock)
+    order = []
+    real_scrape = poller.pollers["r"].scraper.scrape
+    poller.pollers["r"].scraper.scrape = lambda: (order.append("scrape"), real_scrape())[1]
+    poller.pause_for_scrapes = lambda: order.append("pause")  # set after the pollers were made, as the sidecar does
+    replica.advance(0.0)
+    switch.body = replica.render()
+    poller.pollers["r"].poll()
+    assert order == ["scrape", "pause"] and state.target("r").last_result == "success"
+    switch.status = 500
+    poller.pollers["r"].poll()
+    assert order == ["scrape", "pause", "scrape"] and state.target("r").last_result == "http_error"

@@ -51,8 +51,9 @@ class TargetPoller:
 
     def __init__(self, target: Target, config: Config, state: State, engine: Engine, engine_lock: threading.Lock,
                  clock: Callable[[], float] = time.time, on_start: Callable[[str, str], None] | None = None,
-                 target_lock: threading.Lock | None = None):
+                 target_lock: threading.Lock | None = None, pause: Callable[[], None] = lambda: None):
         self.target = target
+        self.pause = pause  # before the parse: a burst of scrapers of /metrics goes first
         self.state = state
         self.engine = engine
         self.engine_lock = engine_lock
@@ -139,6 +140,7 @@ class TargetPoller:
         if result.result != SUCCESS:
             self._publish_failure(number, now, result.result, result.error, result.duration)
             return result.result == TIMEOUT
+        self.pause()
         self._accept(number, now, parse(result.body or "", self.series_limit, self._parse_memo), result.duration)
         return False
 
@@ -274,6 +276,8 @@ class Poller:
         self.reload_lock = threading.RLock()
         self.target_locks: dict[str, threading.Lock] = {}  # changed only under reload_lock and every lock in it
         self.engine_lock = threading.Lock()
+        # a poll's parse waits for a burst of scrapes to pass (the sidecar sets it: Exposition.wait_for_pause)
+        self.pause_for_scrapes: Callable[[], None] = lambda: None
         self._busy = 0  # jobs running now: stop() waits for them, but only so long
         self._idle = threading.Condition()
         self.engine = Engine(config)
@@ -333,7 +337,8 @@ class Poller:
             poller = self.pollers.get(t.name)
             if poller is None:
                 poller = self.pollers[t.name] = TargetPoller(t, current, self.state, self.engine, self.engine_lock, self.clock,
-                                                             self.on_start, target_lock=self.target_locks[t.name])
+                                                             self.on_start, target_lock=self.target_locks[t.name],
+                                                             pause=lambda: self.pause_for_scrapes())
             if t.name in self.read_names:
                 self.dispatcher.remove(t.name)  # its samples come from the Prometheus source
             else:

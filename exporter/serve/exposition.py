@@ -221,6 +221,7 @@ class Exposition:
         self.runtime_max_age = runtime_max_age
         self.quiet, self.max_defer = quiet, max_defer
         self._scraped_at = -1e18
+        self._burst_began = -1e18
         self._waiting = 0  # scrapes waiting for the render in progress
         self._asked_at, self._turns = -1e18, 0  # the render's deferral: since when, and its waits left
         self._runtime_lock = threading.Lock()
@@ -261,6 +262,17 @@ class Exposition:
         """Seconds since a scrape last got its answer (the collections wait for a pause: gcpacer.py)."""
         return self.clock() - self._scraped_at
 
+    def wait_for_pause(self, limit: float = 0.1) -> None:
+        """Returns once scrapes have paused for `quiet` seconds, or `limit` seconds after the
+        first scrape of the burst under way: work that can wait a little (a poll's parse)
+        lets a burst of scrapers go first, and scrapers that never pause hold no one back."""
+        for _ in range(math.ceil(limit / self.quiet) + 1 if self.quiet > 0 else 0):  # bounded by a stopped clock too
+            now = self.clock()
+            quiet_for, burst = now - self._scraped_at, now - self._burst_began
+            if quiet_for >= self.quiet or burst >= limit:
+                return
+            time.sleep(min(self.quiet - quiet_for, limit - burst))
+
     def parts(self, gzipped: bool, wait: bool = True) -> tuple[bytes, bytes]:
         """Our families and the runtime collectors' (a gzip stream may hold several
         members, read as one: RFC 1952; Go's and Python's readers do), sent one after the
@@ -295,7 +307,10 @@ class Exposition:
                 if self._failed and self._renders > before:
                     raise RuntimeError("rendering /metrics failed")
             ours = self._gzip if gzipped else self._body
-            self._scraped_at = self.clock()
+            now = self.clock()
+            if now - self._scraped_at >= self.quiet:
+                self._burst_began = now  # the first scrape after a pause
+            self._scraped_at = now
         return ours, self._runtime(gzipped)
 
     def _runtime(self, gzipped: bool) -> bytes:
