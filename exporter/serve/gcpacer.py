@@ -8,27 +8,37 @@ right after a scrape (it paused `quiet` seconds ago, not more than `window` more
 the young generation is `share` of the way to its threshold, since the next scrape of
 scrapers that come every few seconds is then furthest off; at any other moment without
 scrapes, once it is `late_share` of the way (a collection at a random moment lands in
-the next burst now and then). The automatic collector stays on behind it with the same
-thresholds: a pacer that finds no pause, or stops, leaves the collections as they were.
-Where the collector is off (a Prometheus read decoding its answer) it collects nothing.
+the next burst now and then). A full collection it leaves to the collector: whether one
+runs depends on how many long-lived objects are pending (CPython skips it under a
+quarter of them), which Python does not show. The automatic collector stays on behind it
+with the same thresholds: a pacer that finds no pause, or stops, leaves the collections
+as they were. Where the collector is off when it looks (a Prometheus read decoding its
+answer) it collects nothing. Only for CPython's generational collector (before 3.14,
+whose incremental collector counts otherwise): `supported()`.
 """
 from __future__ import annotations
 
 import gc
 import logging
+import sys
 import threading
 from typing import Callable, Sequence
 
 log = logging.getLogger(__name__)
 
 
+def supported() -> bool:
+    return sys.implementation.name == "cpython" and sys.version_info < (3, 14)
+
+
 def generation_due(counts: Sequence[int], thresholds: Sequence[int], share: float) -> int | None:
     """The generation to collect now (the oldest whose count is past its threshold, as the
-    collector picks), or None while the young one is under `share` of its threshold.
+    collector picks), or None while the young one is under `share` of its threshold, and
+    None where a full collection may be due (the collector's choice, see above).
     Counts and thresholds are gc.get_count() and gc.get_threshold()."""
-    if thresholds[0] <= 0 or counts[0] < share * thresholds[0]:
+    if thresholds[0] <= 0 or counts[0] < share * thresholds[0] or counts[-1] > thresholds[-1]:
         return None
-    for generation in range(len(counts) - 1, 0, -1):
+    for generation in range(len(counts) - 2, 0, -1):
         if counts[generation] > thresholds[generation]:
             return generation
     return 0
