@@ -54,6 +54,7 @@ class TargetPoller:
                  target_lock: threading.Lock | None = None, pause: Callable[[], None] = lambda: None):
         self.target = target
         self.pause = pause  # before the parse: a burst of scrapers of /metrics goes first
+        self._paused = 0.0  # how long the poll under way waited there
         self.state = state
         self.engine = engine
         self.engine_lock = engine_lock
@@ -102,15 +103,17 @@ class TargetPoller:
         to answer: the dispatcher then polls it on the lane for slow targets)."""
         began = time.monotonic()
         number = next(self._numbers)
+        self._paused = 0.0
         try:
-            return time.monotonic() - began, self._poll(number)
+            slow = self._poll(number)
+            return time.monotonic() - began - self._paused, slow  # a wait for scrapes is not the target's slowness
         except Exception:  # noqa: BLE001 - the loop must survive any bug in one cycle
             log.exception("target=%s poll failed", self.target.name)
             try:
                 self._publish_failure(number, self.clock(), INTERNAL_ERROR, "internal error; see log", None)
             except Exception:  # noqa: BLE001
                 log.exception("target=%s publishing the failure failed", self.target.name)
-            return time.monotonic() - began, False
+            return time.monotonic() - began - self._paused, False
 
     def _newest(self, number: int) -> bool:
         """Under the target's lock: this poll started after the last one published (a poll
@@ -140,7 +143,9 @@ class TargetPoller:
         if result.result != SUCCESS:
             self._publish_failure(number, now, result.result, result.error, result.duration)
             return result.result == TIMEOUT
+        paused = time.monotonic()
         self.pause()
+        self._paused = time.monotonic() - paused
         self._accept(number, now, parse(result.body or "", self.series_limit, self._parse_memo), result.duration)
         return False
 
