@@ -283,8 +283,8 @@ def test_a_render_lets_a_burst_that_comes_while_it_runs_go_first_after_each_targ
         state.publish(replace(view, scrape_duration=0.25))
     now[0] = 10.0
     exposition.get(False)
-    now[0] = 15.5  # a scrape after every target, but the render was asked for more than max_defer ago
     collector.target = lambda *a: (rendered.append(a[1].target.name), exposition.get(False), real_target(*a))[-1]
+    now[0] = 15.5  # a scrape after every target, but the render was asked for more than max_defer ago
     assert wait_for(lambda: len(rendered) == len(views), timeout=2.0, step=0.01)
     assert wait_for(lambda: b'scrape_duration_seconds{namespace="llm",target="vllm-1",team="t1"} 0.25\n' in later(), timeout=5.0, step=0.01)
 

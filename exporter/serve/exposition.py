@@ -259,7 +259,8 @@ class Exposition:
         return b"".join(self.parts(gzipped))
 
     def quiet_for(self) -> float:
-        """Seconds since a scrape last got its answer (the collections wait for a pause: gcpacer.py)."""
+        """Seconds since a scrape's answer was last ready (its bytes may still be on their way;
+        the collections wait for a pause: gcpacer.py)."""
         return self.clock() - self._scraped_at
 
     def wait_for_pause(self, limit: float = 0.1) -> None:
@@ -343,7 +344,8 @@ class Exposition:
         at each of its calls into the kernel, and the burst's last answers waited for the
         whole render (100 ms at 200 targets). A burst that comes while a render runs (or
         whose scrapes a poll round spaces out more than `quiet`) waits for one target's
-        fragment, not for the rest of the render."""
+        fragment, not for the rest of the render, while the render's `max_defer` lasts:
+        once scrapes that never paused used it up, the rest of the render runs beside them."""
         while self._turns > 0:
             now = self.clock()
             quiet_for, deferred = now - self._scraped_at, now - self._asked_at
