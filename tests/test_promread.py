@@ -365,15 +365,14 @@ def test_a_pod_whose_series_share_their_sample_times_is_filed_a_scrape_at_a_time
     for newer in ({"a": 25.0}, {"a": 40.0}, {"a": 10.0}, {}):
         assert promseries.pods_of_answer(body, "pod", "test", newer, memo) == promseries.pods(json.loads(body), "pod", "test", newer)
     known = memo.pods["a"]
-    values = tuple(v for _, v in promseries._scan(body.decode(), "pod")["a"])
-    cut = "],[".join(values)
+    values = tuple(promseries._series_texts(body.decode(), body)[1])
     names = ["vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_requests_running"]
 
     def scrape(*texts):
         return [(name, {"model_name": "m"}, text, False) for name, text in zip(names, texts)]
-    assert promseries._scrapes(cut, values, 25.0, known) == {40.0: scrape("3", "NaN", "+Inf")}
-    assert promseries._scrapes(cut, values, 40.0, known) == {}
-    assert promseries._scrapes(cut, values, 10.0, known) == {40.0: scrape("3", "NaN", "+Inf"), 25.0: scrape("2", "1", "5")}
+    assert promseries._columns(values, 25.0, known) == {40.0: scrape("3", "NaN", "+Inf")}
+    assert promseries._columns(values, 40.0, known) == {}
+    assert promseries._columns(values, 10.0, known) == {40.0: scrape("3", "NaN", "+Inf"), 25.0: scrape("2", "1", "5")}
 
 
 @pytest.mark.parametrize("series", [

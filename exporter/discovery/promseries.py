@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -166,7 +167,10 @@ _PROLOGUE = '{"status":"success","data":{"resultType":"matrix","result":['
 _EPILOGUE = "]}}"
 _SERIES = '{"metric":'
 _VALUES = '},"values":[['
-_NEXT = ']]},{"metric":'  # a series' end and the next one's start (the text gets one after its last)
+_NEXT = ']]},{"metric":'  # a series' end and the next one's start
+_END = "]]}"  # the last series' end
+_NOT_CONTROL = bytes(range(0x20, 0x100))  # what a JSON text may hold raw: all but the control characters
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 
 
 @dataclass
@@ -183,14 +187,36 @@ class _Known:
 
 
 @dataclass
+class _Layout:
+    """An answer's series as pods: the hashes of its label texts in the answer's order,
+    `take` (the values texts -> the same, pod after pod), and each pod's name, its span in
+    what `take` gives and what its series are."""
+
+    hashes: tuple[int, ...]
+    take: Any
+    pods: tuple[tuple[str, int, int, _Known], ...]
+
+
+@dataclass
 class PodMemo:
-    """pod -> its series as the last answer had them (the reader keeps it between reads and
-    forgets a pod with its other state). Some 3 KB a pod: the label texts are not kept, only
-    their hash, length and count, and a pod whose texts hash, measure and count the same
-    is read as it was (a 64-bit hash: one pod's changed labels match the old ones once in
-    2^64). Only an answer read whole from its text teaches it."""
+    """What the last answers' label texts were read as (the reader keeps it between reads
+    and forgets a pod with its other state): pod -> its series (`pods`, some 3 KB a pod:
+    the label texts are not kept, only their hash, length and count, and a pod whose
+    texts hash, measure and count the same is read as it was), and the layout of each
+    answer a read had (`layouts`, by the hash of its label texts' hashes: an answer
+    whose label texts hash as one did before, series for series, is cut into the same
+    pods without looking for a pod's name in each series; settle() keeps those of the
+    last read). A 64-bit hash: changed labels match the old ones once in 2^64. Only an
+    answer read whole from its text teaches it."""
 
     pods: dict[str, _Known] = field(default_factory=dict)
+    layouts: dict[int, _Layout] = field(default_factory=dict)
+    used: set[int] = field(default_factory=set)
+
+    def settle(self) -> None:
+        """After a read: the layouts it did not use are forgotten."""
+        self.layouts = {key: layout for key, layout in self.layouts.items() if key in self.used}
+        self.used = set()
 
 
 def pods_of_answer(body: bytes, target_label: str, where: str, newer_than: dict[str, float] | None = None,
@@ -203,8 +229,7 @@ def pods_of_answer(body: bytes, target_label: str, where: str, newer_than: dict[
         text = body.decode()
     except UnicodeDecodeError:
         text = None
-    series_of = _scan(text, target_label) if text is not None else None
-    read = _read_scanned(series_of, target_label, newer_than or {}, memo) if series_of is not None else None
+    read = _read_text(text, body, target_label, newer_than or {}, memo) if text is not None else None
     if read is not None:
         return read
     try:
@@ -214,68 +239,94 @@ def pods_of_answer(body: bytes, target_label: str, where: str, newer_than: dict[
     return pods(payload, target_label, where, newer_than)
 
 
-def _scan(text: str, target_label: str) -> dict[str, list[tuple[str, str]]] | None:
-    """pod -> (label text, values text) of each of its series, in the answer's order, or
-    None for a text not in Prometheus's layout. With no backslash in the text, no string in
-    it holds a quote, so every token searched for that holds one is the answer's own, and
-    each series' end is found with the next one's start. An answer with native histograms
-    (a series of them has its own layout) is left to the decoder, as is a series whose pod
-    the text does not name plainly (no such label, one that is not a string) and what the
-    label texts hold: they are decoded when learnt (_learn), and the pod named here must
-    be the one they name."""
+def _series_texts(text: str, body: bytes) -> tuple[list[str], list[str]] | None:
+    """(label text less its closing brace, values text less the outer brackets) of each
+    series, in the answer's order, or None for a text not in Prometheus's layout. With no
+    backslash in the text, no string in it holds a quote, so every token that holds one
+    is the answer's own and the series are cut at them; with no raw control character
+    (JSON has none in a string) the only whitespace is after the answer. An answer with
+    native histograms (a series of them has its own layout) is left to the decoder. What
+    the label and values texts hold is judged where they are read (_learn, _columns,
+    _samples_of)."""
     if not text.startswith(_PROLOGUE) or "\\" in text or '"histograms":' in text:
         return None
     stop = len(text.rstrip(" \t\r\n")) - len(_EPILOGUE)  # JSON's own whitespace only
     if stop < len(_PROLOGUE) or not text.startswith(_EPILOGUE, stop):
         return None
-    series_of: dict[str, list[tuple[str, str]]] = {}
+    after = text[stop + len(_EPILOGUE):]
+    if len(body.translate(None, _NOT_CONTROL)) != len(after) - after.count(" "):
+        return None  # a raw control character in a string: not JSON
     if stop == len(_PROLOGUE):
-        return series_of
-    i = len(_PROLOGUE)
-    if not text.startswith(_SERIES, i):
+        return [], []
+    if not text.startswith(_SERIES, len(_PROLOGUE)) or not text.startswith(_END, stop - len(_END)):
         return None
-    text = text[:stop] + _NEXT[3:]  # the last series is followed by a start as every other is
-    find = text.find
-    own_key, instance_key = f'"{target_label}":"', '"instance":"'
-    while i < stop:
-        close = find(_VALUES, i)
-        if close < 0:
+    cut = list(map(str.partition, text[len(_PROLOGUE) + len(_SERIES):stop - len(_END)].split(_NEXT), repeat(_VALUES)))
+    if not all(map(itemgetter(1), cut)):
+        return None
+    return list(map(itemgetter(0), cut)), list(map(itemgetter(2), cut))
+
+
+def _read_text(text: str, body: bytes, target_label: str, newer_than: dict[str, float], memo: PodMemo | None) -> dict[str, Pod] | None:
+    """The new samples of an answer in Prometheus's layout, as pods() files them; None when
+    a text is not what the layout promises (the whole answer is then decoded, and the memo
+    learns nothing of it)."""
+    texts = _series_texts(text, body)
+    if texts is None:
+        return None
+    labels, values = texts
+    if not labels:
+        return {}
+    hashes = tuple(map(hash, labels))
+    key = hash(hashes)
+    layout = memo.layouts.get(key) if memo is not None else None
+    learnt: dict[str, _Known] = {}
+    if layout is None or layout.hashes != hashes:
+        layout = _lay_out(labels, hashes, target_label, memo, learnt)
+        if layout is None:
             return None
-        end = find(_NEXT, close)
-        if end < 0:
-            return None  # what follows a series is no series
-        pod = _value_of(text, own_key, i, close) or _value_of(text, instance_key, i, close)
+    ordered = layout.take(values)
+    out: dict[str, Pod] = {}
+    for pod, start, stop, known in layout.pods:
+        after = newer_than.get(pod, -math.inf)
+        series = ordered[start:stop]
+        times = _columns(series, after, known)
+        if times is None:
+            samples = "],[".join(series)
+            if not samples.isascii() or "_" in samples or "[+" in samples or samples[:1] == "+" or not samples.isprintable():
+                return None  # what float() reads and JSON has not: digits of other scripts, 1_0, +1
+            times = _samples_of(series, after, known)
+            if times is False:
+                return None
+        if times:
+            out[pod] = Pod(pod, known.labels, times)
+    if memo is not None:
+        memo.pods.update(learnt)
+        memo.layouts[key] = layout
+        memo.used.add(key)
+    return out
+
+
+def _lay_out(labels: list[str], hashes: tuple[int, ...], target_label: str, memo: PodMemo | None,
+             learnt: dict[str, _Known]) -> _Layout | None:
+    """The answer's series grouped by the pod each names, each pod read from its label texts
+    (as the memo had it, else learnt, into `learnt`); None when a series names no pod
+    plainly (no such label, one that is not a string: the decoder's reading is the one)
+    or a label text is not what _learn can read."""
+    own_key, instance_key = f'"{target_label}":"', '"instance":"'
+    series_of: dict[str, list[int]] = {}
+    for i, label_text in enumerate(labels):
+        pod = _value_of(label_text, own_key) or _value_of(label_text, instance_key)
         if not pod:
             return None
         series = series_of.get(pod)
         if series is None:
             series = series_of[pod] = []
-        series.append((text[i + len(_SERIES):close + 1], text[close + len(_VALUES):end]))
-        i = end + 4
-    return series_of
-
-
-def _value_of(text: str, key: str, start: int, stop: int) -> str:
-    """The string value of the label whose `"name":"` is `key` in the label text
-    text[start:stop], "" when it has none. The first the text has: the decoder keeps the
-    last, and _learn compares the two."""
-    at = text.find(key, start, stop)
-    if at < 0:
-        return ""
-    at += len(key)
-    return text[at:text.find('"', at)]
-
-
-def _read_scanned(series_of: dict[str, list[tuple[str, str]]], target_label: str, newer_than: dict[str, float],
-                  memo: PodMemo | None) -> dict[str, Pod] | None:
-    """The scanned pods' new samples, as pods() files them; None when a label or values
-    text is not what the layout promises (the whole answer is then decoded, and the memo
-    learns nothing of it)."""
+        series.append(i)
     owns: dict[tuple, dict[str, str]] = {}  # one dict for the same own labels of many pods
-    learnt: dict[str, _Known] = {}
-    out: dict[str, Pod] = {}
+    order: list[int] = []
+    pods = []
     for pod, series in series_of.items():
-        texts, values = zip(*series)
+        texts = [labels[i] for i in series]
         # NUL is in no JSON text: joined texts that are equal were cut at the same places
         joined = "\0".join(texts)
         key = (hash(joined), len(joined), len(series))
@@ -284,53 +335,56 @@ def _read_scanned(series_of: dict[str, list[tuple[str, str]]], target_label: str
             known = learnt[pod] = _learn(pod, target_label, texts, key, owns)
             if known is None:
                 return None
-        samples = "],[".join(values)
-        if not samples.isascii() or "_" in samples or "[+" in samples or samples[:1] == "+" or not samples.isprintable():
-            return None  # what float() reads and JSON has not: digits of other scripts, 1_0, +1, raw control characters
-        after = newer_than.get(pod, -math.inf)
-        times = _scrapes(samples, values, after, known)
-        if times is None:
-            times = _samples_of(values, after, known)
-        if times is False:
-            return None
-        if times:
-            out[pod] = Pod(pod, known.labels, times)
-    if memo is not None:
-        memo.pods.update(learnt)
-    return out
+        pods.append((pod, len(order), len(order) + len(series), known))
+        order += series
+    take = itemgetter(*order) if len(order) > 1 else (lambda values: (values[0],))
+    return _Layout(hashes, take, tuple(pods))
 
 
-def _scrapes(samples: str, values: tuple[str, ...], after: float, known: _Known):
+def _value_of(label_text: str, key: str) -> str:
+    """The string value of the label whose `"name":"` is `key` in a label text, "" when it
+    has none. The first the text has: the decoder keeps the last, and _learn compares the
+    two."""
+    at = label_text.find(key)
+    if at < 0:
+        return ""
+    at += len(key)
+    return label_text[at:label_text.find('"', at)]
+
+
+def _columns(values: tuple[str, ...], after: float, known: _Known):
     """A pod whose series all have their samples at the same times (one scrape each, as a
     regular read has them, or a few after a slow read), filed a scrape at a time, from
-    the newest back to the first already read, without a loop over each series'
-    samples. Its new scrapes ({} when none), or None for any other pod and any text this
-    reading does not judge (read sample by sample, which does)."""
-    each = set(map(str.count, values, repeat("],[")))
-    if len(each) != 1:
+    the newest back to the first already read, without a loop over each series' samples:
+    the samples are cut at their quotes (no string holds one), so the times' texts come
+    at even places and the values at odd ones, each series' times the same texts. Its
+    new scrapes ({} when none), or None for any other pod and any text this reading does
+    not judge (read sample by sample, which does)."""
+    pieces = "],[".join(values).split('"')
+    count = len(values)
+    per_series, rest = divmod(len(pieces) // 2, count)
+    if rest or not per_series or pieces[-1]:
         return None
-    per_series = each.pop() + 1
-    cut = samples.split("],[")
-    if samples.count('"') != 2 * len(cut):
-        return None  # a value that holds the separator (each sample has two quotes): read sample by sample
+    stamps = pieces[0::2]  # "<time>," then "],[<time>," each, and "" after the last value
+    row = ["],[" + stamps[0], *stamps[1:per_series]]
+    if stamps[per_series:-1] != row * (count - 1):
+        return None
+    times = []
+    for stamp in row:
+        number = stamp[3:-1]
+        if stamp[:3] != "],[" or stamp[-1:] != "," or not _JSON_NUMBER.fullmatch(number):
+            return None
+        t = float(number)
+        if not math.isfinite(t) or (times and t <= times[-1]):
+            return None  # 1e999: JSON's number, not a time; times not rising: read sample by sample
+        times.append(t)
+    scraped = pieces[1::2]
     scrapes: dict[float, list[tuple[str, dict[str, str], str, bool]]] = {}
-    for back in range(1, per_series + 1):
-        column = list(map(str.partition, cut[per_series - back::per_series], repeat(',"')))  # each series' sample
-        times = set(map(itemgetter(0), column))
-        if len(times) != 1:
-            return None
-        try:
-            t = float(times.pop())
-        except ValueError:
-            return None
-        scraped = list(map(itemgetter(2), column))
-        # a value is a string with no quote in it: each ends at its one quote
-        if not math.isfinite(t) or set(map(itemgetter(1), column)) != {',"'} or "".join(scraped).count('"') != len(scraped) \
-                or not all(map(str.endswith, scraped, repeat('"'))):
-            return None  # nan, inf: JSON has no such time
+    for column in range(per_series - 1, -1, -1):
+        t = times[column]
         if t <= after:
             break
-        scrapes[t] = list(zip(known.names, known.owns, map(str.removesuffix, scraped, repeat('"')), known.longs))
+        scrapes[t] = list(zip(known.names, known.owns, scraped[column::per_series], known.longs))
     return scrapes
 
 
@@ -369,7 +423,7 @@ def _learn(pod: str, target_label: str, texts: tuple[str, ...], key: tuple[int, 
     metrics = []
     for labels in texts:
         try:
-            metric = json.loads(labels)
+            metric = json.loads(labels + "}")
         except (ValueError, RecursionError):
             return None
         if not isinstance(metric, dict) or not isinstance(metric.get("__name__"), str):

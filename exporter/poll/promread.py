@@ -154,6 +154,7 @@ class PrometheusReader:
             log.info("read_prometheus: %s has had no sample for %gs; forgotten", name, self.cfg.accept_empty_after)
             for known in (self.newest, self.gap, self.targets, self.memo.pods, self.learnt):
                 known.pop(name, None)
+        self.memo.settle()  # the layouts of this read's answers, for the next
         self.last_read = now
         limited = self.found()
         if len(limited) < len(self.targets):
