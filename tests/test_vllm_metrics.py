@@ -3,6 +3,8 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exporter.sim import simulator
 from exporter.parse.vllm_metrics import MAX_LABEL_VALUE, MEMO_FLOOR, MEMO_SLACK, parse
@@ -437,3 +439,70 @@ def test_a_malformed_line_of_a_series_in_the_memo_is_still_refused():
     bad = 'vllm:prefix_cache_queries_total{model_name="m"} 5 6 7\nvllm:prefix_cache_hits_total{model_name="m"}\n'
     assert same(parse(bad, memo=memo), parse(bad))
     assert len(parse(bad, memo=memo).warnings) == 2
+
+
+def _held_apart(text: str) -> list[tuple[str, dict[str, str], str, bool]]:
+    """A body's samples as a source holds them (prometheus_client's reading, not ours)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    from exporter.parse.names import ROLE_BY_NAME
+    from exporter.parse.vllm_metrics import long_labels
+    out = []
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name in ROLE_BY_NAME:
+                out.append((s.name, dict(s.labels), repr(float(s.value)), long_labels(s.labels)))
+    return out
+
+
+def _plan_of(samples):
+    from exporter.parse.vllm_metrics import SamplePlan
+    names, labels, _, longs = zip(*samples)
+    return SamplePlan(names, labels, longs)
+
+
+def test_a_plan_files_every_recorded_bodys_samples_as_the_loop_does():
+    """The plan (what a structure of samples is filed as, made once for a pod's series)
+    gives the loop's snapshot for every recorded body, at any series limit; a current
+    vLLM's series are filed by it, not by the loop."""
+    from exporter.parse.vllm_metrics import parse_samples
+    planned = 0
+    for name, text in _recorded_bodies():
+        try:
+            samples = _held_apart(text)
+        except ValueError:
+            continue  # a body prometheus_client refuses (garbage, truncated)
+        if not samples:
+            continue
+        plan = _plan_of(samples)
+        planned += plan.filed_as is not None
+        for limit in (0, 1, 2):
+            assert same(parse_samples(samples, limit, plan), parse_samples(samples, limit)), (name, limit)
+    assert planned >= 5
+    replica = simulator.Replica("r", simulator.Scenario(request_rate=2.0), start=-900.0, seed=3, generation="current")
+    replica.advance(0.0)
+    assert _plan_of(_held_apart(replica.render())).filed_as is not None
+
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_a_plan_files_any_values_as_the_loop_does(data):
+    """Values a counter must not have, times that are none, texts that are no number, a
+    sample the structure does not fit (another label dict, a name changed): the planned
+    snapshot is the loop's, warnings and refusals included."""
+    from exporter.parse.vllm_metrics import parse_samples
+    replica = simulator.Replica("r", simulator.Scenario(request_rate=2.0), start=-900.0, seed=3, generation="current",
+                                model_names=["a", "b"])
+    replica.advance(0.0)
+    samples = _held_apart(replica.render())
+    plan = _plan_of(samples)
+    values = st.sampled_from(["1", "0", "-1", "-0.0", "NaN", "+Inf", "-Inf", "x", "1e308", "7.5", ""])
+    changed = data.draw(st.lists(st.tuples(st.integers(0, len(samples) - 1), values), max_size=4))
+    for i, value in changed:
+        name, labels, _, long = samples[i]
+        samples[i] = (name, labels, value, long)
+    if data.draw(st.booleans()):
+        i = data.draw(st.integers(0, len(samples) - 1))
+        name, labels, value, long = samples[i]
+        samples[i] = (name, dict(labels, model_name="other"), value, long)
+    assert same(parse_samples(samples, 0, plan), parse_samples(samples))

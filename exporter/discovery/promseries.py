@@ -33,7 +33,7 @@ from typing import Any
 from ..config.sections import Target
 from ..parse.names import PROCESS_START_TIME, SAMPLE_NAMES
 from ..parse.snapshot import Snapshot
-from ..parse.vllm_metrics import long_labels, parse_samples
+from ..parse.vllm_metrics import SamplePlan, long_labels, parse_samples
 from .targets import DiscoveryError, Limits, _bounded_labels, _own_labels, _without_userinfo
 
 # labels an engine puts on its own series: never a pod's
@@ -80,10 +80,11 @@ class Pod:
     name: str
     labels: dict[str, str]  # its target's labels (Prometheus's, after relabelling)
     times: dict[float, list[tuple[str, dict[str, str], str, bool]]] = field(default_factory=dict)
+    plan: SamplePlan | None = field(default=None, compare=False)  # what its series are filed as, when known
 
     def snapshot(self, t: float, series_limit: int = 0) -> Snapshot:
         """The scrape at `t` through the scrape path's parser (its samples, not a text)."""
-        return parse_samples(self.times[t], series_limit)
+        return parse_samples(self.times[t], series_limit, self.plan)
 
 
 def pods(payload: Any, target_label: str, where: str, newer_than: dict[str, float] | None = None) -> dict[str, Pod]:
@@ -184,6 +185,7 @@ class _Known:
     owns: tuple[dict[str, str], ...]
     longs: tuple[bool, ...]
     labels: dict[str, str]
+    plan: SamplePlan  # what parse_samples files the pod's scrapes as (one for the pods whose series are alike)
 
 
 @dataclass
@@ -212,11 +214,14 @@ class PodMemo:
     pods: dict[str, _Known] = field(default_factory=dict)
     layouts: dict[int, _Layout] = field(default_factory=dict)
     used: set[int] = field(default_factory=set)
+    plans: dict[tuple, SamplePlan] = field(default_factory=dict)  # the pods' series (names, labels, long) -> their plan
 
     def settle(self) -> None:
-        """After a read: the layouts it did not use are forgotten."""
+        """After a read: the layouts it did not use are forgotten, and the plans no pod has."""
         self.layouts = {key: layout for key, layout in self.layouts.items() if key in self.used}
         self.used = set()
+        kept = {id(known.plan) for known in self.pods.values()}
+        self.plans = {key: plan for key, plan in self.plans.items() if id(plan) in kept}
 
 
 def pods_of_answer(body: bytes, target_label: str, where: str, newer_than: dict[str, float] | None = None,
@@ -298,7 +303,7 @@ def _read_text(text: str, body: bytes, target_label: str, newer_than: dict[str, 
             if times is False:
                 return None
         if times:
-            out[pod] = Pod(pod, known.labels, times)
+            out[pod] = Pod(pod, known.labels, times, known.plan)
     if memo is not None:
         memo.pods.update(learnt)
         memo.layouts[key] = layout
@@ -322,7 +327,7 @@ def _lay_out(labels: list[str], hashes: tuple[int, ...], target_label: str, memo
         if series is None:
             series = series_of[pod] = []
         series.append(i)
-    owns: dict[tuple, dict[str, str]] = {}  # one dict for the same own labels of many pods
+    plans = memo.plans if memo is not None else {}
     order: list[int] = []
     pods = []
     for pod, series in series_of.items():
@@ -332,7 +337,7 @@ def _lay_out(labels: list[str], hashes: tuple[int, ...], target_label: str, memo
         key = (hash(joined), len(joined), len(series))
         known = memo.pods.get(pod) if memo is not None else None
         if known is None or known.key != key:
-            known = learnt[pod] = _learn(pod, target_label, texts, key, owns)
+            known = learnt[pod] = _learn(pod, target_label, texts, key, plans)
             if known is None:
                 return None
         pods.append((pod, len(order), len(order) + len(series), known))
@@ -416,10 +421,12 @@ def _samples_of(values: tuple[str, ...], after: float, known: _Known):
     return times
 
 
-def _learn(pod: str, target_label: str, texts: tuple[str, ...], key: tuple[int, int, int],
-           owns: dict[tuple, dict[str, str]]) -> _Known | None:
+def _learn(pod: str, target_label: str, texts: list[str], key: tuple[int, int, int],
+           plans: dict[tuple, SamplePlan]) -> _Known | None:
     """A pod's series read from their label texts, as pods() reads the decoded ones; None
-    when one is not a JSON object with a name, or names another pod than the scan read."""
+    when one is not a JSON object with a name, or names another pod than the scan read.
+    Pods whose series are alike share one plan and its label dicts (`plans`, the memo's:
+    a plan is right for the series it was made of, whatever becomes of the answer)."""
     metrics = []
     for labels in texts:
         try:
@@ -432,9 +439,11 @@ def _learn(pod: str, target_label: str, texts: tuple[str, ...], key: tuple[int, 
             return None  # a label twice, or inside another value: the decoder's reading differs
         metrics.append((metric["__name__"], metric, None))
     pod_labels = _pod_labels(metrics)
-    names, own_labels = [], []
-    for name, metric, _ in metrics:
-        own = _own_labels_of(metric, pod_labels)
-        names.append(name)
-        own_labels.append(owns.setdefault(tuple(own.items()), own))
-    return _Known(key, tuple(names), tuple(own_labels), tuple(map(long_labels, own_labels)), pod_labels)
+    names = tuple(name for name, _, _ in metrics)
+    owns = tuple(_own_labels_of(metric, pod_labels) for _, metric, _ in metrics)
+    longs = tuple(map(long_labels, owns))
+    alike = (names, tuple(tuple(own.items()) for own in owns), longs)
+    plan = plans.get(alike)
+    if plan is None:
+        plan = plans[alike] = SamplePlan(names, owns, longs)
+    return _Known(key, plan.names, plan.labels, plan.longs, pod_labels, plan)

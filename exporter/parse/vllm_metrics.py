@@ -205,16 +205,24 @@ def parse(text: str, series_limit: int = 0, memo: dict[str, dict[str, str]] | No
     return snapshot
 
 
-def parse_samples(samples: Iterable[tuple[str, dict[str, str], str, bool]], series_limit: int = 0) -> Snapshot:
+def parse_samples(samples: Iterable[tuple[str, dict[str, str], str, bool]], series_limit: int = 0,
+                  plan: SamplePlan | None = None) -> Snapshot:
     """One scrape's samples as a source holds them apart (Prometheus's API): (name, its
     own labels, value text, long_labels(labels)) each, in the body's order -> the Snapshot
     parse() makes of the body they are (the same roles, checks and warnings; sample i
     stands for line i). No text is written and read back; a source has no HELP or TYPE
     lines to give. A series' labels and their `long` are the same at every sample: the
-    source works `long` out once a series."""
+    source works `long` out once a series. With the `plan` of samples whose names,
+    labels and `long` these equal, a scrape whose values are all fit is filed by it."""
+    samples = list(samples)
+    if plan is not None and plan.filed_as is not None and (not series_limit or len(plan.filed_as) <= series_limit) and samples:
+        names, labels, values, longs = zip(*samples)
+        if names == plan.names and longs == plan.longs and labels == plan.labels:
+            snapshot = _build_planned(plan, values)
+            if snapshot is not None:
+                return snapshot
     warnings = _Warnings()
     roles = ROLE_BY_NAME
-    samples = list(samples)
     if samples and all(map(roles.__contains__, map(itemgetter(0), samples))):  # a source asks for these names alone
         numbered = zip(count(1), *zip(*samples))
     else:
@@ -390,6 +398,13 @@ def _build(samples, series_limit: int, warnings: _Warnings, helps: dict[str, str
         else:
             builder.values[field_name] = value
 
+    return _finish(series, infos, process_start, rejected, kinds, trtllm_keys, router, warnings, helps, declared, over_series_limit)
+
+
+def _finish(series: dict[tuple[str, str | None], _SeriesBuilder], infos: dict[str, list[dict[str, str]]], process_start: float | None,
+            rejected: dict[str, int], kinds: set[str], trtllm_keys: set[tuple[str, str | None]], router: RouterBuilder,
+            warnings: _Warnings, helps: dict[str, str], declared: set[str], over_series_limit: bool) -> Snapshot:
+    """What the samples were filed as -> the Snapshot."""
     gpu_unit = _gpu_pair_unit(helps)
     for key in trtllm_keys:
         values = series[key].values
@@ -425,6 +440,131 @@ def _build(samples, series_limit: int, warnings: _Warnings, helps: dict[str, str
         router=router.build(),
         over_series_limit=over_series_limit,
     )
+
+
+# kinds a plan files by assignment alone, and those whose values must be counters or times
+_ASSIGNED = frozenset({"counter", "gauge", "bucket", "created", "process", "info", *_SPLIT_BY})
+_COUNTERS = frozenset({"counter", "bucket", "by_source", "by_cached_source"})
+_TIMES = frozenset({"process", "created"})
+_NOT_NEGATIVE, _BELOW_INF, _PLUS_ZERO = (0.0).__le__, math.inf.__gt__, (0.0).__add__
+
+
+def _taker(indices: list[int]):
+    """xs -> the tuple of xs at `indices` (itemgetter's, also for one index or none)."""
+    if len(indices) > 1:
+        return itemgetter(*indices)
+    if indices:
+        only = indices[0]
+        return lambda xs: (xs[only],)
+    return lambda xs: ()
+
+
+class SamplePlan:
+    """What parse_samples files a structure of samples as (their names, labels and
+    `long`, in order), the values aside: the Prometheus source reads the same series of a
+    pod at every scrape, and the roles, models, keys and bounds of its samples are the
+    same each time. `filed_as` is None where filing depends on more than the values being
+    fit (a warning the structure itself gives, a kind that adds or keeps a maximum, a
+    router's samples): such samples go through the loop every time."""
+
+    __slots__ = ("names", "labels", "longs", "filed_as", "infos", "process", "kinds", "trtllm_keys", "counters", "times")
+
+    def __init__(self, names: tuple[str, ...], labels: tuple[dict[str, str], ...], longs: tuple[bool, ...]):
+        self.names, self.labels, self.longs = names, labels, longs
+        self.filed_as = None
+        self.infos: dict[str, list[dict[str, str]]] = {}
+        self.process = None
+        self.kinds: set[str] = set()
+        self.trtllm_keys: set[tuple[str, str | None]] = set()
+        self.counters = self.times = _taker([])
+        filed_as = self._file()
+        if filed_as is not None:
+            self.filed_as = {key: (fields, _taker(at), les, _taker(bucket_at), created, _taker(created_at))
+                             for key, (fields, at, les, bucket_at, created, created_at) in filed_as.items()}
+
+    def _file(self):
+        """Each sample's place, as _build's loop would file it; None where that loop would
+        warn, keep a maximum or add values up, whatever the values."""
+        roles = ROLE_BY_NAME
+        filed_as: dict[tuple[str, str | None], tuple[list, list, list, list, list, list]] = {}
+        assigned: dict[tuple[str, str | None], set[str]] = {}  # each series' value fields so far
+        bounds: dict[str, float] = {}
+        counters, times, process = [], [], None
+        for i, (name, labels, long) in enumerate(zip(self.names, self.labels, self.longs)):
+            role = roles.get(name)
+            if role is None:
+                return None
+            kind, field_name = role
+            if kind not in _ASSIGNED or (long and labels and any(len(v) > MAX_LABEL_VALUE for v in labels.values())):
+                return None
+            if kind in _COUNTERS:
+                counters.append(i)
+            if kind in _TIMES:
+                times.append(i)
+            if kind == "info":
+                self.infos.setdefault(field_name, []).append(labels)
+                continue
+            if kind == "process":
+                process = i
+                continue
+            model = labels.get("model_name")
+            if model is None and ENGINE_OF[name] == "sglang":
+                model = labels.get("name")
+            if model is None:
+                return None
+            engine_kind = ENGINE_OF[name]
+            if engine_kind is not None:
+                self.kinds.add(engine_kind)
+            key = (model, labels.get("engine") if engine_kind == "vllm" else None)
+            if engine_kind == "trtllm":
+                self.trtllm_keys.add(key)
+            fields, at, les, bucket_at, created, created_at = filed_as.setdefault(key, ([], [], [], [], [], []))
+            if kind == "bucket":
+                le = _le(labels.get("le", ""), bounds)
+                if le is None or le != le:
+                    return None  # a bad bound warns; NaN bounds are each their own key
+                les.append(le)
+                bucket_at.append(i)
+            elif kind in _SPLIT_BY:
+                label, known = _SPLIT_BY[kind]
+                part = labels.get(label)
+                if part not in known:
+                    return None
+                fields.append(field_name + part)  # written over by a second one, as the loop does
+                at.append(i)
+                assigned.setdefault(key, set()).add(field_name + part)
+            elif kind == "created":
+                created.append(field_name)
+                created_at.append(i)
+            else:  # counter, gauge: a second sample of a field warns (or keeps a maximum)
+                if field_name in assigned.setdefault(key, set()):
+                    return None
+                assigned[key].add(field_name)
+                fields.append(field_name)
+                at.append(i)
+        self.counters, self.times, self.process = _taker(counters), _taker(times), process
+        return filed_as
+
+
+def _build_planned(plan: SamplePlan, value_texts: tuple[str, ...]) -> Snapshot | None:
+    """_build of samples of the plan's structure, when every value is a number and
+    every counter and time is fit (else None: the loop files them, with its warnings)."""
+    try:
+        values = list(map(float, value_texts))
+    except ValueError:
+        return None
+    counters = plan.counters(values)
+    if not all(map(_NOT_NEGATIVE, counters)) or not all(map(_BELOW_INF, counters)) or not all(map(math.isfinite, plan.times(values))):
+        return None
+    series: dict[tuple[str, str | None], _SeriesBuilder] = {}
+    for key, (fields, at, les, bucket_at, created, created_at) in plan.filed_as.items():
+        builder = series[key] = _SeriesBuilder()
+        builder.values = dict(zip(fields, at(values)))
+        builder.buckets = dict(zip(les, map(_PLUS_ZERO, bucket_at(values))))  # the loop's `value + 0.0`: -0.0 is 0.0 there
+        builder.created = dict(zip(created, created_at(values)))
+    infos = {field_name: list(labels) for field_name, labels in plan.infos.items()}
+    process_start = values[plan.process] if plan.process is not None else None
+    return _finish(series, infos, process_start, {}, set(plan.kinds), set(plan.trtllm_keys), RouterBuilder(), _Warnings(), {}, set(), False)
 
 
 def _engine_kind(kinds: set[str]) -> str | None:
