@@ -47,11 +47,13 @@ _LAST = "0123456789abcdefghijklmnopqrstuvwxyz"
 def partitions(target_label: str, count: int) -> list[str]:
     """Matchers that split the pods into `count` parts by the last character of their
     name (a pod's series all fall in one part, so each answer holds whole scrapes);
-    the last part also takes every name that ends otherwise."""
+    the last part also takes every name that ends otherwise. The characters are dealt
+    out in turn, so that names that end in a digit (a StatefulSet's) spread over every
+    part: in runs of the alphabet, 10,000 such pods made two answers of 61 MB, not eight
+    of 16 MB."""
     if count <= 1:
         return [""]
-    size = math.ceil(len(_LAST) / count)
-    groups = [_LAST[i:i + size] for i in range(0, len(_LAST), size)]
+    groups = [group for group in (_LAST[k::count] for k in range(count)) if group]
     out = [f'{target_label}=~".*[{g}]"' for g in groups[:-1]]
     out.append(f'{target_label}!~".*[{"".join(groups[:-1])}]"')
     return out
