@@ -435,7 +435,7 @@ def test_a_poll_interval_of_20s_still_finds_a_change_point():
     spans follow the poll interval, so a sidecar polling every 20 s still sees one."""
     cfg = load({"targets": [{"name": "vllm-0", "url": "http://127.0.0.1:1/0"}], "global": {"poll_interval": "20s"}})
     e = Engine(cfg)
-    cp = e._change_point_settings()
+    cp = e._change_point_spans
     assert (cp.recent, cp.reference) == (40.0, 80.0)
     transitions = drive(e, [replica(0, simulator.incident(900 + 300))], 600, step=20.0)
     assert [ev.source for ev in e.events] == ["change_point"]

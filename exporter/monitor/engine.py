@@ -116,6 +116,7 @@ class Engine:
         detectors), also when the windows change. Alerts of removed targets or disabled
         rules are resolved by the next evaluation, not dropped."""
         self.config = config
+        self._change_point_spans = self._change_point_settings(config)  # every poll reads them
         old = self.tracks
         tracks = {}
         for t in config.targets:
@@ -157,8 +158,8 @@ class Engine:
         found = track.detector.observe(now, snapshot)
         snapshot = _with_ingest_notes(snapshot, track)
         view, samples = track.view, track.history.samples()
-        track.view = replace(view, samples=samples, stats=self._summarize(samples, snapshot, now), snapshot=snapshot,
-                             up=True, down_since=None, ever_up=True, last_t=now, since=now if view.since is None else view.since)
+        track.view = view.evolve(samples=samples, stats=self._summarize(samples, snapshot, now), snapshot=snapshot,
+                                 up=True, down_since=None, ever_up=True, last_t=now, since=now if view.since is None else view.since)
         point = self._change_point(track, now, found)
         if point is not None:
             found.append(point)
@@ -207,7 +208,7 @@ class Engine:
         rc = self.config.rules
         if not rc.change_point_enabled:
             return None
-        cp = self._change_point_settings()
+        cp = self._change_point_spans
         span = cp.recent + cp.reference + 2 * self.config.global_.poll_interval
         name = track.target.name
         if self._explained(name, now, span, found):
@@ -228,10 +229,11 @@ class Engine:
                                    f"hit ratio of {model} fell sharply with no deploy event")
         return None
 
-    def _change_point_settings(self):
+    @staticmethod
+    def _change_point_settings(config: Config):
         """`rules.change_point`, its spans at least as long as the polls need: a step is
         two intervals, its reference three (at a 20 s poll 15 s would never hold two)."""
-        cp, poll = self.config.rules.change_point, self.config.global_.poll_interval
+        cp, poll = config.rules.change_point, config.global_.poll_interval
         return replace(cp, recent=max(cp.recent, 2 * poll), reference=max(cp.reference, 4 * poll))
 
     def _explained(self, target: str, now: float, span: float, found: list[DeployEvent]) -> bool:

@@ -191,8 +191,8 @@ class TargetPoller:
                 for w in noted.warnings[len(snapshot.warnings):][:10]:
                     log.warning("target=%s ingest: %s", self.target.name, w)
                 snapshot = noted
-            track.view = view = replace(
-                track.view, snapshot=snapshot, up=True, down_since=None, samples_kept=len(track.history),
+            track.view = view = track.view.evolve(
+                snapshot=snapshot, up=True, down_since=None, samples_kept=len(track.history),
                 polled=True, last_result=SUCCESS, last_error=None, last_scrape_time=now, last_success_time=now,
                 scrape_duration=duration, scrapes=count(before.scrapes, SUCCESS), rejected=add(before.rejected, snapshot.rejected))
             self.state.publish(view)
