@@ -54,6 +54,7 @@ TESTED_THROUGH = {
     "exporter.tools.record": "test_cli.py", "exporter.tools.backtest": "test_cli.py", "exporter.tools.lint_command": "test_cli.py",
     "exporter.parse.router_metrics": "test_router.py", "exporter.parse.names": "test_vllm_metrics.py",
     "exporter.parse.cacheconfig": "test_vllm_metrics.py", "exporter.parse.snapshot": "test_vllm_metrics.py",
+    "exporter.parse.filing": "test_vllm_metrics.py",
     "exporter.discovery.promseries": "test_promread.py", "exporter.poll.dispatch": "test_poller.py",
 }
 
