@@ -680,3 +680,19 @@ def test_a_poll_pauses_for_scrapes_after_its_answer_came_and_before_its_parse(sw
     began = time.monotonic()
     took, slow = poller.pollers["r"].poll()
     assert time.monotonic() - began >= 0.3 and took <= time.monotonic() - began - 0.29 and not slow
+
+
+def test_a_views_evolve_is_dataclasses_replace():
+    """The view a poll makes is the old one with the poll's fields changed, as replace()
+    makes it: equal, the old one untouched, a field it has not refused."""
+    from dataclasses import fields, replace
+    old = TargetView(Target(name="vllm-0", url="http://127.0.0.1:1/metrics"), up=True, scrapes=(("success", 3),))
+    changes = {"up": False, "down_since": 12.5, "last_error": "timeout", "scrapes": (("success", 3), ("timeout", 1))}
+    new = old.evolve(**changes)
+    assert new == replace(old, **changes) and type(new) is TargetView
+    assert old.up and old.down_since is None  # never changed in place
+    assert {f.name: getattr(new, f.name) for f in fields(new)} == {f.name: getattr(replace(old, **changes), f.name) for f in fields(new)}
+    with pytest.raises(TypeError, match="no field 'upp'"):
+        old.evolve(upp=True)
+    with pytest.raises(AttributeError):
+        new.up = True  # still frozen

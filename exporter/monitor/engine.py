@@ -116,7 +116,10 @@ class Engine:
         detectors), also when the windows change. Alerts of removed targets or disabled
         rules are resolved by the next evaluation, not dropped."""
         self.config = config
-        self._change_point_spans = self._change_point_settings(config)  # every poll reads them
+        # `rules.change_point`, its spans at least as long as the polls need (every poll reads them): a step is
+        # two intervals, its reference three (at a 20 s poll 15 s would never hold two)
+        cp, poll = config.rules.change_point, config.global_.poll_interval
+        self._change_point_spans = replace(cp, recent=max(cp.recent, 2 * poll), reference=max(cp.reference, 4 * poll))
         old = self.tracks
         tracks = {}
         for t in config.targets:
@@ -228,13 +231,6 @@ class Engine:
                 return DeployEvent(began, name, f"suspected@{int(began)}", CHANGE_POINT,
                                    f"hit ratio of {model} fell sharply with no deploy event")
         return None
-
-    @staticmethod
-    def _change_point_settings(config: Config):
-        """`rules.change_point`, its spans at least as long as the polls need: a step is
-        two intervals, its reference three (at a 20 s poll 15 s would never hold two)."""
-        cp, poll = config.rules.change_point, config.global_.poll_interval
-        return replace(cp, recent=max(cp.recent, 2 * poll), reference=max(cp.reference, 4 * poll))
 
     def _explained(self, target: str, now: float, span: float, found: list[DeployEvent]) -> bool:
         """An event of the target (or the fleet) within the span, or a restart within the
