@@ -365,7 +365,7 @@ def test_a_pod_whose_series_share_their_sample_times_is_filed_a_scrape_at_a_time
     for newer in ({"a": 25.0}, {"a": 40.0}, {"a": 10.0}, {}):
         assert promseries.pods_of_answer(body, "pod", "test", newer, memo) == promseries.pods(json.loads(body), "pod", "test", newer)
     known = memo.pods["a"]
-    values = tuple(promseries._series_texts(body.decode(), body)[1])
+    values = tuple(promseries._series_texts(body.decode())[1])
     names = ["vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_requests_running"]
 
     def scrape(*texts):

@@ -172,7 +172,6 @@ _SERIES = '{"metric":'
 _VALUES = '},"values":[['
 _NEXT = ']]},{"metric":'  # a series' end and the next one's start
 _END = "]]}"  # the last series' end
-_NOT_CONTROL = bytes(range(0x20, 0x100))  # what a JSON text may hold raw: all but the control characters
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 
 
@@ -236,7 +235,7 @@ def pods_of_answer(body: bytes, target_label: str, where: str, newer_than: dict[
         text = body.decode()
     except UnicodeDecodeError:
         text = None
-    read = _read_text(text, body, target_label, newer_than or {}, memo) if text is not None else None
+    read = _read_text(text, target_label, newer_than or {}, memo) if text is not None else None
     if read is not None:
         return read
     try:
@@ -246,23 +245,19 @@ def pods_of_answer(body: bytes, target_label: str, where: str, newer_than: dict[
     return pods(payload, target_label, where, newer_than)
 
 
-def _series_texts(text: str, body: bytes) -> tuple[list[str], list[str]] | None:
+def _series_texts(text: str) -> tuple[list[str], list[str]] | None:
     """(label text less its closing brace, values text less the outer brackets) of each
     series, in the answer's order, or None for a text not in Prometheus's layout. With no
     backslash in the text, no string in it holds a quote, so every token that holds one
-    is the answer's own and the series are cut at them; with no raw control character
-    (JSON has none in a string) the only whitespace is after the answer. An answer with
-    native histograms (a series of them has its own layout) is left to the decoder. What
-    the label and values texts hold is judged where they are read (_learn, _columns,
-    _samples_of)."""
-    if not text.startswith(_PROLOGUE) or "\\" in text or '"histograms":' in text:
+    is the answer's own and the series are cut at them. What the label and values texts
+    hold is judged where they are read (_learn, _columns, _samples_of): a series of native
+    histograms (its own layout) or a raw control character (none is in a JSON string)
+    fails there, and the answer is decoded whole."""
+    if not text.startswith(_PROLOGUE) or "\\" in text:
         return None
     stop = len(text.rstrip(" \t\r\n")) - len(_EPILOGUE)  # JSON's own whitespace only
     if stop < len(_PROLOGUE) or not text.startswith(_EPILOGUE, stop):
         return None
-    after = text[stop + len(_EPILOGUE):]
-    if len(body.translate(None, _NOT_CONTROL)) != len(after) - after.count(" "):
-        return None  # a raw control character in a string: not JSON
     if stop == len(_PROLOGUE):
         return [], []
     if not text.startswith(_SERIES, len(_PROLOGUE)) or not text.startswith(_END, stop - len(_END)):
@@ -273,11 +268,11 @@ def _series_texts(text: str, body: bytes) -> tuple[list[str], list[str]] | None:
     return list(map(itemgetter(0), cut)), list(map(itemgetter(2), cut))
 
 
-def _read_text(text: str, body: bytes, target_label: str, newer_than: dict[str, float], memo: PodMemo | None) -> dict[str, Pod] | None:
+def _read_text(text: str, target_label: str, newer_than: dict[str, float], memo: PodMemo | None) -> dict[str, Pod] | None:
     """The new samples of an answer in Prometheus's layout, as pods() files them; None when
     a text is not what the layout promises (the whole answer is then decoded, and the memo
     learns nothing of it)."""
-    texts = _series_texts(text, body)
+    texts = _series_texts(text)
     if texts is None:
         return None
     labels, values = texts
@@ -386,6 +381,8 @@ def _columns(values: tuple[str, ...], after: float, known: _Known):
             return None  # 1e999: JSON's number, not a time; times not rising: read sample by sample
         times.append(t)
     scraped = pieces[1::2]
+    if not "".join(scraped).isprintable():
+        return None  # a raw control character (not JSON), or one JSON has and float() would strip: read sample by sample
     scrapes: dict[float, list[tuple[str, dict[str, str], str, bool]]] = {}
     for column in range(per_series - 1, -1, -1):
         t = times[column]
