@@ -693,3 +693,76 @@ def test_a_pod_gone_from_prometheus_for_accept_empty_after_is_forgotten_with_all
             assert kept() == [{"vllm-a"}] * 5
         finally:
             poller.stop(0.5)
+
+
+def test_prometheus_answers_the_next_part_while_one_is_fed_and_never_the_same_part_ahead(monkeypatch):
+    """With parts, the next part's query reaches Prometheus before the part before it has
+    been fed (a read takes the longer of Prometheus's time and ours, not their sum); with
+    one part read in slices, a slice is asked only once the slice before was fed, so its
+    pods' newest samples are known; a part that fails asks nothing after it."""
+    import json
+    import threading
+    from urllib.parse import parse_qs, urlsplit
+    from fakeserver import FakeServer, reply
+    from exporter.poll import promread
+    now = 20_000.0
+    names = ("vllm-a", "vllm-z")
+    replicas = {n: simulator.Replica(n, simulator.Scenario(request_rate=4.0), start=now - 900, seed=i, model_names=[MODEL])
+                for i, n in enumerate(names)}
+    asked, failing = [], {"on": False}
+    came = threading.Condition()
+
+    def query(h):
+        q = parse_qs(urlsplit(h.path).query)
+        name = "vllm-z" if "!~" in q["query"][0] else "vllm-a"  # the last part takes the names the others do not
+        at = float(q["time"][0])
+        with came:
+            asked.append(name)
+            came.notify_all()
+        if failing["on"] and name == "vllm-a":
+            return reply(h, 500, b'{"status":"error","error":"overloaded"}')
+        replicas[name].advance(at - 1)
+        reply(h, 200, json.dumps(answer_of({at - 1: replicas[name].render()}, {"job": "vllm", "pod": name})).encode())
+
+    fed, ingest = [], promread._ingest
+    ahead = {"wait": 5.0}  # how long the first part's feeding waits for the next question (a read of parts asks it)
+
+    def feeding(reader, pods, ours, by_pod):
+        with came:  # what Prometheus had been asked when this part began to be fed, once the next question came
+            came.wait_for(lambda: len(asked) > len(fed) + 1, timeout=ahead["wait"] if not fed else 0.2)
+            fed.append((sorted(pods), len(asked)))
+        ingest(reader, pods, ours, by_pod)
+
+    monkeypatch.setattr(promread, "_ingest", feeding)
+    clock = [now]
+    with FakeServer({"/api/v1/query": query}) as prom:
+        raw = read_config(prom.base)
+        raw["global"]["poll_interval"] = "15s"
+        raw["discovery"]["read_prometheus"]["partitions"] = 2
+        state = State()
+        poller = Poller(load(raw), state, clock=lambda: clock[0])
+        try:
+            clock[0] += 15
+            poller.reader.last_read = clock[0] - 15  # a regular read: one slice, two parts
+            poller.read()
+            assert fed == [(["vllm-a"], 2), (["vllm-z"], 2)]  # the second part was asked while the first was fed
+            assert {v.target.name for v in state.targets() if v.up} == set(names)
+            asked.clear(), fed.clear()
+            failing["on"] = True
+            clock[0] += 15
+            poller.read()
+            assert asked == ["vllm-a"] and fed == []  # the first part failed: nothing asked after it
+        finally:
+            poller.stop(0.5)
+    # one part, slice after slice (the first read reaches 5 minutes back): never asked ahead
+    asked.clear(), fed.clear()
+    failing["on"], ahead["wait"] = False, 0.2
+    with FakeServer({"/api/v1/query": query}) as prom:
+        raw = read_config(prom.base)
+        raw["global"]["poll_interval"] = "15s"
+        poller = Poller(load(raw), State(), clock=lambda: now + 60)
+        try:
+            poller.read()
+            assert len(fed) == 7 and [n for _, n in fed] == list(range(1, 8))  # each slice asked once the one before was fed
+        finally:
+            poller.stop(0.5)
