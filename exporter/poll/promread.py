@@ -19,7 +19,6 @@ import gc
 import logging
 import math
 import statistics
-import threading
 from collections import Counter
 from dataclasses import replace
 
@@ -226,11 +225,10 @@ def read_once(poller) -> None:
 
 
 def _read(poller) -> None:
-    """One read, slice by slice (a long one) and part by part: ask, install the part's new
-    pods (as a discovery change), feed each new sample to its target's poller in time
-    order; after the last part, forget the long-silent pods and mark the silent ones down.
-    While a part is fed, Prometheus answers the next (_answers): at most two parts'
-    samples are in memory.
+    """One read, slice by slice (a long one) and part by part (one answer in memory at a
+    time): ask, install the part's new pods (as a discovery change), feed each new sample
+    to its target's poller in time order; after the last part, forget the long-silent pods
+    and mark the silent ones down.
     `poller` is the Poller (exporter/poll/poller.py), whose locks this takes in its order.
     A part that fails ends the read: what earlier parts fed stays fed (each pod's newest
     sample read is kept), the rest waits for the next read, which reaches back to the last
@@ -242,9 +240,11 @@ def _read(poller) -> None:
     reach, seen = reader.reach(now), set()
     reader.dropped.clear()
     polled = None  # (the poller.current it was taken at, ours, by_pod): 10,000 pods' maps, made again only on a change
-    for pods in _answers(reader, [(cut, part) for cut in reader.slices(now, reach) for part in reader.parts()]):
-        if isinstance(pods, DiscoveryError):
-            reader.failed(now, str(pods))
+    for (at, span), part in ((cut, part) for cut in reader.slices(now, reach) for part in reader.parts()):
+        try:
+            pods = reader.fetch(at, span, part)
+        except DiscoveryError as exc:
+            reader.failed(now, str(exc))
             poller.publish_discovery()
             return
         seen.update(pods)
@@ -257,7 +257,7 @@ def _read(poller) -> None:
                 polled = (poller.current, *_polled(poller))
             _, ours, by_pod = polled
         _ingest(reader, pods, ours, by_pod)
-        del pods  # this part's samples, before the one after the next is asked
+        del pods  # this part's samples, before the next part is asked
     with poller.reload_lock:
         if reader is not poller.reader:
             return
@@ -274,53 +274,6 @@ def _read(poller) -> None:
         if view is not None and (view.up or not view.polled):  # said once, as it goes down
             target.mark_down(now, STALE, f"no sample in Prometheus since {now - newest:.0f}s ago "
                                          f"(stale after {reader.stale_after(pod_name):g}s)")
-
-
-class _Asked:
-    """One part's query, asked on a thread of its own (a daemon: an exit never waits for it;
-    the query's own deadline ends it): its pods, or the DiscoveryError it ended in."""
-
-    def __init__(self, reader: PrometheusReader, ask: tuple[tuple[float, float], str]):
-        (at, span), self.part = ask
-        self.answer: dict[str, promseries.Pod] | DiscoveryError | None = None
-        self._thread = threading.Thread(target=self._run, args=(reader, at, span), name="read-prometheus", daemon=True)
-        self._thread.start()
-
-    def _run(self, reader: PrometheusReader, at: float, span: float) -> None:
-        try:
-            self.answer = reader.fetch(at, span, self.part)
-        except DiscoveryError as exc:
-            self.answer = exc
-        except Exception as exc:  # noqa: BLE001 - the read must hear of any failure, not wait for an answer
-            log.exception("read_prometheus: asking for %s failed", self.part or "every pod")
-            self.answer = DiscoveryError(f"internal error asking Prometheus: {type(exc).__name__}")
-
-    def wait(self):
-        self._thread.join()
-        return self.answer
-
-
-def _answers(reader: PrometheusReader, asks: list[tuple[tuple[float, float], str]]):
-    """The answer of each (slice, part) in order, pods or a DiscoveryError (the last one
-    given). Once an answer came, the next part is asked before it is handed over, so
-    Prometheus answers it while this one is fed: a read takes about the longer of the two,
-    not their sum (at 10,000 pods Prometheus took 13 s of the 15 s interval to answer
-    and the feeding 4 s, so that reads fell behind and each reached back further). The
-    same part is never asked ahead (one part, slice after slice): its pods' newest samples
-    read are set by the feeding of the slice before."""
-    if not asks:
-        return
-    current = _Asked(reader, asks[0])
-    for ask in asks[1:]:
-        answer = current.wait()
-        if isinstance(answer, DiscoveryError):
-            yield answer
-            return
-        ahead = ask[1] != current.part
-        current = _Asked(reader, ask) if ahead else None
-        yield answer
-        current = current or _Asked(reader, ask)
-    yield current.wait()
 
 
 def _polled(poller) -> tuple[dict, dict[str, str]]:
