@@ -314,6 +314,11 @@ PROLOGUE = '{"status":"success","data":{"resultType":"matrix","result":['
     '{"metric":{"__name__":"x","pod":"a"},"values":[[-Infinity,"1"]]}',
     '{"metric":{"__name__":"x","pod":"a"},"values":[[' + "9" * 400 + ',"1"]]}',
     '{"metric":{"__name__":"x","pod":"a"},"values":[[1,"1"]]}\u00a0',  # trailing space that is not JSON's
+    '{"metric":{"__name__":"x","pod":"a"},"values":[[07,"1"]]}',  # times float() reads and JSON has not
+    '{"metric":{"__name__":"x","pod":"a"},"values":[[7.,"1"]]}',
+    '{"metric":{"__name__":"x","pod":"a"},"values":[[.7e1,"1"]]}',
+    '{"metric":{"__name__":"x","pod":"a"},"values":[[ 7,"1"]]}',
+    '{"metric":{"__name__":"x","pod":"a"},"values":[[7,"1"]]|[8,"2"]]}',  # the columns' own series mark in a text
 ])
 def test_a_text_that_only_looks_like_prometheus_layout_reads_as_the_decoder_reads_it(result):
     """Bodies a review built to tell the two readings apart: each gives what pods() gives
@@ -333,6 +338,29 @@ def test_a_text_that_only_looks_like_prometheus_layout_reads_as_the_decoder_read
     else:
         assert promseries.pods_of_answer(body, "pod", "test", {"a": 6.0}, memo) == expected
     assert not memo.pods
+
+
+def test_series_of_one_pod_with_uneven_samples_are_not_read_as_columns():
+    """Two series of one and three samples hold four in all, as two of two would, and their
+    times read as one row repeated: a review's body, valid JSON, that the columns filed as
+    two scrapes of both series. Read sample by sample, as the decoder reads it."""
+    import json
+    body = (PROLOGUE + '{"metric":{"__name__":"x","pod":"a"},"values":[[1,"a"]]},'
+            '{"metric":{"__name__":"y","pod":"a"},"values":[[2,"b"],[1,"c"],[2,"d"]]}]}}').encode()
+    ours = promseries.pods_of_answer(body, "pod", "test", {}, promseries.PodMemo())
+    assert ours == promseries.pods(json.loads(body), "pod", "test")
+    assert [(name, value) for name, _, value, _ in ours["a"].times[2.0]] == [("y", "d"), ("y", "b")]
+
+
+def test_a_known_answer_read_by_another_target_label_names_its_pods_by_that_label():
+    """A reload may change read_prometheus.target_label and keeps the memo: the same answer is
+    then cut into the pods the new label names, not those of the layout learnt before."""
+    import json
+    body = (PROLOGUE + '{"metric":{"__name__":"x","pod":"p1","instance":"i1"},"values":[[1,"5"]]}]}}').encode()
+    memo = promseries.PodMemo()
+    assert list(promseries.pods_of_answer(body, "pod", "test", {}, memo)) == ["p1"]
+    assert promseries.pods_of_answer(body, "instance", "test", {}, memo) == promseries.pods(json.loads(body), "instance", "test")
+    assert list(promseries.pods_of_answer(body, "instance", "test", {}, memo)) == ["i1"]
 
 
 def test_the_memo_learns_only_from_an_answer_read_whole_and_matches_the_series_count():
@@ -693,3 +721,19 @@ def test_a_pod_gone_from_prometheus_for_accept_empty_after_is_forgotten_with_all
             assert kept() == [{"vllm-a"}] * 5
         finally:
             poller.stop(0.5)
+
+
+def test_reads_that_keep_failing_keep_no_more_layouts_than_one_reads():
+    """The memo keeps the layouts of the answers of the last read; a read that fails settles
+    it too, so a source that keeps failing while pods change does not grow it."""
+    from exporter.poll.promread import PrometheusReader
+    reader = PrometheusReader(load(read_config("http://127.0.0.1:9")).discovery, 15.0)
+    for pod in ("a", "b", "c"):
+        body = (PROLOGUE + '{"metric":{"__name__":"x","pod":"%s"},"values":[[1,"5"]]}]}}' % pod).encode()
+        promseries.pods_of_answer(body, "pod", "test", {}, reader.memo)
+    assert len(reader.memo.layouts) == 3
+    reader.failed(100.0, "overloaded")  # this read's answers: kept for the next
+    assert len(reader.memo.layouts) == 3
+    reader.failed(115.0, "overloaded")  # a read that read nothing
+    assert reader.memo.layouts == {} and reader.memo.used == set()
+    reader.close()

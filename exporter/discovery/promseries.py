@@ -172,6 +172,7 @@ _SERIES = '{"metric":'
 _VALUES = '},"values":[['
 _NEXT = ']]},{"metric":'  # a series' end and the next one's start
 _END = "]]}"  # the last series' end
+_SERIES_APART = "]|["  # where _columns joins a pod's series: no valid values text holds it outside a string
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 
 
@@ -196,6 +197,7 @@ class _Layout:
     what `take` gives and what its series are."""
 
     hashes: tuple[int, ...]
+    target_label: str  # the label its pods were named by (a reload may change it)
     take: Any
     pods: tuple[tuple[str, int, int, _Known], ...]
 
@@ -282,7 +284,7 @@ def _read_text(text: str, target_label: str, newer_than: dict[str, float], memo:
     key = hash(hashes)
     layout = memo.layouts.get(key) if memo is not None else None
     learnt: dict[str, _Known] = {}
-    if layout is None or layout.hashes != hashes:
+    if layout is None or layout.hashes != hashes or layout.target_label != target_label:
         layout = _lay_out(labels, hashes, target_label, memo, learnt)
         if layout is None:
             return None
@@ -340,7 +342,7 @@ def _lay_out(labels: list[str], hashes: tuple[int, ...], target_label: str, memo
         pods.append((pod, len(order), len(order) + len(series), known))
         order += series
     take = itemgetter(*order) if len(order) > 1 else (lambda values: (values[0],))
-    return _Layout(hashes, take, tuple(pods))
+    return _Layout(hashes, target_label, take, tuple(pods))
 
 
 def _value_of(label_text: str, key: str) -> str:
@@ -361,18 +363,20 @@ def _columns(values: tuple[str, ...], after: float, known: _Known):
     the samples are cut at their quotes (no string holds one), so the times' texts come
     at even places and the values at odd ones, each series' times the same texts. Its
     new scrapes ({} when none), or None for any other pod and any text this reading does
-    not judge (read sample by sample, which does)."""
-    pieces = "],[".join(values).split('"')
+    not judge (read sample by sample, which does). The series are joined at "]|[", which
+    no valid values text holds outside a string: a series' first time comes after it, every
+    other after "],[", so the times repeating a series at a time also says that every
+    series has as many samples."""
+    pieces = _SERIES_APART.join(values).split('"')
     count = len(values)
     per_series, rest = divmod(len(pieces) // 2, count)
     if rest or not per_series or pieces[-1]:
         return None
-    stamps = pieces[0::2]  # "<time>," then "],[<time>," each, and "" after the last value
-    row = ["],[" + stamps[0], *stamps[1:per_series]]
-    if stamps[per_series:-1] != row * (count - 1):
+    stamps = pieces[0::2]  # "<time>," then "],[<time>," each ("]|[<time>," a series' first), "" after the last value
+    if stamps[per_series:-1] != [_SERIES_APART + stamps[0], *stamps[1:per_series]] * (count - 1):
         return None
     times = []
-    for stamp in row:
+    for stamp in ["],[" + stamps[0], *stamps[1:per_series]]:
         number = stamp[3:-1]
         if stamp[:3] != "],[" or stamp[-1:] != "," or not _JSON_NUMBER.fullmatch(number):
             return None
@@ -405,11 +409,10 @@ def _samples_of(values: tuple[str, ...], after: float, known: _Known):
             # a value is a string with no quote in it: a cut inside one leaves it open
             if not comma or not value or value.find('"') != len(value) - 1:
                 return False
-            try:
-                t = float(time_text)
-            except ValueError:
-                return False
-            if not isfinite(t):  # nan, inf: JSON has no such number
+            if not _JSON_NUMBER.fullmatch(time_text):
+                return False  # 01, 1., .5, " 1": float() reads them, JSON has them not
+            t = float(time_text)
+            if not isfinite(t):  # 1e999: JSON's number, not a time
                 return False
             if t <= after:
                 break

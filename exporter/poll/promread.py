@@ -112,6 +112,7 @@ class PrometheusReader:
                 gc.enable()
 
     def failed(self, now: float, error: str) -> None:
+        self.memo.settle()  # reads that keep failing keep no more layouts than one read's
         old, self.state = self.state, settle(self.state, now, None, error, self.cfg.accept_empty_after)
         if error != old.error:
             log.warning("read_prometheus: %s; the targets' samples wait for the next read", error)
