@@ -147,6 +147,9 @@ def _chunks(text: str):
         pos = stop + 1
 
 
+# the kinds whose values must be counters (finite, not negative), and start times (finite)
+_COUNTER_KINDS = frozenset({"counter", "bucket", "sum", "max", "by_source", "by_cached_source", "bucket_sum", "router", "tier", "hist_bucket"})
+_START_TIME_KINDS = frozenset({"process", "created"})
 # the roles that split one family into a field a label value: (label, its known values)
 _SPLIT_BY = {"by_source": ("source", BY_SOURCE), "by_sleep_state": ("sleep_state", SLEEP_STATES),
              "by_cached_source": ("source", CACHED_BY_SOURCE)}
@@ -292,7 +295,7 @@ def _build(samples, series_limit: int, warnings: Warnings, helps: dict[str, str]
             warnings.append(f"line {lineno}: bad value {value_text[:40]!r} for {name}")
             continue
         kind, field_name = role
-        if kind in ("counter", "bucket", "sum", "max", "by_source", "by_cached_source", "bucket_sum", "router", "tier", "hist_bucket") and not (0.0 <= value < math.inf):
+        if kind in _COUNTER_KINDS and not (0.0 <= value < math.inf):
             # one +Inf or NaN would poison every window of the series for good
             reason = "negative_counter" if value < 0 else "non_finite_counter"
             rejected[reason] = rejected.get(reason, 0) + 1
@@ -301,7 +304,7 @@ def _build(samples, series_limit: int, warnings: Warnings, helps: dict[str, str]
         if kind == "info":
             infos.setdefault(field_name, []).append(labels)
             continue
-        if kind in ("process", "created") and not math.isfinite(value):
+        if kind in _START_TIME_KINDS and not math.isfinite(value):
             # NaN != NaN: kept, it would be a changed start time, a restart, on every poll
             rejected["non_finite_start_time"] = rejected.get("non_finite_start_time", 0) + 1
             warnings.append(f"line {lineno}: {name} has the value {value_text[:40]}; a start time must be a finite time; sample dropped")
@@ -374,10 +377,8 @@ def _build(samples, series_limit: int, warnings: Warnings, helps: dict[str, str]
     return finish(series, infos, process_start, rejected, kinds, trtllm_keys, router, warnings, helps, declared, over_series_limit)
 
 
-# kinds a plan files by assignment alone, and those whose values must be counters or times
+# kinds a plan files by assignment alone
 _ASSIGNED = frozenset({"counter", "gauge", "bucket", "created", "process", "info", *_SPLIT_BY})
-_COUNTERS = frozenset({"counter", "bucket", "by_source", "by_cached_source"})
-_TIMES = frozenset({"process", "created"})
 _NOT_NEGATIVE, _BELOW_INF, _PLUS_ZERO = (0.0).__le__, math.inf.__gt__, (0.0).__add__
 
 
@@ -429,9 +430,9 @@ class SamplePlan:
             kind, field_name = role
             if kind not in _ASSIGNED or (long and labels and any(len(v) > MAX_LABEL_VALUE for v in labels.values())):
                 return None
-            if kind in _COUNTERS:
+            if kind in _COUNTER_KINDS:
                 counters.append(i)
-            if kind in _TIMES:
+            if kind in _START_TIME_KINDS:
                 times.append(i)
             if kind == "info":
                 self.infos.setdefault(field_name, []).append(labels)
