@@ -179,15 +179,13 @@ _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?
 @dataclass
 class _Known:
     """A pod's series as an answer had them: the hash and length of their label texts
-    joined and their number, each series' name, own labels and long_labels of them, in
-    the answer's order, the pod's labels."""
+    joined and their number, the pod's labels, and the plan of its series (each one's
+    name, own labels and long_labels of them, in the answer's order: what parse_samples
+    files its scrapes as, one plan for the pods whose series are alike)."""
 
     key: tuple[int, int, int]
-    names: tuple[str, ...]
-    owns: tuple[dict[str, str], ...]
-    longs: tuple[bool, ...]
     labels: dict[str, str]
-    plan: SamplePlan  # what parse_samples files the pod's scrapes as (one for the pods whose series are alike)
+    plan: SamplePlan
 
 
 @dataclass
@@ -387,12 +385,13 @@ def _columns(values: tuple[str, ...], after: float, known: _Known):
     scraped = pieces[1::2]
     if not "".join(scraped).isprintable():
         return None  # a raw control character (not JSON), or one JSON has and float() would strip: read sample by sample
+    plan = known.plan
     scrapes: dict[float, list[tuple[str, dict[str, str], str, bool]]] = {}
     for column in range(per_series - 1, -1, -1):
         t = times[column]
         if t <= after:
             break
-        scrapes[t] = list(zip(known.names, known.owns, scraped[column::per_series], known.longs))
+        scrapes[t] = list(zip(plan.names, plan.labels, scraped[column::per_series], plan.longs))
     return scrapes
 
 
@@ -401,7 +400,8 @@ def _samples_of(values: tuple[str, ...], after: float, known: _Known):
     what the layout promises)."""
     isfinite = math.isfinite
     times: dict[float, list[tuple[str, dict[str, str], str, bool]]] = {}
-    for name, own, long, text in zip(known.names, known.owns, known.longs, values):
+    plan = known.plan
+    for name, own, long, text in zip(plan.names, plan.labels, plan.longs, values):
         # a series' samples come oldest first: read from the newest back to the first already read
         # (those before it are not read at all: a broken one there goes unnoticed, where decoding fails)
         for sample in reversed(text.split("],[")):
@@ -448,4 +448,4 @@ def _learn(pod: str, target_label: str, texts: list[str], key: tuple[int, int, i
     plan = plans.get(alike)
     if plan is None:
         plan = plans[alike] = SamplePlan(names, owns, longs)
-    return _Known(key, plan.names, plan.labels, plan.longs, pod_labels, plan)
+    return _Known(key, pod_labels, plan)
