@@ -29,7 +29,6 @@ from .serve.app import App, analysis_handlers, deploy_handlers
 from .serve.collector import PrefixCacheCollector
 from .serve.exposition import ReservedNames
 from .serve import gcpacer
-from .serve.gcpacer import CollectionPacer
 from .serve.server import Server
 from .serve.state import State
 from .serve.webconfig import WebSecurity, load_web_config
@@ -267,7 +266,7 @@ def run(args) -> int:
         # one reload at a time; signals that come during one make one more, which reads the file as the last left it
         on_signals((signal.SIGHUP,), lambda: sidecar.reload(args.config_file), "reload")
     sidecar.start()
-    pacer = CollectionPacer(sidecar.app.exposition.quiet_for)  # this process's collector is ours (tune_gc)
+    pacer = gcpacer.CollectionPacer(sidecar.app.exposition.quiet_for)  # this process's collector is ours (tune_gc)
     if gcpacer.supported():
         pacer.start()
     log.info("listening on %s:%d, polling %d target(s) every %gs", listen.rpartition(":")[0] or "0.0.0.0",
