@@ -61,17 +61,19 @@ def test_run_serves_metrics_and_stops_on_sigterm(tmp_path):
                             env={**os.environ, "PREFIX_CACHE_EXPORTER_CONFIG": str(cfg)},
                             stderr=subprocess.PIPE, text=True)
     try:
+        # a target not polled yet also reads up 0: wait for its first failed poll, which is
+        # what makes the process ready (every target polled once), not for the gauge alone
         body = None
-        for _ in range(100):
+        for _ in range(200):
             try:
                 r = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=1)
-                if 'prefixcache_target_up{target="dead"} 0.0' in r.text:
+                if 'prefixcache_scrapes_total{result="connection_error",target="dead"} 1.0' in r.text:
                     body = r.text
                     break
             except requests.ConnectionError:
                 pass
             time.sleep(0.1)
-        assert body is not None
+        assert body is not None and 'prefixcache_target_up{target="dead"} 0.0' in body
         assert requests.get(f"http://127.0.0.1:{port}/-/ready", timeout=1).status_code == 200
     finally:
         proc.terminate()
