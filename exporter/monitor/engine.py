@@ -236,10 +236,11 @@ class Engine:
         """An event of the target (or the fleet) within the span, or a restart within the
         cold-start grace, explains a fall. Dict lookups: this runs on every poll, without
         the shared lock, so it neither copies nor walks the event stream."""
-        newest_event = max(self.last_event_t.get(target, -math.inf), self.last_event_t.get("", -math.inf),
-                           max((e.t for e in found), default=-math.inf))
-        newest_restart = max(self.last_restart_t.get(target, -math.inf), self.last_restart_t.get("", -math.inf),
-                             max((e.t for e in found if e.is_restart), default=-math.inf))
+        newest_event = max(self.last_event_t.get(target, -math.inf), self.last_event_t.get("", -math.inf))
+        newest_restart = max(self.last_restart_t.get(target, -math.inf), self.last_restart_t.get("", -math.inf))
+        if found:  # the poll's own events (rare)
+            newest_event = max(newest_event, max(e.t for e in found))
+            newest_restart = max(newest_restart, max((e.t for e in found if e.is_restart), default=-math.inf))
         if self._flapping(target):
             newest_restart = -math.inf  # its "restarts" were processes taking turns: no grace
         return now - newest_event <= span or now - newest_restart <= self.config.rules.cold_start_grace

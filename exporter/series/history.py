@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress
 from operator import add as operator_add
-from operator import itemgetter, lt, ne, sub
+from operator import attrgetter, itemgetter, lt, ne, sub
 from typing import Callable
 
 from ..parse.snapshot import Snapshot
@@ -176,13 +176,16 @@ def _raw_values(s) -> tuple[list[float], tuple[float, ...] | None, str | None]:
     return values, bounds, (pc.unit if pc else None)
 
 
+_TIME, _LAYOUT = attrgetter("t"), attrgetter("layout")
+
+
 class Samples(Sequence):
     """An immutable view of a History at one moment: the samples, their times, and the
     model logs as they were. Safe to read from another thread while the History grows."""
 
     def __init__(self, samples: tuple, logs: dict | None = None, running: dict | None = None):
         self._samples = samples
-        self.times = [s.t for s in samples]
+        self.times = list(map(_TIME, samples))
         self._runs: list[tuple[Layout, int, int]] | None = None
         # model -> (log arrays, end): entries past `end` were appended after this view
         self.logs = logs if logs is not None else {}
@@ -200,8 +203,14 @@ class Samples(Sequence):
     def runs(self) -> list[tuple[Layout, int, int]]:
         """(layout, first index, last index) of each stretch of samples sharing a layout."""
         if self._runs is None:
+            samples = self._samples
+            layouts = list(map(_LAYOUT, samples))
+            # the usual history: one layout throughout, told by list.count's identity check in C
+            if layouts and layouts.count(layouts[0]) == len(layouts):
+                self._runs = [(layouts[0], 0, len(layouts) - 1)]
+                return self._runs
             runs: list[tuple[Layout, int, int]] = []
-            for i, s in enumerate(self._samples):
+            for i, s in enumerate(samples):
                 if runs and runs[-1][0] is s.layout:
                     runs[-1] = (s.layout, runs[-1][1], i)
                 else:

@@ -37,7 +37,8 @@ DEVICE, EXTERNAL = "device", "external"  # the tiers of a vLLM that does not nam
 def ratio(part: float, whole: float) -> float:
     """part / whole within [0, 1]: hits above queries (counters read at different
     moments) are all hits, never 150%."""
-    return min(1.0, max(0.0, part / whole))
+    r = part / whole
+    return 1.0 if r > 1.0 else r if r > 0.0 else 0.0  # NaN and -0.0 give 0.0, as min(1, max(0, r)) does
 
 
 def tokens_per_block(block_size: int | None) -> int:
@@ -113,11 +114,17 @@ def counts(queries: float | None, hits: float | None, external_hits: float | Non
     """effective_counts from a window's fields, for the summary that has them at hand
     before the window is built (it runs per model, window and poll)."""
     if admitted_hits is not None and admitted_prompt:
-        return max(0.0, admitted_hits) + max(0.0, external_transfer or 0.0), admitted_prompt
+        transfer = external_transfer or 0.0
+        return (admitted_hits if admitted_hits > 0.0 else 0.0) + (transfer if transfer > 0.0 else 0.0), admitted_prompt
     if hits is None or not queries:
         return 0.0, 0.0
-    return (max(0.0, tokens(hits, unit, block_size)) + max(0.0, tokens(external_hits or 0.0, unit, block_size)),
-            tokens(queries, unit, block_size))
+    if unit == BLOCKS:
+        per_block = tokens_per_block(block_size)
+        hits, external_hits, queries = hits * per_block, (external_hits or 0.0) * per_block, queries * per_block
+    else:
+        external_hits = external_hits or 0.0
+    # 0.0 for negatives and NaN, as max(0.0, x) gives
+    return (hits if hits > 0.0 else 0.0) + (external_hits if external_hits > 0.0 else 0.0), queries
 
 
 def judged_ratio(ws) -> float | None:

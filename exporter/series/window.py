@@ -488,7 +488,9 @@ def summarize(
     hi = longest_span[1]  # every window ends at the same sample
     spans = [(name, secs, view.span(now - secs, now)[0]) for name, secs in windows]
     # the windows of two samples or more within the latest layout: all of them, usually
-    fast = [(name, secs, lo) for name, secs, lo in spans if hi - lo >= 2 and len(view.clipped_runs(lo, hi)) == 1]
+    # (every window ends at `hi`, so one within a longest window of one layout has one layout too)
+    one_layout = len(runs) == 1
+    fast = [(name, secs, lo) for name, secs, lo in spans if hi - lo >= 2 and (one_layout or len(view.clipped_runs(lo, hi)) == 1)]
     out = _windows_of_one_layout(view, now, fast, hi, view[hi - 1].layout, models, min_query_tokens, block_size) if fast else {}
     if len(fast) == len(spans) and len(out) == len(models):
         return out
