@@ -284,6 +284,13 @@ def test_answers_in_any_other_layout_are_decoded_whole_to_the_same_pods():
             series("vllm-1", "vllm:num_requests_running", "1", model_name="modèle ]]},\"values\":[[")]}}, ensure_ascii=False),
         "brackets in a label": _compact({**base, "data": {**base["data"], "result": base["data"]["result"] + [
             series("vllm-1", "vllm:num_requests_running", "1", model_name='m]]},{"metric":{')]}}),
+        # a series with no values and one with its metric and values twice (JSON keeps the last):
+        # as many values as series in all, each series' own in none
+        "values missing and twice": PROLOGUE.encode() + b",".join(
+            [_compact(s) for s in base["data"]["result"]]
+            + [b'{"metric":{"__name__":"vllm:x","pod":"vllm-0"},"histograms":[[100.5,{"count":"1","sum":"1"}]]}',
+               b'{"metric":{"__name__":"vllm:num_requests_running","pod":"vllm-0","model_name":"m"},"values":[[100.5,"1"]],'
+               b'"metric":{"__name__":"vllm:num_requests_waiting","pod":"vllm-0","model_name":"m"},"values":[[115.5,"2"]]}']) + b"]}}",
     }
     for what, body in variants.items():
         memo = promseries.PodMemo()
