@@ -7,10 +7,12 @@ reads that completed meanwhile (Prometheus's count of the queries it answered: a
 `partitions` queries; a read that outlasts the interval delays the next) and our CPU a
 read, the time and size of one read's query, and the time one /metrics render of every
 pod takes (timed once at the end: rendering 10,000 pods' series is separate from
-reading). With --old REV, the code of REV is measured the same way after this
-checkout's, against the same Prometheus and pods."""
+reading). With --compression both, this checkout reads gzipped answers (the default) and
+then plain ones (read_prometheus.compression: none). With --old REV, the code of REV is
+measured the same way after this checkout's, against the same Prometheus and pods."""
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,7 +22,7 @@ from pathlib import Path
 import requests
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_discovery import this_and_old  # noqa: E402
+from bench_discovery import old_checkout  # noqa: E402
 from bench_sidecar import start_sidecar_with  # noqa: E402
 from procstat import cpu_seconds, peak_rss_mb  # noqa: E402
 from promserver import Prometheus, version  # noqa: E402
@@ -36,6 +38,9 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--reads", type=int, default=8, help="read intervals measured")
     p.add_argument("--partitions", type=int, default=8, help="queries a read is split into (discovery.read_prometheus.partitions)")
     p.add_argument("--old", default="", help="a git revision whose code is measured the same way after this checkout's")
+    p.add_argument("--compression", choices=("gzip", "none", "both"), default="gzip",
+                   help="read_prometheus.compression of this checkout's phase; both: a phase of each, gzip first "
+                        "(the old code's phase asks for gzip, as it did)")
     args = p.parse_args(argv)
     groups = args.pods // args.per_endpoint
     farm = subprocess.Popen([sys.executable, str(Path(__file__).parent / "podfarm.py"), f"--groups={groups}",
@@ -75,7 +80,14 @@ def _run(args, info: dict, groups: int) -> list[dict]:
         print(f"prometheus source: {args.pods} pods, {info['samples_per_pod']} series each, {args.per_endpoint} a target scraped "
               f"every {interval} by {version()}; one read's {args.partitions} queries (a {args.interval + 30:g} s range): {series} series, "
               f"{query_mb:.0f} MB, {took['gzip']:.2f} s gzipped ({took['identity']:.2f} s plain) from Prometheus", flush=True)
-        rows = this_and_old(lambda label, code: phase(label, code, args, prom), args.old)
+        compressions = ("gzip", "none") if args.compression == "both" else (args.compression,)
+        rows = [phase("this checkout" + ("" if c == "gzip" else f", compression {c}"), None, args, prom, c) for c in compressions]
+        if args.old:  # its phase asks for gzip, as the old code did
+            code = old_checkout(args.old)
+            try:
+                rows.append(phase(f"old: {args.old}", code, args, prom, "gzip"))
+            finally:
+                shutil.rmtree(code, ignore_errors=True)
     finally:
         prom.stop()
     for row in rows:
@@ -90,14 +102,15 @@ def queries_answered(prom: Prometheus) -> float:
                if line.startswith("prometheus_http_requests_total{") and 'handler="/api/v1/query"' in line)
 
 
-def phase(label: str, code: Path | None, args, prom: Prometheus) -> dict:
+def phase(label: str, code: Path | None, args, prom: Prometheus, compression: str) -> dict:
     interval = f"{args.interval:g}s"
     sidecar = None
     with tempfile.TemporaryDirectory() as tmp:
         try:
             cfg = {"global": {"poll_interval": interval, "connect_timeout": "2s", "read_timeout": "10s", "scrape_timeout": "12s"},
                    "discovery": {"read_prometheus": {"url": prom.url, "match_labels": {"job": "pods"}, "timeout": "60s",
-                                                     "partitions": args.partitions},
+                                                     "partitions": args.partitions,
+                                                     **({} if compression == "gzip" else {"compression": compression})},
                                  "target_limit": 0}}
             began = time.monotonic()
             sidecar, url = start_sidecar_with(cfg, Path(tmp), ready_within=600.0, code=code)

@@ -152,6 +152,37 @@ def test_shards_split_the_pods_read_from_prometheus(stack):
     assert names[0] | names[1] >= {"vllm-a", "vllm-b"} and not names[0] & names[1]
 
 
+def test_compression_none_asks_prometheus_for_its_answers_as_they_are_and_reads_the_same_samples(stack):
+    """gzip (the default) and none against the real Prometheus: it compresses when asked,
+    and the two answers are the same text; a compression it does not know is a config error."""
+    from urllib.parse import urlencode
+
+    from exporter.peers.http import exchange
+    from exporter.poll.promread import PrometheusReader
+
+    prom, _ = stack
+    query = {"query": promseries.query((("job", "vllm"),), 5.0), "time": str(math.floor(time.time()) - 2)}
+    bodies = {}
+    for compression in ("gzip", "none"):
+        raw = read_config(prom.url)
+        raw["discovery"]["read_prometheus"]["compression"] = compression
+        if compression == "gzip":
+            del raw["discovery"]["read_prometheus"]["compression"]  # the default
+        api = PrometheusReader(load(raw).discovery, 1.0).api
+        try:
+            answer = exchange(api.endpoint, path="/api/v1/query?" + urlencode(query), headers=api.headers, timeout=10,
+                              size_limit=api.max_answer)
+        finally:
+            api.close()
+        assert answer.status == 200 and answer.headers.get("content-encoding") == ("gzip" if compression == "gzip" else None)
+        bodies[compression] = answer.body
+    assert bodies["gzip"] == bodies["none"] and b'"pod":"vllm-a"' in bodies["none"]
+    raw = read_config(prom.url)
+    raw["discovery"]["read_prometheus"]["compression"] = "zstd"
+    with pytest.raises(ConfigError, match="read_prometheus.compression: 'zstd' is not one of gzip, none"):
+        load(raw)
+
+
 def test_partitions_cover_every_pod_name_once():
     import re
     parts = promseries.partitions("pod", 4)

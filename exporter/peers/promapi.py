@@ -19,7 +19,7 @@ class PrometheusAPIError(Exception):
 
 class PrometheusAPI:
     def __init__(self, base_url: str, timeout: float, bearer_token: str = "", username: str = "", password: str = "",
-                 max_answer: int = MAX_ANSWER):
+                 max_answer: int = MAX_ANSWER, compressed: bool = True):
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.max_answer = max_answer
@@ -27,6 +27,8 @@ class PrometheusAPI:
         self.connection = KeptConnection(self.endpoint)  # asked every refresh or read: kept open between them
         self.base_path = urlsplit(self.base_url).path
         self.headers = {"Accept": "application/json"}
+        if not compressed:  # exchange() asks for gzip unless told otherwise
+            self.headers["Accept-Encoding"] = "identity"
         if bearer_token:
             self.headers["Authorization"] = f"Bearer {bearer_token}"
         elif username:

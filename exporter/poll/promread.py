@@ -47,7 +47,7 @@ class PrometheusReader:
         self.poll_interval = poll_interval
         self.limits = Limits(cfg.target_limit, cfg.label_limit, cfg.label_value_length_limit)
         self.api = PrometheusAPI(read.url, read.timeout, read.bearer_token, read.username, read.password,
-                                 max_answer=read.max_answer)
+                                 max_answer=read.max_answer, compressed=read.compression == "gzip")
         self.where = redact_url(self.api.base_url + "/api/v1/query")
         self.source_url = redact_url(self.api.base_url)
         self.last_read: float | None = None
