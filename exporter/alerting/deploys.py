@@ -10,7 +10,7 @@ import json
 import re
 from collections import deque
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from ..parse.snapshot import Snapshot
 from ..series.history import is_reset
@@ -66,8 +66,7 @@ class DeployEvent:
 
 
 # --- restarts and configuration changes, from consecutive snapshots ------------------
-@dataclass(frozen=True)
-class _Seen:
+class _Seen(NamedTuple):  # a tuple: made at every poll, where a frozen dataclass set each field through object.__setattr__
     process_start: float | None
     created: tuple
     queries: dict  # series key -> its queries counter: kept whole for the next poll, not rebuilt from pairs
@@ -79,10 +78,12 @@ class _Seen:
 
 def _seen(snap: Snapshot) -> _Seen:
     levels = [s.sleep_level for s in snap.series if s.sleep_level is not None]
+    created = [(s.key, s.created) for s in snap.series if s.created is not None]
+    if len(created) > 1:  # engine is None on some series and a string on others of the same model: sort on text
+        created.sort(key=lambda kc: (kc[0][0], kc[0][1] or ""))
     return _Seen(
         process_start=snap.process_start_time,
-        # engine is None on some series and a string on others of the same model: sort on text
-        created=tuple(sorted(((s.key, s.created) for s in snap.series if s.created is not None), key=lambda kc: (kc[0][0], kc[0][1] or ""))),
+        created=tuple(created),
         queries={s.key: s.prefix_cache.queries for s in snap.series if s.prefix_cache and s.prefix_cache.queries is not None},
         cache_config=snap.cache_config,
         models=frozenset(s.model_name for s in snap.series),

@@ -222,9 +222,10 @@ class Engine:
             # the same sums detect_change_point starts with, without building intervals:
             # almost every poll of almost every model stops here
             (bq, bh, bn), (rq, rh, rn) = interval_sums(view, model, now - cp.recent - cp.reference, now - cp.recent, now)
+            if rn < 2 or bn < 3 or bq <= 0 or rq <= 0 or bh / bq - rh / rq < cp.drop_points:
+                continue
             unit = next((ws.unit for ws in track.view.stats[model].values() if ws.unit), None)
-            if rn < 2 or bn < 3 or not change_point_has_traffic(rq, bq, cp, unit, block_size) or \
-                    bq <= 0 or rq <= 0 or bh / bq - rh / rq < cp.drop_points:
+            if not change_point_has_traffic(rq, bq, cp, unit, block_size):
                 continue
             began = detect_change_point(recent_intervals(view, model, now - span), now, cp, unit, block_size)
             if began is not None:
