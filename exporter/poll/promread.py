@@ -268,7 +268,8 @@ def _read(poller) -> None:
         resolution = reader.resolution()
         poller.state.update(samples_source=f"Samples of {len(reader.state.targets)} target(s) read from Prometheus at {reader.source_url}: "
                                            "the windows' resolution is Prometheus's scrape interval"
-                                           + (f" (observed {resolution:g}s)" if resolution else "") + ", not global.poll_interval.")
+                                           # to a tenth of a second: a loaded Prometheus stamps its scrapes a few ms off
+                                           + (f" (observed {round(resolution, 1):g}s)" if resolution else "") + ", not global.poll_interval.")
     for pod_name, newest in reader.stale(now).items():
         target = ours.get(by_pod.get(pod_name, ""))
         view = poller.state.target(target.target.name) if target is not None else None
