@@ -53,7 +53,8 @@ def finish(series: dict[tuple[str, str | None], SeriesBuilder], infos: dict[str,
     # LMCache's tokens stand in for vLLM's external counters only where those are missing
     vllm_external = {m for (m, _), b in series.items() if "external_queries" in b.values}
     built = []
-    for (model, engine), b in sorted(series.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+    # engine is None on some series and a string on others: sorted on text (a scrape of one series: nothing to sort)
+    for (model, engine), b in sorted(series.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")) if len(series) > 1 else series.items():
         built.append(_series(model, engine, b, gpu_unit, warnings, use_lmcache=model not in vllm_external))
 
     cache_config = cacheconfig.single_info(infos.get("cache_config"), "cache_config_info", warnings)
@@ -89,6 +90,8 @@ def _engine_kind(kinds: set[str]) -> str | None:
 
 
 def _gpu_pair_unit(helps: dict[str, str]) -> str | None:
+    if not helps:  # samples without a text (the Prometheus source): no HELP line to read
+        return None
     for name in (GPU_PREFIX_QUERIES, GPU_PREFIX_HITS):
         text = helps.get(name, "").lower()
         if "block" in text:
@@ -128,6 +131,11 @@ def _prefix_pair(values: dict[str, float], gpu_unit: str | None, what: str, warn
     return new
 
 
+# (source, the field it is filed as): the names made once, not at every scrape
+_BY_SOURCE_FIELDS = tuple((s, "source_" + s) for s in BY_SOURCE)
+_CACHED_BY_SOURCE_FIELDS = tuple((s, "cached_source_" + s) for s in CACHED_BY_SOURCE)
+
+
 def _series(model: str, engine: str | None, b: SeriesBuilder, gpu_unit: str | None, warnings: list[str],
             use_lmcache: bool = True) -> SeriesSnapshot:
     v = b.values
@@ -142,8 +150,8 @@ def _series(model: str, engine: str | None, b: SeriesBuilder, gpu_unit: str | No
     external = _pair(v, "external_queries", "external_hits", "tokens", what + " external", warnings)
     if external is None and use_lmcache and ("lmcache_requested" in v or "lmcache_hit" in v):
         external = _pair(v, "lmcache_requested", "lmcache_hit", "tokens", what + " lmcache", warnings)
-    by_source = tuple((s, v["source_" + s]) for s in BY_SOURCE if "source_" + s in v) or None
-    cached_by_source = tuple((s, v["cached_source_" + s]) for s in CACHED_BY_SOURCE if "cached_source_" + s in v) or None
+    by_source = tuple((s, v[field]) for s, field in _BY_SOURCE_FIELDS if field in v) or None
+    cached_by_source = tuple((s, v[field]) for s, field in _CACHED_BY_SOURCE_FIELDS if field in v) or None
     # either `_created` dates the same process start; a change of it is a restart
     created = b.created.get("new", b.created.get("deprecated"))
     ttft = None
