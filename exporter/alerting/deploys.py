@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
-from ..parse.snapshot import Snapshot
+from ..parse.snapshot import Snapshot, key_order
 from ..series.history import is_reset
 from ..series.hitratio import ratio, tokens
 from ..series.window import Interval
@@ -79,8 +79,8 @@ class _Seen(NamedTuple):  # a tuple: made at every poll, where a frozen dataclas
 def _seen(snap: Snapshot) -> _Seen:
     levels = [s.sleep_level for s in snap.series if s.sleep_level is not None]
     created = [(s.key, s.created) for s in snap.series if s.created is not None]
-    if len(created) > 1:  # engine is None on some series and a string on others of the same model: sort on text
-        created.sort(key=lambda kc: (kc[0][0], kc[0][1] or ""))
+    if len(created) > 1:
+        created.sort(key=lambda kc: key_order(kc[0]))
     return _Seen(
         process_start=snap.process_start_time,
         created=tuple(created),

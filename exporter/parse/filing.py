@@ -10,7 +10,7 @@ from . import cacheconfig, tiers, trtllm
 from .names import (BY_SOURCE, CACHED_BY_SOURCE, GPU_PREFIX_HITS, GPU_PREFIX_QUERIES, SLEEP_STATES, TRTLLM_MISSED_BLOCKS,
                     TRTLLM_REUSED_BLOCKS, TRTLLM_TOKENS_PER_BLOCK, TRTLLM_ZERO_WHEN_DECLARED)
 from .router_metrics import RouterBuilder
-from .snapshot import MAX_WARNINGS, CounterPair, Histogram, SeriesSnapshot, Snapshot
+from .snapshot import MAX_WARNINGS, CounterPair, Histogram, SeriesSnapshot, Snapshot, key_order
 
 
 class SeriesBuilder:
@@ -53,8 +53,8 @@ def finish(series: dict[tuple[str, str | None], SeriesBuilder], infos: dict[str,
     # LMCache's tokens stand in for vLLM's external counters only where those are missing
     vllm_external = {m for (m, _), b in series.items() if "external_queries" in b.values}
     built = []
-    # engine is None on some series and a string on others: sorted on text (a scrape of one series: nothing to sort)
-    for (model, engine), b in sorted(series.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")) if len(series) > 1 else series.items():
+    in_order = sorted(series.items(), key=lambda kv: key_order(kv[0])) if len(series) > 1 else series.items()  # one: nothing to sort
+    for (model, engine), b in in_order:
         built.append(_series(model, engine, b, gpu_unit, warnings, use_lmcache=model not in vllm_external))
 
     cache_config = cacheconfig.single_info(infos.get("cache_config"), "cache_config_info", warnings)

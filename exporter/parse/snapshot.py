@@ -34,6 +34,12 @@ class Histogram:
         return tuple(le for le, _ in self.buckets)
 
 
+def key_order(key: tuple[str, str | None]) -> tuple[str, str]:
+    """A series key (model, engine) as text, to sort on: engine is None on some series
+    and a string on others of the same model."""
+    return key[0], key[1] or ""
+
+
 @dataclass(frozen=True, slots=True)
 class SeriesSnapshot:
     model_name: str

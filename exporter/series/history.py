@@ -29,7 +29,7 @@ from operator import add as operator_add
 from operator import attrgetter, itemgetter, lt, ne, sub
 from typing import Callable
 
-from ..parse.snapshot import Snapshot
+from ..parse.snapshot import Snapshot, key_order
 from .modellog import ModelLog, RunningSums, advance
 
 # A counter that falls to at most this fraction of its last value was reset; one that
@@ -105,7 +105,7 @@ class Layout:
         # windows only need the counters' differences, not every histogram bucket's
         getter = itemgetter(*slots) if len(slots) > 1 else (lambda values: tuple(values[s] for s in slots))
         return Layout(keys, units, tuple(bounds), tuple(offsets), pos, position,
-                      {m: tuple(sorted(ks, key=lambda k: k[1] or "")) for m, ks in by_model.items()},
+                      {m: tuple(sorted(ks, key=key_order)) for m, ks in by_model.items()},
                       gauges, frozenset(gauges), unit_of_model, single_base, getter)
 
 
