@@ -118,13 +118,9 @@ def counts(queries: float | None, hits: float | None, external_hits: float | Non
         return (admitted_hits if admitted_hits > 0.0 else 0.0) + (transfer if transfer > 0.0 else 0.0), admitted_prompt
     if hits is None or not queries:
         return 0.0, 0.0
-    if unit == BLOCKS:
-        per_block = tokens_per_block(block_size)
-        hits, external_hits, queries = hits * per_block, (external_hits or 0.0) * per_block, queries * per_block
-    else:
-        external_hits = external_hits or 0.0
+    hits, external_hits = tokens(hits, unit, block_size), tokens(external_hits or 0.0, unit, block_size)
     # 0.0 for negatives and NaN, as max(0.0, x) gives
-    return (hits if hits > 0.0 else 0.0) + (external_hits if external_hits > 0.0 else 0.0), queries
+    return (hits if hits > 0.0 else 0.0) + (external_hits if external_hits > 0.0 else 0.0), tokens(queries, unit, block_size)
 
 
 def judged_ratio(ws) -> float | None:
