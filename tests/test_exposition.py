@@ -122,8 +122,12 @@ def test_a_scrape_never_waits_long_for_a_render_and_a_failed_one_is_a_500():
     assert time.monotonic() - began < 1.0
     gate.set()
     assert wait_for(lambda: b"prefixcache_config_last_reload_successful 0.0" in exposition.get(False))
-    exposition.fragments.render = lambda *between: 1 / 0
+    exposition.fragments.render = real
     state.update(config_reload_success=True)
+    # a quick render: a scrape expects the next to end within its wait, as this one did
+    assert wait_for(lambda: b"prefixcache_config_last_reload_successful 1.0" in exposition.get(False))
+    exposition.fragments.render = lambda *between: 1 / 0
+    state.update(config_reload_success=False)
     with pytest.raises(RuntimeError):
         exposition.get(False)
     assert state.published.counters.collect_errors == 1
@@ -156,6 +160,40 @@ def test_a_scrape_waits_for_a_render_only_when_the_last_one_is_older_than_max_ag
     state.update(config_reload_success=False)
     now[0] = 60.0  # quiet for a minute: this scrape waits for the render it starts
     assert b"prefixcache_config_last_reload_successful 0.0" in exposition.get(False)
+
+
+def test_a_scrape_waits_only_for_a_render_that_may_end_within_the_wait():
+    """A render as slow as the last one (10 s on the clock) that just started cannot end
+    within the 5 s a scrape may wait: the scrape gets the last render at once. Near the end
+    it may have, the next scrape waits for it and gets the state as it is now."""
+    import threading
+
+    state = fleet_state()
+    now = [0.0]
+    exposition = Exposition(state, CollectorRegistry(), min_interval=1.0, clock=lambda: now[0], wait=5.0,
+                            collector=PrefixCacheCollector(state, ["1m", "5m"]), max_age=2.0)
+    real = exposition.fragments.render
+
+    def slow(*between):  # takes 10 s of the clock
+        body = real(*between)
+        now[0] += 10.0
+        return body
+
+    exposition.fragments.render = slow
+    state.update(config_reload_success=False)
+    now[0] = 100.0
+    assert b"prefixcache_config_last_reload_successful 0.0" in exposition.get(False)  # waited: the last render was quick
+    gate, started = threading.Event(), threading.Event()
+    exposition.fragments.render = lambda *between: (started.set(), gate.wait(30.0), real(*between))[2]
+    state.update(config_reload_success=True)
+    now[0] = 200.0  # quiet long enough that the last render is old: this scrape starts a render
+    began = time.monotonic()
+    assert b"prefixcache_config_last_reload_successful 0.0" in exposition.get(False)
+    assert time.monotonic() - began < 2.5  # not the 5 s wait: a render that takes 10 s would not end in it
+    assert started.wait(5.0)  # at 200 on the clock, once the scrape's burst passed
+    now[0] = 206.0  # 4 s before the render would end, as long as the last one took: worth waiting for
+    threading.Timer(0.2, gate.set).start()
+    assert b"prefixcache_config_last_reload_successful 1.0" in exposition.get(False)
 
 
 
@@ -317,3 +355,43 @@ def test_work_that_can_wait_waits_for_a_pause_in_the_scrapes_and_never_longer_th
     began = time.monotonic()
     exposition.wait_for_pause(limit=5.0)
     assert time.monotonic() - began < 0.5
+
+
+def test_prepare_renders_once_before_the_first_scrape_and_never_after_one():
+    """The sidecar prepares the first scrape's answer once it is ready: a render
+    in the background, which the first scrape then gets without starting its own; after a
+    scrape, or a second time, prepare() asks for nothing."""
+    state = State()
+    now = [0.0]
+    collector = PrefixCacheCollector(state, ["1m", "5m"])
+    exposition = Exposition(state, CollectorRegistry(), min_interval=1.0, clock=lambda: now[0], wait=0.0,
+                            collector=collector, max_age=2.0)
+    state.set_targets(list(fleet_views()))
+    now[0] = 10.0
+    assert exposition.prepare() is True
+    assert wait_for(lambda: exposition.fragments.rendered_targets == len(fleet_views()), timeout=5.0, step=0.01)
+    assert exposition.prepare() is False  # once
+    now[0] = 11.0  # read a second ago: the first scrape gets it as it is, every target's series in it
+    assert samples(exposition.get(False).decode()) == samples(whole(state))
+    assert exposition.fragments.rendered_targets == len(fleet_views())
+
+    scraped = Exposition(state, CollectorRegistry(), min_interval=1.0, clock=lambda: now[0], collector=collector)
+    scraped.get(False)
+    assert scraped.prepare() is False and scraped.prepared
+
+
+def test_the_sidecar_prepares_its_first_answer_once_every_target_was_polled():
+    from exporter.config.sections import load
+    from exporter.sidecar import build_sidecar
+
+    sidecar = build_sidecar(load({"global": {"poll_interval": "1s", "connect_timeout": "200ms", "read_timeout": "200ms"},
+                                  "targets": [{"name": "vllm-0", "url": "http://127.0.0.1:1/metrics"}]}), "127.0.0.1:0")
+    exposition = sidecar.app.exposition
+    at_start = exposition.fragments.rendered_targets  # rendered as the sidecar was built, before its first poll
+    sidecar.start()
+    try:
+        assert wait_for(lambda: exposition.prepared and exposition.fragments.rendered_targets > at_start, timeout=15.0)
+        assert sidecar.state.ready()
+        assert b'prefixcache_target_up{target="vllm-0"} 0.0' in exposition.get(False)  # polled, and down
+    finally:
+        sidecar.stop(5.0)
