@@ -13,6 +13,7 @@ import argparse
 import gc
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,7 +57,8 @@ def file_sd(urls, path: Path) -> None:
 
 
 class MetricsProbe:
-    """GET /metrics every `every` seconds on a thread: the slowest answer and the failures."""
+    """GET /metrics every `every` seconds on a thread: each answer's time (the client's
+    gunzip of it included), and the failures."""
 
     def __init__(self, url: str, every: float = 2.0):
         self.url, self.every = url, every
@@ -122,11 +124,13 @@ def phase(label: str, code: Path | None, sd: Path, prom: Prometheus, seconds: fl
         sidecar.terminate()
         sidecar.wait(timeout=30)
     worst = max(probe.latencies, default=float("nan"))
+    median = statistics.median(probe.latencies) if probe.latencies else float("nan")
     print(f"discovered ({label}): {up} of 1000 targets up, poll 5s, {seconds:.0f}s | ours {ours * 100:.1f}% of a core, "
           f"Prometheus {theirs * 100:.1f}% scraping the same targets: {ours / theirs:.2f}x | peak RSS {peak:.1f} MB | "
-          f"/metrics every 2s: slowest {worst * 1000:.0f} ms, {probe.failures} failed of {len(probe.latencies) + probe.failures}")
+          f"/metrics every 2s: median {median * 1000:.0f} ms, slowest {worst * 1000:.0f} ms, "
+          f"{probe.failures} failed of {len(probe.latencies) + probe.failures}")
     return {"code": label, "targets_up": up, "cpu_share": ours, "prometheus_cpu_share": theirs, "ratio": ours / theirs,
-            "peak_rss_mb": peak, "metrics_slowest_s": worst, "metrics_failures": probe.failures}
+            "peak_rss_mb": peak, "metrics_median_s": median, "metrics_slowest_s": worst, "metrics_failures": probe.failures}
 
 
 def bench_discovered(targets: int, seconds: float, old: str | None) -> list[dict]:
