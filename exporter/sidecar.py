@@ -178,8 +178,6 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
     warmer = Warmer(cfg.warmup, clock)
 
     def on_evaluated(transitions, engine_firing) -> None:
-        if not app.exposition.prepared and ready()[0]:
-            app.exposition.prepare()  # the first scrape's answer, rendered once every target was polled
         if on_transitions is not None and transitions:
             on_transitions(transitions)
         notifier.transitions(transitions)

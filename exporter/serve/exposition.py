@@ -244,7 +244,6 @@ class Exposition:
         self._renders = 0  # renders finished (failed ones too)
         self._render_began = -1e18  # when the render in progress (or the last one) started, after its deferral
         self._took: float | None = None  # how long the last render that succeeded took, from its start
-        self.prepared = False  # prepare() was called
         self._renderer: threading.Thread | None = None
         self._failed = False  # the last render failed: a scrape that waited for it answers 500
         if self.fragments is not None:
@@ -292,7 +291,15 @@ class Exposition:
                 # still the state: a poll round that lands just before a burst of scrapers
                 # ages it from now, not from its render seconds ago, so the burst need not wait
                 self._read_at = self.clock()
-            self._start_if_due()
+            if self._due() and not self._busy:
+                self._busy, self._asked, self._asked_at = True, self.state.generation, self.clock()
+                self._turns = math.ceil(self.max_defer / self.quiet) if self.quiet > 0 else 0  # bounded by a stopped clock too
+                if self._renderer is None:
+                    # one thread for every render: its allocations stay in one malloc arena (a thread per
+                    # render spread the long-lived fragments over many, and the RSS with them)
+                    self._renderer = threading.Thread(target=self._render_loop, name="render", daemon=True)
+                    self._renderer.start()
+                self._changed.notify_all()
             if self._busy and self.clock() - self._read_at > self.max_age and self._may_end_in_time():
                 if not wait:
                     raise WouldWait()
@@ -311,31 +318,6 @@ class Exposition:
                 self._burst_began = now  # the first scrape after a pause
             self._scraped_at = now
         return ours, self._runtime(gzipped)
-
-    def _start_if_due(self) -> None:
-        """Under the lock: a render that is due is asked of the render thread."""
-        if self._due() and not self._busy:
-            self._busy, self._asked, self._asked_at = True, self.state.generation, self.clock()
-            self._turns = math.ceil(self.max_defer / self.quiet) if self.quiet > 0 else 0  # bounded by a stopped clock too
-            if self._renderer is None:
-                # one thread for every render: its allocations stay in one malloc arena (a thread per
-                # render spread the long-lived fragments over many, and the RSS with them)
-                self._renderer = threading.Thread(target=self._render_loop, name="render", daemon=True)
-                self._renderer.start()
-            self._changed.notify_all()
-
-    def prepare(self) -> bool:
-        """Once, before the first scrape (the sidecar calls it once it is ready: every
-        target polled): a render in the background, so that the first scrape finds every target's
-        series. Otherwise the first scrape starts the first render of the whole fleet
-        (4 s at 1,000 targets on a busy 2-core machine) and gets, after its wait, the answer
-        rendered before any poll. Whether it asked for one."""
-        with self._lock:
-            first, self.prepared = not self.prepared, True
-            if self.fragments is None or not first or self._scraped_at > -1e18:
-                return False
-            self._start_if_due()
-            return self._busy
 
     def _may_end_in_time(self) -> bool:
         """Under the lock: whether the render in progress may end within `wait` from now,
