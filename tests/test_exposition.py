@@ -196,7 +196,6 @@ def test_a_scrape_waits_only_for_a_render_that_may_end_within_the_wait():
     assert b"prefixcache_config_last_reload_successful 1.0" in exposition.get(False)
 
 
-
 def test_a_fragments_lines_follow_every_value_from_render_to_render():
     """A target's fragment, rendered again with the prefixes it kept, prints every value
     as prometheus_client does: a repeat, a signed zero, NaN, an int, Go's exponents."""
@@ -355,4 +354,3 @@ def test_work_that_can_wait_waits_for_a_pause_in_the_scrapes_and_never_longer_th
     began = time.monotonic()
     exposition.wait_for_pause(limit=5.0)
     assert time.monotonic() - began < 0.5
-
