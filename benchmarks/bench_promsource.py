@@ -123,12 +123,13 @@ def phase(label: str, code: Path | None, args, prom: Prometheus, compression: st
             reads = (queries_answered(prom) - asked0) / args.partitions  # its /metrics is no query: only the sidecar's count
             ours = ours_s / wall
             peak = peak_rss_mb(sidecar.pid)
-            r0 = time.monotonic()  # a scrape starts a render and gets the last one at once: ask until it holds every pod
+            r0, render_cpu0 = time.monotonic(), cpu_seconds(sidecar.pid)  # a scrape starts a render: ask until it holds every pod
             text = ""
             while text.count("prefixcache_target_up{") < args.pods * 0.99 and time.monotonic() - r0 < 600:
                 text = requests.get(url + "/metrics", timeout=60).text
                 time.sleep(0.5)
-            render_s = time.monotonic() - r0
+            render_s, render_cpu = time.monotonic() - r0, cpu_seconds(sidecar.pid) - render_cpu0
+            render_peak = peak_rss_mb(sidecar.pid)
             up = sum(1 for line in text.splitlines() if line.startswith("prefixcache_target_up{") and line.endswith(" 1.0"))
             size = len(text) / 2**20
             del text
@@ -139,9 +140,11 @@ def phase(label: str, code: Path | None, args, prom: Prometheus, compression: st
     print(f"prometheus source ({label}): {up} of {args.pods} pods up, read every {interval}: {reads:.1f} reads completed in "
           f"{args.reads} intervals ({wall:.0f} s) | ours {ours * 100:.1f}% of a core ({ours_s / reads if reads else float('nan'):.2f} s "
           f"CPU a read), Prometheus {theirs * 100:.1f}% (scraping and answering) | peak RSS {peak:.0f} MB | ready after {ready:.0f} s "
-          f"| our /metrics with every pod after {render_s:.1f} s, {size:.0f} MB", flush=True)
+          f"| our /metrics with every pod after {render_s:.1f} s ({render_cpu:.1f} s of our CPU meanwhile), {size:.0f} MB, "
+          f"peak RSS then {render_peak:.0f} MB", flush=True)
     return {"code": label, "pods": args.pods, "up": up, "cpu_share": ours, "cpu_seconds_a_read": ours_s / reads if reads else None,
-            "reads": reads, "prometheus_cpu_share": theirs, "peak_rss_mb": peak, "ready_seconds": ready, "render_seconds": render_s}
+            "reads": reads, "prometheus_cpu_share": theirs, "peak_rss_mb": peak, "ready_seconds": ready, "render_seconds": render_s,
+            "render_cpu_seconds": render_cpu, "render_peak_rss_mb": render_peak}
 
 
 if __name__ == "__main__":
