@@ -440,10 +440,9 @@ def runbook_anchor(alertname: str) -> str:
     return alertname.lower()
 
 
-def rules_to_run(rc: RulesConfig, model: str) -> list[tuple[Rule, RuleSettings]]:
-    """The enabled rules the engine runs on one target's `model` ("" : the target itself),
-    in registry order."""
-    scope = PER_TARGET if model == "" else PER_MODEL
+def rules_to_run(rc: RulesConfig, scope: str) -> list[tuple[Rule, RuleSettings]]:
+    """The enabled rules of `scope` the engine runs (PER_TARGET on each target once,
+    PER_MODEL on each of its models), in registry order."""
     return [(rule, rc.rules[rule.alertname]) for rule in REGISTRY
             if rule.scope == scope and rule.condition is not None and rule.alertname in rc.rules
             and rc.rules[rule.alertname].enabled]
