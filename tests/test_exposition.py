@@ -196,6 +196,28 @@ def test_a_scrape_waits_only_for_a_render_that_may_end_within_the_wait():
     assert b"prefixcache_config_last_reload_successful 1.0" in exposition.get(False)
 
 
+def test_an_answer_over_plain_up_to_is_kept_gzipped_only_and_gunzipped_for_a_plain_scrape():
+    """Above `plain_up_to` bytes only the gzipped answer is kept: a scrape that asks for gzip
+    gets it at once, one that asks for it plain gets it gunzipped, never on the selector's
+    thread (WouldWait), and the same text as an answer kept plain."""
+    import pytest
+
+    from exporter.serve.exposition import WouldWait
+
+    state = fleet_state()
+    small = Exposition(state, CollectorRegistry(), min_interval=1.0, collector=PrefixCacheCollector(state, ["1m", "5m"]))
+    large = Exposition(state, CollectorRegistry(), min_interval=1.0, collector=PrefixCacheCollector(state, ["1m", "5m"]),
+                       plain_up_to=1000)
+    plain = small.parts(False)[0]
+    assert len(plain) > 1000 and small.parts(False, wait=False)[0] == plain  # kept as it is: answered at once
+    zipped = large.parts(True)[0]
+    assert gzip.decompress(zipped) == plain
+    assert large.parts(True, wait=False)[0] == zipped
+    with pytest.raises(WouldWait):
+        large.parts(False, wait=False)
+    assert large.parts(False)[0] == plain
+
+
 def test_a_fragments_lines_follow_every_value_from_render_to_render():
     """A target's fragment, rendered again with the prefixes it kept, prints every value
     as prometheus_client does: a repeat, a signed zero, NaN, an int, Go's exponents."""

@@ -193,3 +193,41 @@ def test_a_connection_that_asks_to_close_is_closed_after_its_answer():
         assert out.startswith(b"HTTP/1.1 200 OK") and out.endswith(b"Healthy.\n")
     finally:
         server.stop()
+
+
+def test_an_answer_kept_gzipped_only_is_gunzipped_by_a_worker_for_a_plain_scrape():
+    """Over `plain_up_to` (210 MB at 10,000 pods) /metrics keeps its answer gzipped only: a
+    gzip scrape is still answered at once while the only worker is busy, a plain one waits
+    for the worker, which gunzips it, and both carry the same text."""
+    from exporter.serve.collector import PrefixCacheCollector
+
+    state = State()
+    app = App(state, CollectorRegistry(), collector=PrefixCacheCollector(state, ["1m"]))
+    app.exposition.plain_up_to = 100
+    state.update(config_reload_success=False)  # a change: its render is kept gzipped only
+    entered, release = threading.Event(), threading.Event()
+    app.route("GET", "/hold", _hold(entered, release))
+    server = Server(app, "127.0.0.1", 0, threads=1).start()
+    base = f"http://127.0.0.1:{server.port}"
+    holder = None
+    try:
+        def scrape(encoding: str, timeout: float = 5) -> requests.Response:
+            return requests.get(base + "/metrics", headers={"Accept-Encoding": encoding}, stream=True, timeout=timeout)
+        first = scrape("gzip")  # waits for the render (on the worker, still free)
+        assert first.headers["Content-Encoding"] == "gzip"
+        text = gzip.decompress(first.raw.read())
+        assert b"prefixcache_config_last_reload_successful 0.0" in text
+        holder = threading.Thread(target=lambda: requests.get(base + "/hold", timeout=30))
+        holder.start()
+        assert entered.wait(10)
+        assert gzip.decompress(scrape("gzip").raw.read()) == text  # at once, by the selector's thread
+        with pytest.raises(requests.Timeout):
+            scrape("identity", timeout=0.5).content  # to be gunzipped: it waits for the worker
+        release.set()
+        plain = scrape("identity")
+        assert "Content-Encoding" not in plain.headers and plain.content == text
+    finally:
+        release.set()
+        if holder is not None:
+            holder.join(30)
+        server.stop()
