@@ -414,7 +414,7 @@ def test_a_target_of_the_model_gone_for_one_evaluation_is_a_wobble_not_an_event(
 def test_a_replica_count_event_reaches_the_rules_of_its_model_only(monkeypatch):
     import exporter.monitor.engine as engine_module
     from exporter.alerting.deploys import REPLICAS
-    from exporter.alerting.rules import FALSE, HIT_RATE_LOW, PER_MODEL, registered
+    from exporter.alerting.rules import FALSE, HIT_RATE_LOW, registered
     e = engine_for(1)
     e.ingest("vllm-0", 100.0, parse(body(1000, 800, start=1.0) + body(1000, 800, model="other")))
     e.add_event(DeployEvent(99.0, None, "replicas:1->3", REPLICAS, model="m", replicas=(1, 3)))
@@ -424,8 +424,8 @@ def test_a_replica_count_event_reaches_the_rules_of_its_model_only(monkeypatch):
         seen[facts.model] = sorted(x.source for x in facts.events)
         return FALSE
     rule = registered(HIT_RATE_LOW)
-    monkeypatch.setattr(engine_module, "rules_to_run", lambda rc, scope: [(rule.__class__(**{**rule.__dict__, "condition": record}),
-                                                                          rc.rules[HIT_RATE_LOW])] if scope == PER_MODEL else [])
+    monkeypatch.setattr(engine_module, "rules_to_run", lambda rc: ([], [(rule.__class__(**{**rule.__dict__, "condition": record}),
+                                                                     rc.rules[HIT_RATE_LOW])]))
     e.evaluate(100.0)
     assert seen == {"m": ["replicas", "restart"], "other": ["restart"]}  # its first start is both models'
 

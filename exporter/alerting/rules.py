@@ -440,12 +440,12 @@ def runbook_anchor(alertname: str) -> str:
     return alertname.lower()
 
 
-def rules_to_run(rc: RulesConfig, scope: str) -> list[tuple[Rule, RuleSettings]]:
-    """The enabled rules of `scope` the engine runs (PER_TARGET on each target once,
-    PER_MODEL on each of its models), in registry order."""
-    return [(rule, rc.rules[rule.alertname]) for rule in REGISTRY
-            if rule.scope == scope and rule.condition is not None and rule.alertname in rc.rules
-            and rc.rules[rule.alertname].enabled]
+def rules_to_run(rc: RulesConfig) -> tuple[list[tuple[Rule, RuleSettings]], list[tuple[Rule, RuleSettings]]]:
+    """The enabled rules the engine runs: (those on each target once, those on each of its
+    models), in registry order."""
+    enabled = [(rule, rc.rules[rule.alertname]) for rule in REGISTRY
+               if rule.condition is not None and rule.alertname in rc.rules and rc.rules[rule.alertname].enabled]
+    return [r for r in enabled if r[0].scope == PER_TARGET], [r for r in enabled if r[0].scope == PER_MODEL]
 
 
 def evidence(f: Facts, rc: RulesConfig) -> causes.Evidence:

@@ -25,8 +25,6 @@ from ..alerting.deploys import (
 from ..alerting.rules import (
     DROP_AFTER_DEPLOY,
     HIT_RATE_LOW,
-    PER_MODEL,
-    PER_TARGET,
     ROUTER_PREDICTION_GAP,
     Facts,
     evidence,
@@ -304,7 +302,7 @@ class Engine:
         fleets = {model: tuple(ratios) for model, ratios in by_model.items()}
         with_events = {model: {other for other, _ in ratios if any(e.model is None or e.model == model for e in events_of.get(other, ()))}
                        for model, ratios in by_model.items()}
-        target_rules, model_rules = rules_to_run(rc, PER_TARGET), rules_to_run(rc, PER_MODEL)
+        target_rules, model_rules = rules_to_run(rc)
         for name, track in list(self.tracks.items()):
             view = track.view
             # a decode pod's prompt arrives as KV from prefill pods: its ratio is near zero by design
