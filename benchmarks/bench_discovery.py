@@ -1,9 +1,13 @@
 """(d) one process polling 1,000 discovered targets every 5 s beside a real Prometheus
 scraping the same 1,000 targets at the same interval, in the same run: the CPU share of
 each, their ratio (which holds across machines), peak RSS, and how long /metrics took to
-answer throughout (probed every 2 s); with --old REV, the code of REV measured the same
-way right after, against the same Prometheus. (e) memory per target with every 1 h window
-full, measured by driving the engine on a simulated clock through a full hour.
+answer throughout; with --old REV, the code of REV measured the same way right after,
+against the same Prometheus. Two windows a phase: in the first our /metrics is scraped
+every 15 s, as a Prometheus scrapes the sidecar (the CPU ratio of a deployment); in the
+second it is probed every 2 s (its answers' times; each probe asks for a render of the
+targets polled since the one before, so this window's CPU is reported too). (e) memory
+per target with every 1 h window full, measured by driving the engine on a simulated
+clock through a full hour.
 
 (d) runs the real `vllm-prefix-cache-exporter run` with a file_sd file listing the
 simulated replicas (served by `simulate` in other processes); Prometheus reads the same
@@ -113,31 +117,49 @@ def this_and_old(measure, old: str | None) -> list[dict]:
     return rows
 
 
+SCRAPED_EVERY = 15.0  # how often a Prometheus scrapes the sidecar in the first window
+PROBED_EVERY = 2.0  # the second window's probe
+
+
+def window(sidecar, prom: Prometheus, url: str, seconds: float, every: float) -> dict:
+    """Our CPU share and Prometheus's over `seconds` while /metrics is asked every `every` s."""
+    probe = MetricsProbe(url, every)
+    ours0, theirs0, t0 = cpu_seconds(sidecar.pid), cpu_seconds(prom.pid), time.monotonic()
+    time.sleep(seconds)
+    wall = time.monotonic() - t0
+    ours, theirs = (cpu_seconds(sidecar.pid) - ours0) / wall, (cpu_seconds(prom.pid) - theirs0) / wall
+    probe.stop()
+    return {"cpu_share": ours, "prometheus_cpu_share": theirs, "ratio": ours / theirs, "latencies": probe.latencies,
+            "failures": probe.failures}
+
+
 def phase(label: str, code: Path | None, sd: Path, prom: Prometheus, seconds: float, workdir: Path) -> dict:
     cfg = {"global": {"poll_interval": "5s"}, "discovery": {"file_sd": {"files": [str(sd)]}}}
     sidecar, url = start_sidecar_with(cfg, workdir, ready_within=180.0, code=code)
     try:
         time.sleep(10)
-        probe = MetricsProbe(url)
-        ours0, theirs0, t0 = cpu_seconds(sidecar.pid), cpu_seconds(prom.pid), time.monotonic()
-        time.sleep(seconds)
-        wall = time.monotonic() - t0
-        ours, theirs = (cpu_seconds(sidecar.pid) - ours0) / wall, (cpu_seconds(prom.pid) - theirs0) / wall
-        probe.stop()
+        scraped = window(sidecar, prom, url, seconds, SCRAPED_EVERY)
+        probed = window(sidecar, prom, url, seconds, PROBED_EVERY)
         peak = peak_rss_mb(sidecar.pid)
         text = requests.get(url + "/metrics", timeout=60).text
         up = sum(1 for line in text.splitlines() if line.startswith("prefixcache_target_up{") and line.endswith(" 1.0"))
     finally:
         sidecar.terminate()
         sidecar.wait(timeout=30)
-    worst = max(probe.latencies, default=float("nan"))
-    median = statistics.median(probe.latencies) if probe.latencies else float("nan")
-    print(f"discovered ({label}): {up} of 1000 targets up, poll 5s, {seconds:.0f}s | ours {ours * 100:.1f}% of a core, "
-          f"Prometheus {theirs * 100:.1f}% scraping the same targets: {ours / theirs:.2f}x | peak RSS {peak:.1f} MB | "
-          f"/metrics every 2s: median {median * 1000:.0f} ms, slowest {worst * 1000:.0f} ms, "
-          f"{probe.failures} failed of {len(probe.latencies) + probe.failures}")
-    return {"code": label, "targets_up": up, "cpu_share": ours, "prometheus_cpu_share": theirs, "ratio": ours / theirs,
-            "peak_rss_mb": peak, "metrics_median_s": median, "metrics_slowest_s": worst, "metrics_failures": probe.failures}
+    latencies = scraped["latencies"] + probed["latencies"]
+    failures = scraped["failures"] + probed["failures"]
+    worst = max(latencies, default=float("nan"))
+    median = statistics.median(probed["latencies"]) if probed["latencies"] else float("nan")
+    print(f"discovered ({label}): {up} of 1000 targets up, poll 5s, two windows of {seconds:.0f}s | "
+          f"/metrics scraped every {SCRAPED_EVERY:g}s: ours {scraped['cpu_share'] * 100:.1f}% of a core, Prometheus "
+          f"{scraped['prometheus_cpu_share'] * 100:.1f}% scraping the same targets: {scraped['ratio']:.2f}x | "
+          f"probed every {PROBED_EVERY:g}s: ours {probed['cpu_share'] * 100:.1f}%, Prometheus "
+          f"{probed['prometheus_cpu_share'] * 100:.1f}%: {probed['ratio']:.2f}x | peak RSS {peak:.1f} MB | /metrics: median "
+          f"{median * 1000:.0f} ms probed, slowest {worst * 1000:.0f} ms of both windows, {failures} failed of "
+          f"{len(latencies) + failures}")
+    return {"code": label, "targets_up": up, "cpu_share": scraped["cpu_share"], "prometheus_cpu_share": scraped["prometheus_cpu_share"],
+            "ratio": scraped["ratio"], "probed_cpu_share": probed["cpu_share"], "probed_ratio": probed["ratio"],
+            "peak_rss_mb": peak, "metrics_median_s": median, "metrics_slowest_s": worst, "metrics_failures": failures}
 
 
 def bench_discovered(targets: int, seconds: float, old: str | None) -> list[dict]:
