@@ -218,6 +218,25 @@ def test_an_answer_over_plain_up_to_is_kept_gzipped_only_and_gunzipped_for_a_pla
     assert large.parts(False)[0] == plain
 
 
+def test_gzip_chunks_is_one_gzip_member_of_the_chunks_joined_across_batches(monkeypatch):
+    """The answer is compressed a batch of chunks at a time, never joined whole: one member
+    (a reader that stops after the first, like zlib's, gets it all), the chunks' bytes in
+    order, whatever the batch size; empty chunks and no chunk at all too."""
+    import zlib
+
+    from exporter.serve import exposition
+
+    chunks = [f"family_{i} {i * 0.5}\n".encode() * (i % 7) for i in range(3000)]
+    joined = b"".join(chunks)
+    for batch in (1, 100, 2**20):
+        monkeypatch.setattr(exposition, "GZIP_BATCH", batch)
+        zipped = exposition.gzip_chunks(chunks)
+        assert gzip.decompress(zipped) == joined
+        one_member = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        assert one_member.decompress(zipped) == joined and one_member.eof and not one_member.unused_data
+    assert gzip.decompress(exposition.gzip_chunks([])) == b""
+
+
 def test_a_fragments_lines_follow_every_value_from_render_to_render():
     """A target's fragment, rendered again with the prefixes it kept, prints every value
     as prometheus_client does: a repeat, a signed zero, NaN, an int, Go's exponents."""
