@@ -62,6 +62,25 @@ def test_the_fragments_render_every_family_and_sample_of_the_whole_render():
     assert 'prefixcache_skipped_polls_total{namespace="",target="vllm-down",team=""} 7.0' in ours
 
 
+def test_two_routers_of_one_model_each_get_their_own_series():
+    """The fleet's families name targets of their own (a router's predictions): two routers
+    predicting one model over one window are two series, each with its router's labels, as
+    in the whole render (a label text kept by family and values alone gave both the first
+    router's labels)."""
+    from exporter.alerting.router import Delivered, Prediction
+    from exporter.monitor.targetview import TargetView
+
+    state = State()
+    routers = [Target(name, f"http://{name}:9090/metrics", (("namespace", space),)) for name, space in (("epp-a", "a"), ("epp-b", "b"))]
+    state.set_targets([TargetView(target=t) for t in routers])
+    state.update(routing={t.name: {"m": {"5m": (Prediction(ratio, "tokens", 10.0, 1000.0), Delivered(ratio / 2, 1000.0, 2))}}
+                          for t, ratio in zip(routers, (0.8, 0.6))})
+    ours = Exposition(state, CollectorRegistry(), collector=PrefixCacheCollector(state, ["1m", "5m"])).get(False).decode()
+    assert samples(ours) == samples(whole(state))
+    assert 'prefixcache_predicted_hit_ratio{model_name="m",namespace="a",target="epp-a",weighting="tokens",window="5m"} 0.8' in ours
+    assert 'prefixcache_predicted_hit_ratio{model_name="m",namespace="b",target="epp-b",weighting="tokens",window="5m"} 0.6' in ours
+
+
 def test_a_render_renders_again_only_the_targets_that_changed():
     state = fleet_state()
     collector = PrefixCacheCollector(state, ["1m", "5m"])
