@@ -63,9 +63,10 @@ def file_sd(urls, path: Path) -> None:
 
 class MetricsProbe:
     """GET /metrics every `every` seconds on a thread, on the clock's ticks as a Prometheus
-    scrape loop asks (a tick missed while an answer is awaited is skipped): each answer's
-    time (the client's gunzip of it included), and the failures. Not `every` seconds after
-    the last answer: a faster answer would ask for more renders, and cost more CPU."""
+    scrape loop asks (a tick missed while an answer is awaited is skipped), the first at
+    once, so that a window of N ticks holds N asks: each answer's time (the client's gunzip
+    of it included), and the failures. Not `every` seconds after the last answer: a faster
+    answer would ask for more renders, and cost more CPU."""
 
     def __init__(self, url: str, every: float = 2.0):
         self.url, self.every = url, every
@@ -77,10 +78,7 @@ class MetricsProbe:
 
     def _run(self):
         tick = time.monotonic()
-        while True:
-            tick += self.every * max(1, math.ceil((time.monotonic() - tick) / self.every))
-            if self._stop.wait(max(0.0, tick - time.monotonic())):
-                return
+        while not self._stop.wait(max(0.0, tick - time.monotonic())):
             began = time.monotonic()
             try:
                 ok = requests.get(self.url + "/metrics", timeout=10).status_code == 200
@@ -90,6 +88,7 @@ class MetricsProbe:
                 self.latencies.append(time.monotonic() - began)
             else:
                 self.failures += 1
+            tick += self.every * max(1, math.ceil((time.monotonic() - tick) / self.every))
 
     def stop(self):
         self._stop.set()
