@@ -154,8 +154,9 @@ def phase(label: str, code: Path | None, sd: Path, prom: Prometheus, seconds: fl
           f"{scraped['prometheus_cpu_share'] * 100:.1f}% scraping the same targets: {scraped['ratio']:.2f}x | "
           f"probed every {PROBED_EVERY:g}s: ours {probed['cpu_share'] * 100:.1f}%, Prometheus "
           f"{probed['prometheus_cpu_share'] * 100:.1f}%: {probed['ratio']:.2f}x | peak RSS {peak:.1f} MB | /metrics: median "
-          f"{median * 1000:.0f} ms probed, slowest {worst * 1000:.0f} ms of both windows, {failures} failed of "
-          f"{len(latencies) + failures}")
+          f"{median * 1000:.0f} ms probed, slowest {worst * 1000:.0f} ms of both windows (scraped: "
+          f"{', '.join(f'{t * 1000:.0f}' for t in scraped['latencies'])} ms; probed: slowest "
+          f"{max(probed['latencies'], default=float('nan')) * 1000:.0f} ms), {failures} failed of {len(latencies) + failures}")
     return {"code": label, "targets_up": up, "cpu_share": scraped["cpu_share"], "prometheus_cpu_share": scraped["prometheus_cpu_share"],
             "ratio": scraped["ratio"], "probed_cpu_share": probed["cpu_share"], "probed_ratio": probed["ratio"],
             "peak_rss_mb": peak, "metrics_median_s": median, "metrics_slowest_s": worst, "metrics_failures": failures}
