@@ -43,6 +43,16 @@ def _labels_text(pairs) -> str:
     return "{" + ",".join(f'{k}="{_value(v)}"' for k, v in sorted(pairs)) + "}" if pairs else ""
 
 
+def _labels_around(pairs, label: str) -> tuple[str, str]:
+    """_labels_text of `pairs` and (`label`, value) cut where the value goes, the space after
+    the labels included."""
+    ordered = sorted(pairs)
+    at = sum(1 for k, _ in ordered if k < label)
+    before = "".join(f'{k}="{_value(v)}",' for k, v in ordered[:at])
+    after = "".join(f',{k}="{_value(v)}"' for k, v in ordered[at:])
+    return "{" + before + label + '="', '"' + after + "} "
+
+
 _GO_SPECIAL = {"inf": "+Inf", "-inf": "-Inf", "nan": "NaN"}
 
 
@@ -83,46 +93,50 @@ class TextFamilies(Families):
     def _pairs(self, name: str, values: tuple, target) -> list[tuple[str, str]]:
         return list(zip(self.label_names(name), self._labels(name, values, target)))
 
+    def _kept(self, key: tuple, make: Callable[[], object]):
+        if self.prefixes is None:
+            return make()
+        kept = self.prefixes.get(key)
+        if kept is None:
+            kept = self.prefixes[key] = make()
+        return kept
+
+    def _text_of(self, name: str, shape: str, values: tuple, target) -> str:
+        if self.prefixes is None:
+            return _labels_text(self._pairs(name, values, target))
+        key = (shape, values)
+        text = self.prefixes.get(key)
+        if text is None:
+            text = self.prefixes[key] = _labels_text(self._pairs(name, values, target))
+        return text
+
     def add(self, name: str, values: tuple, value: float, target) -> None:
         exposed, shape = _FAMILIES[name]
-        if self.prefixes is None:
-            labels = _labels_text(self._pairs(name, values, target))
-        else:
-            key = (shape, values)
-            labels = self.prefixes.get(key)
-            if labels is None:
-                labels = self.prefixes[key] = _labels_text(self._pairs(name, values, target))
-        self.lines[name].append(f"{exposed}{labels} {_go(value)}\n")
+        self.lines[name].append(f"{exposed}{self._text_of(name, shape, values, target)} {_go(value)}\n")
 
-    def _series(self, name: str, values: tuple, target, kind: str, keys: tuple) -> tuple[list[str], str, str]:
-        """A histogram's or summary's line prefixes: one per bucket or quantile, _count, _sum."""
-        key = (name, values, kind, keys)
-        cached = self.prefixes.get(key) if self.prefixes is not None else None
-        if cached is None:
-            pairs = self._pairs(name, values, target)
-            label = "le" if kind == "histogram" else "quantile"
-            suffix = "_bucket" if kind == "histogram" else ""
-            text = _labels_text(pairs)
-            cached = ([f"{name}{suffix}{_labels_text(pairs + [(label, k)])} " for k in keys], f"{name}_count{text} ", f"{name}_sum{text} ")
-            if self.prefixes is not None:
-                self.prefixes[key] = cached
-        return cached
+    def _around(self, name: str, shape: str, values: tuple, target, label: str) -> tuple[str, str]:
+        """The label text of a bucket or quantile, cut where its `le` or `quantile` value
+        goes: kept once for the series, not a text for each of its buckets (at 10,000 pods
+        those were some 100 MB of the render's memory)."""
+        return self._kept((shape, values, label), lambda: _labels_around(self._pairs(name, values, target), label))
+
+    def _complete(self, name: str, shape: str, values: tuple, target, totals: tuple[float, float]) -> None:
+        text = self._text_of(name, shape, values, target)
+        self.lines[name].extend((f"{name}_count{text} {_go(totals[0])}\n", f"{name}_sum{text} {_go(totals[1])}\n"))
 
     def histogram(self, name: str, values: tuple, buckets, total: float, target) -> None:
-        bounds = tuple("+Inf" if math.isinf(le) else repr(float(le)) for le, _ in buckets)
-        heads, count, sum_ = self._series(name, values, target, "histogram", bounds)
-        out = self.lines[name]
-        out.extend(head + _go(c) + "\n" for head, (_, c) in zip(heads, buckets))
+        shape = _FAMILIES[name][1]
+        before, after = self._around(name, shape, values, target, "le")
+        self.lines[name].extend(f"{name}_bucket{before}{'+Inf' if math.isinf(le) else repr(float(le))}{after}{_go(c)}\n"
+                                for le, c in buckets)
         if buckets and total is not None:
-            out.append(count + _go(buckets[-1][1]) + "\n")
-            out.append(sum_ + _go(total) + "\n")
+            self._complete(name, shape, values, target, (buckets[-1][1], total))
 
     def summary(self, name: str, values: tuple, quantiles, totals: tuple[float, float], target) -> None:
-        heads, count, sum_ = self._series(name, values, target, "summary", tuple(repr(float(q)) for q, _ in quantiles))
-        out = self.lines[name]
-        out.extend(head + _go(v) + "\n" for head, (_, v) in zip(heads, quantiles))
-        out.append(count + _go(totals[0]) + "\n")
-        out.append(sum_ + _go(totals[1]) + "\n")
+        shape = _FAMILIES[name][1]
+        before, after = self._around(name, shape, values, target, "quantile")
+        self.lines[name].extend(f"{name}{before}{repr(float(q))}{after}{_go(v)}\n" for q, v in quantiles)
+        self._complete(name, shape, values, target, totals)
 
     def fragments(self) -> dict[str, bytes]:
         """METRICS name -> its sample lines, encoded: the answer is then joined from them as
