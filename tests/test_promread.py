@@ -9,10 +9,13 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
 
 from exporter.config.sections import ConfigError, load
 from exporter.discovery import promseries
 from exporter.poll.poller import Poller
+from exporter.serve.collector import PrefixCacheCollector
 from exporter.serve.state import State
 from exporter.series.window import stats_between
 from exporter.sim import simulator
@@ -25,6 +28,12 @@ MODEL = "demo/llama-3-8b"
 PODS = {"vllm-a": "v1", "vllm-b": "v1", "vllm-c": "v2"}
 
 
+def registry_of(state: State) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PrefixCacheCollector(state, ["1m", "5m", "1h"]))
+    return registry
+
+
 def read_config(prom_url: str, **discovery) -> dict:
     return {"global": {"poll_interval": "1s", "jitter": "0s", "min_query_tokens": 1, "windows": ["1m", "5m", "1h"], "connect_timeout": "500ms", "read_timeout": "1s"},
             "discovery": {"read_prometheus": {"url": prom_url, "match_labels": {"job": "vllm"}}, **discovery}}
@@ -34,7 +43,13 @@ def test_the_config_reads_the_source_strictly():
     cfg = load(read_config("http://prometheus:9090"))
     read = cfg.discovery.read_prometheus
     assert read.url == "http://prometheus:9090" and read.match_labels == (("job", "vllm"),) and read.target_label == "pod"
-    assert cfg.discovery.enabled
+    assert cfg.discovery.enabled and not read.reexport_engine_series
+    again = read_config("http://prometheus:9090")
+    again["discovery"]["read_prometheus"]["reexport_engine_series"] = True
+    assert load(again).discovery.read_prometheus.reexport_engine_series
+    again["discovery"]["read_prometheus"]["reexport_engine_series"] = "yes"
+    with pytest.raises(ConfigError, match="reexport_engine_series"):
+        load(again)
     with pytest.raises(ConfigError, match="match_labels"):
         load({"discovery": {"read_prometheus": {"url": "http://prometheus:9090"}}})
     with pytest.raises(ConfigError, match="read_prometheus.scrape_interval"):
@@ -130,6 +145,11 @@ def test_read_from_prometheus_equals_promql_and_the_scrape_path_and_stale_pods_g
         assert "resolution is Prometheus&#x27;s scrape interval (observed 1s)" in page, [p for p in page.split("<p") if "resolution" in p]
         status = [s for s in state.published.discovery if s.name == "read_prometheus"]
         assert status and status[0].ok and len(status[0].targets) == 3
+        # the engines' own series are in the Prometheus read: not exported again, where the scrape path's are
+        assert state.published.engine_series_withheld == frozenset(PODS) and not direct_state.published.engine_series_withheld
+        read_text, direct_text = (generate_latest(registry_of(s)).decode() for s in (state, direct_state))
+        assert "prefixcache_vllm_prefix_cache_queries_total{" not in read_text and 'prefixcache_effective_hit_ratio{' in read_text
+        assert "prefixcache_vllm_prefix_cache_queries_total{" in direct_text
     finally:
         reader.stop(1.0)
         direct.stop(1.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .reader import (LABEL_NAME, Reader, duration_or_zero, http_url, label_name, limit_or_zero, nonempty_string,
+from .reader import (LABEL_NAME, Reader, boolean, duration_or_zero, http_url, label_name, limit_or_zero, nonempty_string,
                             parse_duration, positive_int, read_secret)
 
 
@@ -51,6 +51,10 @@ class PrometheusReadConfig:
     # "gzip": answers compressed (Prometheus compresses them, we inflate them: CPU on both
     # sides, a 25th of the bytes); "none": sent as they are, for a Prometheus in the same zone
     compression: str = "gzip"
+    # the engines' own series (prefixcache_vllm_*, ...) of the targets read, exported again: the
+    # Prometheus read holds them already (at 10,000 pods a third of our /metrics); true where
+    # the Prometheus that scrapes us is not the one read and needs them under our names
+    reexport_engine_series: bool = False
 
 
 COMPRESSIONS = ("gzip", "none")
@@ -133,7 +137,8 @@ def _read_prometheus(r: Reader, raw: Any) -> PrometheusReadConfig:
     """`discovery.read_prometheus`: the url, auth and timeout as discovery.prometheus reads them."""
     path = "discovery.read_prometheus"
     p = r.mapping(raw, path, {"url", "match_labels", "target_label", "timeout", "bearer_token", "bearer_token_file",
-                              "basic_auth", "stale_after", "max_answer", "partitions", "compression"})
+                              "basic_auth", "stale_after", "max_answer", "partitions", "compression",
+                              "reexport_engine_series"})
     if "url" not in p:
         r.errors.append(f"{path}.url: required")
     auth = r.mapping(p.get("basic_auth"), f"{path}.basic_auth", {"username", "password", "password_file"})
@@ -148,7 +153,8 @@ def _read_prometheus(r: Reader, raw: Any) -> PrometheusReadConfig:
         stale_after=r.value(p, path, "stale_after", duration_or_zero, 0.0),
         max_answer=r.value(p, path, "max_answer", positive_int, PrometheusReadConfig.max_answer),
         partitions=r.value(p, path, "partitions", positive_int, 1),
-        compression=r.value(p, path, "compression", nonempty_string, PrometheusReadConfig.compression))
+        compression=r.value(p, path, "compression", nonempty_string, PrometheusReadConfig.compression),
+        reexport_engine_series=r.value(p, path, "reexport_engine_series", boolean, False))
     if cfg.compression not in COMPRESSIONS:
         r.errors.append(f"{path}.compression: {cfg.compression!r} is not one of {', '.join(COMPRESSIONS)}")
     if cfg.partitions > 36:

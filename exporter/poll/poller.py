@@ -299,6 +299,7 @@ class Poller:
         self.reader: PrometheusReader | None = None  # discovery.read_prometheus: the pods' samples from a Prometheus
         self.read_found: list[Target] = []  # the pods it found
         self.read_names: frozenset[str] = frozenset()  # of what is polled, the targets it reads (no scrape of theirs)
+        self.engine_series_withheld: frozenset[str] = frozenset()  # of those, whose engine's own series we do not export
         self.freeze_reads = False  # freeze what each read leaves (the sidecar's process: promread.read_once)
         self.reads_frozen = 0
         self.current = config  # what is polled: static and discovered targets of this shard
@@ -338,6 +339,11 @@ class Poller:
         g = config.global_
         read_urls = {t.url for t in self.read_found}
         self.read_names = frozenset(t.name for t in current.targets if t.url in read_urls)
+        read = config.discovery.read_prometheus
+        withheld = self.read_names if read is not None and not read.reexport_engine_series else frozenset()
+        if withheld != self.engine_series_withheld:
+            self.engine_series_withheld = withheld
+            self.state.update(engine_series_withheld=withheld)
         for t in current.targets:
             poller = self.pollers.get(t.name)
             if poller is None:

@@ -39,14 +39,15 @@ class MetricDef:
     help: str
     labels: tuple[str, ...]
     target_labels: bool = True  # a `target` label gets the target's configured extra labels
+    as_read: bool = False  # an engine's own series as read from the target: withheld for a target read from a Prometheus
 
     @property
     def exposed_name(self) -> str:
         return self.name + ("_total" if self.kind == "counter" else "")
 
 
-def _m(name: str, kind: str, help_text: str, *labels: str, target_labels: bool = True) -> MetricDef:
-    return MetricDef("prefixcache_" + name, kind, help_text, labels, target_labels)
+def _m(name: str, kind: str, help_text: str, *labels: str, target_labels: bool = True, as_read: bool = False) -> MetricDef:
+    return MetricDef("prefixcache_" + name, kind, help_text, labels, target_labels, as_read)
 
 
 _W = "over the sliding window in label `window` (configured: {windows})"
@@ -69,25 +70,25 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("prefix_caching_enabled", "gauge", "1 if vLLM reports prefix caching on (cache_config_info or V0 gauge), 0 if off; absent if unknown.", "target"),
     _m("block_size_tokens", "gauge", "KV-cache block size from vllm:cache_config_info; only full blocks can be hit.", "target"),
     # raw counters, re-exported so PromQL can recompute every derived value
-    _m("vllm_prefix_cache_queries", "counter", "vLLM prefix-cache queries as read from the target (vllm:prefix_cache_queries_total or the gpu_ pair), in `unit`.", "target", "model_name", "engine", "unit"),
-    _m("vllm_prefix_cache_hits", "counter", "vLLM prefix-cache hits as read from the target, in `unit`.", "target", "model_name", "engine", "unit"),
-    _m("vllm_external_prefix_cache_queries", "counter", "vLLM external (KV connector) prefix-cache queries, tokens.", "target", "model_name", "engine"),
-    _m("vllm_external_prefix_cache_hits", "counter", "vLLM external (KV connector) prefix-cache hits, tokens.", "target", "model_name", "engine"),
-    _m("vllm_prompt_tokens", "counter", "vLLM prompt tokens processed, as read from the target.", "target", "model_name", "engine"),
-    _m("vllm_preemptions", "counter", "vLLM preemptions, as read from the target.", "target", "model_name", "engine"),
-    _m("vllm_time_to_first_token_seconds", "histogram", "vLLM time-to-first-token histogram as read from the target (buckets as vLLM sets them).", "target", "model_name", "engine"),
-    _m("vllm_kv_cache_usage_ratio", "gauge", "vLLM KV-cache usage, 0-1 (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc).", "target", "model_name", "engine"),
-    _m("vllm_prompt_tokens_by_source", "counter", "vLLM 0.16+ admitted prefill: prompt tokens by `source` (local_compute, local_cache_hit, external_kv_transfer), counted once per request when its first token is out.", "target", "model_name", "engine", "source"),
-    _m("vllm_prompt_tokens_cached", "counter", "vLLM 0.16+ admitted prefill: cached prompt tokens (local + external).", "target", "model_name", "engine"),
-    _m("cached_tokens_by_tier", "counter", "Cached prompt tokens by cache `tier` as the engine counts them: device, host, storage/disk, unattributed (SGLang's cache_source=total fallback), p2p (vLLM 0.33: KV another replica sent, a transfer); SGLang cached_tokens_total, vLLM prompt_tokens_cached_by_source, TensorRT-LLM prompt_cache_hit_tokens_total.", "target", "model_name", "engine", "tier"),
-    _m("vllm_kv_block_idle_before_evict_seconds", "histogram", "vLLM 0.12+ with --kv-cache-metrics: how long sampled KV blocks sat unused before eviction, as read from the target.", "target", "model_name", "engine"),
-    _m("vllm_kv_block_reuse_gap_seconds", "histogram", "vLLM 0.12+ with --kv-cache-metrics: gaps between uses of one sampled KV block, as read from the target.", "target", "model_name", "engine"),
+    _m("vllm_prefix_cache_queries", "counter", "vLLM prefix-cache queries as read from the target (vllm:prefix_cache_queries_total or the gpu_ pair), in `unit`.", "target", "model_name", "engine", "unit", as_read=True),
+    _m("vllm_prefix_cache_hits", "counter", "vLLM prefix-cache hits as read from the target, in `unit`.", "target", "model_name", "engine", "unit", as_read=True),
+    _m("vllm_external_prefix_cache_queries", "counter", "vLLM external (KV connector) prefix-cache queries, tokens.", "target", "model_name", "engine", as_read=True),
+    _m("vllm_external_prefix_cache_hits", "counter", "vLLM external (KV connector) prefix-cache hits, tokens.", "target", "model_name", "engine", as_read=True),
+    _m("vllm_prompt_tokens", "counter", "vLLM prompt tokens processed, as read from the target.", "target", "model_name", "engine", as_read=True),
+    _m("vllm_preemptions", "counter", "vLLM preemptions, as read from the target.", "target", "model_name", "engine", as_read=True),
+    _m("vllm_time_to_first_token_seconds", "histogram", "vLLM time-to-first-token histogram as read from the target (buckets as vLLM sets them).", "target", "model_name", "engine", as_read=True),
+    _m("vllm_kv_cache_usage_ratio", "gauge", "vLLM KV-cache usage, 0-1 (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc).", "target", "model_name", "engine", as_read=True),
+    _m("vllm_prompt_tokens_by_source", "counter", "vLLM 0.16+ admitted prefill: prompt tokens by `source` (local_compute, local_cache_hit, external_kv_transfer), counted once per request when its first token is out.", "target", "model_name", "engine", "source", as_read=True),
+    _m("vllm_prompt_tokens_cached", "counter", "vLLM 0.16+ admitted prefill: cached prompt tokens (local + external).", "target", "model_name", "engine", as_read=True),
+    _m("cached_tokens_by_tier", "counter", "Cached prompt tokens by cache `tier` as the engine counts them: device, host, storage/disk, unattributed (SGLang's cache_source=total fallback), p2p (vLLM 0.33: KV another replica sent, a transfer); SGLang cached_tokens_total, vLLM prompt_tokens_cached_by_source, TensorRT-LLM prompt_cache_hit_tokens_total.", "target", "model_name", "engine", "tier", as_read=True),
+    _m("vllm_kv_block_idle_before_evict_seconds", "histogram", "vLLM 0.12+ with --kv-cache-metrics: how long sampled KV blocks sat unused before eviction, as read from the target.", "target", "model_name", "engine", as_read=True),
+    _m("vllm_kv_block_reuse_gap_seconds", "histogram", "vLLM 0.12+ with --kv-cache-metrics: gaps between uses of one sampled KV block, as read from the target.", "target", "model_name", "engine", as_read=True),
     _m("kv_evicted_before_reuse", "gauge", "1 if sampled KV blocks are evicted sooner (median idle time before eviction) than they are typically reused (median reuse gap), since the engine started: direct evidence of eviction pressure; 0 if not; absent without vLLM's residency histograms.", "target", "model_name", "engine"),
     _m("engine_sleep_level", "gauge", "vLLM sleep mode (vllm:engine_sleep_state): 0 awake, 1 asleep with its weights offloaded, 2 asleep with its weights discarded; both levels discard the KV cache, so a wake is a cold start. An engine asleep serves nothing and is not down; absent where vLLM does not say.", "target", "model_name", "engine"),
-    _m("engine_cache_hit_rate", "gauge", "The engine's own hit-rate gauge: SGLang's sglang:cache_hit_rate (the LAST prefill batch, or since start in old versions), TensorRT-LLM's trtllm_kv_cache_hit_rate (blocks since start); never a windowed rate; exported as read, never alerted on.", "target", "model_name"),
+    _m("engine_cache_hit_rate", "gauge", "The engine's own hit-rate gauge: SGLang's sglang:cache_hit_rate (the LAST prefill batch, or since start in old versions), TensorRT-LLM's trtllm_kv_cache_hit_rate (blocks since start); never a windowed rate; exported as read, never alerted on.", "target", "model_name", as_read=True),
     _m("decode_target", "gauge", "1 if the target is a prefill/decode decode pod, from its `role: decode` label or its shape (90%+ of prompt tokens since start arrived as KV transfer), else 0: its transfers are not hits, and the hit-rate rules and the fleet leave it out.", "target"),
     _m("target_engine_info", "gauge", "Which engine's metric names the target serves (`engine`: vllm, sglang or trtllm); value 1.", "target", "engine"),
-    _m("vllm_hit_ratio_since_start", "gauge", "V0 engines only: vLLM's block hit rate averaged since start (vllm:gpu_prefix_cache_hit_rate); no window can be derived from it.", "target", "model_name"),
+    _m("vllm_hit_ratio_since_start", "gauge", "V0 engines only: vLLM's block hit rate averaged since start (vllm:gpu_prefix_cache_hit_rate); no window can be derived from it.", "target", "model_name", as_read=True),
     # derived per window
     _m("hit_ratio", "gauge", "Token-weighted prefix-cache hit ratio increase(hits)/increase(queries), summed over engines, " + _W + "; absent below global.min_query_tokens.", "target", "model_name", "window"),
     _m("query_tokens_per_second", "gauge", "Prefix-cache query tokens per second " + _W + " (blocks for 0.8.x targets).", "target", "model_name", "window"),
@@ -167,10 +168,47 @@ class PrefixCacheCollector(Collector):
     @staticmethod
     def per_target(p, name: str) -> tuple:
         """What a target's families read besides its view: (skipped polls, deploy counts by
-        source, newest deploy time); with the view, the key of its cached fragment."""
+        source, newest deploy time, whether its engine's own series are exported); with the
+        view, the key of its cached fragment."""
         counts = p.deploys.counts.get(name) if p.deploys is not None else None
         last = p.deploys.last.get(name) if p.deploys is not None else None
-        return p.skipped_polls.get(name, 0), counts, last
+        return p.skipped_polls.get(name, 0), counts, last, name not in p.engine_series_withheld
+
+    @staticmethod
+    def _as_read(f: "Families", s, engine: str, t: Target) -> None:
+        """A series' values as the engine's own series had them (METRICS' `as_read`)."""
+        pc, ext = s.prefix_cache, s.external_prefix_cache
+        if pc is not None:
+            if pc.queries is not None:
+                f.add("prefixcache_vllm_prefix_cache_queries", (s.model_name, engine, pc.unit), pc.queries, target=t)
+            if pc.hits is not None:
+                f.add("prefixcache_vllm_prefix_cache_hits", (s.model_name, engine, pc.unit), pc.hits, target=t)
+        if ext is not None:
+            if ext.queries is not None:
+                f.add("prefixcache_vllm_external_prefix_cache_queries", (s.model_name, engine), ext.queries, target=t)
+            if ext.hits is not None:
+                f.add("prefixcache_vllm_external_prefix_cache_hits", (s.model_name, engine), ext.hits, target=t)
+        for name, value in (("prefixcache_vllm_prompt_tokens", s.prompt_tokens), ("prefixcache_vllm_preemptions", s.preemptions),
+                            ("prefixcache_vllm_kv_cache_usage_ratio", s.kv_cache_usage)):
+            if value is not None:
+                f.add(name, (s.model_name, engine), value, target=t)
+        if s.hit_rate_since_start is not None:
+            f.add("prefixcache_vllm_hit_ratio_since_start", (s.model_name,), s.hit_rate_since_start, target=t)
+        for source, value in s.prompt_tokens_by_source or ():
+            f.add("prefixcache_vllm_prompt_tokens_by_source", (s.model_name, engine, source), value, target=t)
+        if s.prompt_tokens_cached is not None:
+            f.add("prefixcache_vllm_prompt_tokens_cached", (s.model_name, engine), s.prompt_tokens_cached, target=t)
+        if s.engine_hit_rate is not None:
+            f.add("prefixcache_engine_cache_hit_rate", (s.model_name,), s.engine_hit_rate, target=t)
+        for tier, value in s.cached_tokens_by_tier or ():
+            f.add("prefixcache_cached_tokens_by_tier", (s.model_name, engine, tier), value, target=t)
+        for name, hist in (("prefixcache_vllm_kv_block_idle_before_evict_seconds", s.kv_idle_before_evict),
+                           ("prefixcache_vllm_kv_block_reuse_gap_seconds", s.kv_reuse_gap)):
+            if hist is not None and hist.sum is not None:
+                f.histogram(name, (s.model_name, engine), hist.buckets, hist.sum, target=t)
+        h = s.ttft
+        if h is not None and h.buckets and math.isinf(h.buckets[-1][0]) and h.sum is not None:
+            f.histogram("prefixcache_vllm_time_to_first_token_seconds", (s.model_name, engine), h.buckets, h.sum, target=t)
 
     def head(self, f: "Families", reading: Reading) -> None:
         """The process's families before the targets' (build, reload, error counters)."""
@@ -241,9 +279,11 @@ class PrefixCacheCollector(Collector):
             if q.last_success is not None:
                 f.add("prefixcache_alertmanager_last_success_timestamp_seconds", (url,), q.last_success, target=None)
 
-    def target(self, f: "Families", v: TargetView, skipped: int = 0, deploys=None, last_deploy: float | None = None) -> None:
+    def target(self, f: "Families", v: TargetView, skipped: int = 0, deploys=None, last_deploy: float | None = None,
+               engine_series: bool = True) -> None:
         """One target's families: its view, its skipped polls, its deploy events (with its
-        labels, so that a dashboard filters them; a target that went takes them along)."""
+        labels, so that a dashboard filters them; a target that went takes them along);
+        its engine's own series as read (`as_read`) unless `engine_series` is False."""
         t = v.target
         f.add("prefixcache_target_up", (), 1.0 if v.up else 0.0, target=t)
         if v.scrape_duration is not None:
@@ -273,43 +313,13 @@ class PrefixCacheCollector(Collector):
         if snap is not None and v.up:
             for s in snap.series:
                 engine = s.engine or ""
-                pc, ext = s.prefix_cache, s.external_prefix_cache
-                if pc is not None:
-                    if pc.queries is not None:
-                        f.add("prefixcache_vllm_prefix_cache_queries", (s.model_name, engine, pc.unit), pc.queries, target=t)
-                    if pc.hits is not None:
-                        f.add("prefixcache_vllm_prefix_cache_hits", (s.model_name, engine, pc.unit), pc.hits, target=t)
-                if ext is not None:
-                    if ext.queries is not None:
-                        f.add("prefixcache_vllm_external_prefix_cache_queries", (s.model_name, engine), ext.queries, target=t)
-                    if ext.hits is not None:
-                        f.add("prefixcache_vllm_external_prefix_cache_hits", (s.model_name, engine), ext.hits, target=t)
-                for name, value in (("prefixcache_vllm_prompt_tokens", s.prompt_tokens), ("prefixcache_vllm_preemptions", s.preemptions),
-                                    ("prefixcache_vllm_kv_cache_usage_ratio", s.kv_cache_usage)):
-                    if value is not None:
-                        f.add(name, (s.model_name, engine), value, target=t)
-                if s.hit_rate_since_start is not None:
-                    f.add("prefixcache_vllm_hit_ratio_since_start", (s.model_name,), s.hit_rate_since_start, target=t)
-                for source, value in s.prompt_tokens_by_source or ():
-                    f.add("prefixcache_vllm_prompt_tokens_by_source", (s.model_name, engine, source), value, target=t)
-                if s.prompt_tokens_cached is not None:
-                    f.add("prefixcache_vllm_prompt_tokens_cached", (s.model_name, engine), s.prompt_tokens_cached, target=t)
-                if s.engine_hit_rate is not None:
-                    f.add("prefixcache_engine_cache_hit_rate", (s.model_name,), s.engine_hit_rate, target=t)
+                if engine_series:
+                    self._as_read(f, s, engine, t)
                 if s.sleep_level is not None:
                     f.add("prefixcache_engine_sleep_level", (s.model_name, engine), s.sleep_level, target=t)
-                for tier, value in s.cached_tokens_by_tier or ():
-                    f.add("prefixcache_cached_tokens_by_tier", (s.model_name, engine, tier), value, target=t)
-                for name, hist in (("prefixcache_vllm_kv_block_idle_before_evict_seconds", s.kv_idle_before_evict),
-                                   ("prefixcache_vllm_kv_block_reuse_gap_seconds", s.kv_reuse_gap)):
-                    if hist is not None and hist.sum is not None:
-                        f.histogram(name, (s.model_name, engine), hist.buckets, hist.sum, target=t)
                 pressure = tiers.evicted_before_reuse(s.kv_idle_before_evict, s.kv_reuse_gap)
                 if pressure is not None:
                     f.add("prefixcache_kv_evicted_before_reuse", (s.model_name, engine), 1.0 if pressure else 0.0, target=t)
-                h = s.ttft
-                if h is not None and h.buckets and math.isinf(h.buckets[-1][0]) and h.sum is not None:
-                    f.histogram("prefixcache_vllm_time_to_first_token_seconds", (s.model_name, engine), h.buckets, h.sum, target=t)
         mine = deploys or {}
         for source in sorted(set(DEPLOY_SOURCES) | set(mine)):
             f.add("prefixcache_deploy_events", (source,), mine.get(source, 0), target=t)

@@ -87,6 +87,9 @@ class Published:
     alertmanagers_discovered: int | None = None  # None while no alertmanager.urls is configured
     warmup: WarmupStatus | None = None  # None while warm-up is off
     skipped_polls: Mapping[str, int] = field(default_factory=lambda: _EMPTY)  # target -> polls skipped (its last still ran)
+    # targets whose engine's own series are not exported (read from a Prometheus that holds them:
+    # discovery.read_prometheus.reexport_engine_series)
+    engine_series_withheld: frozenset[str] = frozenset()
     samples_source: str = ""  # read from a Prometheus: from where, at which resolution (the status page says it)
 
 
