@@ -70,6 +70,20 @@ def test_a_target_whose_engine_series_are_withheld_exports_the_rest():
     assert {"prefixcache_effective_hit_ratio", "prefixcache_target_up", "prefixcache_ttft_seconds"} <= present - as_read
 
 
+def test_the_shipped_rules_and_dashboard_read_no_family_a_read_target_leaves_out():
+    """So that a central exporter reading Prometheus loses no panel and no alert."""
+    import re
+
+    from helpers import ROOT
+
+    as_read = {d.exposed_name for d in METRICS.values() if d.as_read}
+    shipped = [*ROOT.glob("alerts/**/*.y*ml"), *ROOT.glob("dashboards/*.json")]
+    assert len(shipped) >= 4
+    for path in shipped:
+        named = {re.sub(r"_(bucket|sum|count)$", "", n) for n in re.findall(r"prefixcache_[a-z0-9_]*[a-z0-9]", path.read_text())}
+        assert not named & as_read, (path.name, named & as_read)
+
+
 def test_empty_state_still_exposes_process_metrics():
     text = exposition(State()).decode()
     assert "prefixcache_build_info" in text and "prefixcache_config_last_reload_successful 1.0" in text
