@@ -1,5 +1,6 @@
 import os
 import subprocess
+from dataclasses import replace
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
@@ -53,9 +54,10 @@ def test_derived_values_and_target_labels():
 
 
 def test_a_target_whose_engine_series_are_withheld_exports_the_rest():
-    """A target read from a Prometheus: the engine's own series are there already, so the
-    `as_read` families are not exported again (a third of /metrics at 10,000 pods); what
-    we derive, the sleep level and the target's health stay."""
+    """A vLLM pod read from a Prometheus: the engine's own series are there already, so the
+    `as_read` families are not exported again (most of them the TTFT histogram's buckets);
+    what we derive or convert (the lookup pair with its unit), the sleep level and the
+    target's health stay. Another engine's are sums and renames we made: they stay."""
     def families_of(state) -> dict[str, set[str]]:
         return {f.name: {s.labels.get("target") for s in f.samples} for f in text_string_to_metric_families(exposition(state).decode())}
 
@@ -65,9 +67,14 @@ def test_a_target_whose_engine_series_are_withheld_exports_the_rest():
     withheld = families_of(state)
     as_read = {d.exposed_name.removesuffix("_total") for d in METRICS.values() if d.as_read}
     present = {name for name, targets in everything.items() if "vllm-0" in targets}
-    assert {"prefixcache_vllm_prefix_cache_queries", "prefixcache_vllm_time_to_first_token_seconds"} <= present & as_read
+    assert {"prefixcache_vllm_prompt_tokens", "prefixcache_vllm_time_to_first_token_seconds"} <= present & as_read
     assert {name for name, targets in withheld.items() if "vllm-0" in targets} == present - as_read
-    assert {"prefixcache_effective_hit_ratio", "prefixcache_target_up", "prefixcache_ttft_seconds"} <= present - as_read
+    assert {"prefixcache_effective_hit_ratio", "prefixcache_target_up", "prefixcache_ttft_seconds",
+            "prefixcache_vllm_prefix_cache_queries"} <= present - as_read
+    view = state.target("vllm-0")
+    assert view.snapshot.engine_kind == "vllm"
+    state.set_targets([replace(view, snapshot=replace(view.snapshot, engine_kind="sglang"))])
+    assert {name for name, targets in families_of(state).items() if "vllm-0" in targets} == present
 
 
 def test_the_shipped_rules_and_dashboard_read_no_family_a_read_target_leaves_out():

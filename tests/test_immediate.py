@@ -196,7 +196,7 @@ def test_a_connection_that_asks_to_close_is_closed_after_its_answer():
 
 
 def test_an_answer_kept_gzipped_only_is_gunzipped_by_a_worker_for_a_plain_scrape():
-    """Over `plain_up_to` (210 MB at 10,000 pods) /metrics keeps its answer gzipped only: a
+    """Over `plain_up_to` (150-210 MB at 10,000 pods) /metrics keeps its answer gzipped only: a
     gzip scrape is still answered at once while the only worker is busy, a plain one waits
     for the worker, which gunzips it, and both carry the same text."""
     from exporter.serve.collector import PrefixCacheCollector

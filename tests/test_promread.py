@@ -795,3 +795,35 @@ def test_reads_that_keep_failing_keep_no_more_layouts_than_one_reads():
     reader.failed(115.0, "overloaded")  # a read that read nothing
     assert reader.memo.layouts == {} and reader.memo.used == set()
     reader.close()
+
+
+def test_a_reload_that_flips_reexport_engine_series_keeps_the_reader_and_changes_what_is_exported():
+    """The reader and what it read stay (a new reader would show the source as not yet
+    refreshed); the vLLM pods' own series come back, and go again."""
+    from fakeserver import FakeServer, reply
+    clock = [20_000.0]
+    replica = simulator.Replica("vllm-a", simulator.Scenario(request_rate=4.0), start=clock[0] - 900, seed=1, model_names=[MODEL])
+
+    def query(h):
+        replica.advance(clock[0] - 1)
+        reply(h, 200, _compact(answer_of({clock[0] - 1: replica.render()}, {"job": "vllm", "pod": "vllm-a"})))
+
+    with FakeServer({"/api/v1/query": query}) as prom:
+        state = State()
+        cfg = read_config(prom.base)
+        poller = Poller(load(cfg), state, clock=lambda: clock[0])
+        reader = poller.reader
+        try:
+            exported = []
+            for reexport in (False, True, False):
+                cfg["discovery"]["read_prometheus"]["reexport_engine_series"] = reexport
+                poller.reload(load(cfg))
+                poller.read()
+                clock[0] += 15
+                text = generate_latest(registry_of(state)).decode()
+                exported.append(("prefixcache_vllm_time_to_first_token_seconds_bucket{" in text,
+                                 "prefixcache_vllm_prefix_cache_queries_total{" in text))
+            assert poller.reader is reader
+            assert exported == [(False, True), (True, True), (False, True)]
+        finally:
+            poller.stop(0.5)

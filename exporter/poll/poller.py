@@ -390,8 +390,8 @@ class Poller:
 
     def _install_reader(self, config: Config) -> None:
         """discovery.read_prometheus: its reader and its job, anew when its settings changed."""
-        wanted = (config.discovery.read_prometheus, config.discovery.target_limit, config.global_.poll_interval)
-        if self.reader is not None and (self.reader.read, self.reader.cfg.target_limit, self.reader.poll_interval) == wanted:
+        wanted = (_how_read(config.discovery.read_prometheus), config.discovery.target_limit, config.global_.poll_interval)
+        if self.reader is not None and (_how_read(self.reader.read), self.reader.cfg.target_limit, self.reader.poll_interval) == wanted:
             return
         old = self.reader
         if old is not None:
@@ -573,3 +573,9 @@ def dispatch_tick(poll_interval: float) -> float:
 
 def _now_datetime() -> datetime:
     return datetime.now(timezone.utc)
+
+
+def _how_read(read):
+    """What a reader reads by: whether our /metrics exports what it read is not, and a reload
+    that changes only that keeps the reader and its state."""
+    return replace(read, reexport_engine_series=False) if read is not None else None

@@ -39,7 +39,10 @@ class MetricDef:
     help: str
     labels: tuple[str, ...]
     target_labels: bool = True  # a `target` label gets the target's configured extra labels
-    as_read: bool = False  # an engine's own series as read from the target: withheld for a target read from a Prometheus
+    # a vLLM engine's own series, one to one (renamed at most): withheld for a vLLM pod read from a
+    # Prometheus, which holds them under vLLM's names; not those we convert, fill in or sum
+    # (the lookup pair's unit and gpu_ fallback, LMCache's tiers, other engines' sums)
+    as_read: bool = False
 
     @property
     def exposed_name(self) -> str:
@@ -70,22 +73,22 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("prefix_caching_enabled", "gauge", "1 if vLLM reports prefix caching on (cache_config_info or V0 gauge), 0 if off; absent if unknown.", "target"),
     _m("block_size_tokens", "gauge", "KV-cache block size from vllm:cache_config_info; only full blocks can be hit.", "target"),
     # raw counters, re-exported so PromQL can recompute every derived value
-    _m("vllm_prefix_cache_queries", "counter", "vLLM prefix-cache queries as read from the target (vllm:prefix_cache_queries_total or the gpu_ pair), in `unit`.", "target", "model_name", "engine", "unit", as_read=True),
-    _m("vllm_prefix_cache_hits", "counter", "vLLM prefix-cache hits as read from the target, in `unit`.", "target", "model_name", "engine", "unit", as_read=True),
-    _m("vllm_external_prefix_cache_queries", "counter", "vLLM external (KV connector) prefix-cache queries, tokens.", "target", "model_name", "engine", as_read=True),
-    _m("vllm_external_prefix_cache_hits", "counter", "vLLM external (KV connector) prefix-cache hits, tokens.", "target", "model_name", "engine", as_read=True),
+    _m("vllm_prefix_cache_queries", "counter", "vLLM prefix-cache queries as read from the target (vllm:prefix_cache_queries_total or the gpu_ pair), in `unit`.", "target", "model_name", "engine", "unit"),
+    _m("vllm_prefix_cache_hits", "counter", "vLLM prefix-cache hits as read from the target, in `unit`.", "target", "model_name", "engine", "unit"),
+    _m("vllm_external_prefix_cache_queries", "counter", "vLLM external (KV connector) prefix-cache queries, tokens.", "target", "model_name", "engine"),
+    _m("vllm_external_prefix_cache_hits", "counter", "vLLM external (KV connector) prefix-cache hits, tokens.", "target", "model_name", "engine"),
     _m("vllm_prompt_tokens", "counter", "vLLM prompt tokens processed, as read from the target.", "target", "model_name", "engine", as_read=True),
     _m("vllm_preemptions", "counter", "vLLM preemptions, as read from the target.", "target", "model_name", "engine", as_read=True),
     _m("vllm_time_to_first_token_seconds", "histogram", "vLLM time-to-first-token histogram as read from the target (buckets as vLLM sets them).", "target", "model_name", "engine", as_read=True),
-    _m("vllm_kv_cache_usage_ratio", "gauge", "vLLM KV-cache usage, 0-1 (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc).", "target", "model_name", "engine", as_read=True),
+    _m("vllm_kv_cache_usage_ratio", "gauge", "vLLM KV-cache usage, 0-1 (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc).", "target", "model_name", "engine"),
     _m("vllm_prompt_tokens_by_source", "counter", "vLLM 0.16+ admitted prefill: prompt tokens by `source` (local_compute, local_cache_hit, external_kv_transfer), counted once per request when its first token is out.", "target", "model_name", "engine", "source", as_read=True),
     _m("vllm_prompt_tokens_cached", "counter", "vLLM 0.16+ admitted prefill: cached prompt tokens (local + external).", "target", "model_name", "engine", as_read=True),
-    _m("cached_tokens_by_tier", "counter", "Cached prompt tokens by cache `tier` as the engine counts them: device, host, storage/disk, unattributed (SGLang's cache_source=total fallback), p2p (vLLM 0.33: KV another replica sent, a transfer); SGLang cached_tokens_total, vLLM prompt_tokens_cached_by_source, TensorRT-LLM prompt_cache_hit_tokens_total.", "target", "model_name", "engine", "tier", as_read=True),
+    _m("cached_tokens_by_tier", "counter", "Cached prompt tokens by cache `tier` as the engine counts them: device, host, storage/disk, unattributed (SGLang's cache_source=total fallback), p2p (vLLM 0.33: KV another replica sent, a transfer); SGLang cached_tokens_total, vLLM prompt_tokens_cached_by_source, TensorRT-LLM prompt_cache_hit_tokens_total.", "target", "model_name", "engine", "tier"),
     _m("vllm_kv_block_idle_before_evict_seconds", "histogram", "vLLM 0.12+ with --kv-cache-metrics: how long sampled KV blocks sat unused before eviction, as read from the target.", "target", "model_name", "engine", as_read=True),
     _m("vllm_kv_block_reuse_gap_seconds", "histogram", "vLLM 0.12+ with --kv-cache-metrics: gaps between uses of one sampled KV block, as read from the target.", "target", "model_name", "engine", as_read=True),
     _m("kv_evicted_before_reuse", "gauge", "1 if sampled KV blocks are evicted sooner (median idle time before eviction) than they are typically reused (median reuse gap), since the engine started: direct evidence of eviction pressure; 0 if not; absent without vLLM's residency histograms.", "target", "model_name", "engine"),
     _m("engine_sleep_level", "gauge", "vLLM sleep mode (vllm:engine_sleep_state): 0 awake, 1 asleep with its weights offloaded, 2 asleep with its weights discarded; both levels discard the KV cache, so a wake is a cold start. An engine asleep serves nothing and is not down; absent where vLLM does not say.", "target", "model_name", "engine"),
-    _m("engine_cache_hit_rate", "gauge", "The engine's own hit-rate gauge: SGLang's sglang:cache_hit_rate (the LAST prefill batch, or since start in old versions), TensorRT-LLM's trtllm_kv_cache_hit_rate (blocks since start); never a windowed rate; exported as read, never alerted on.", "target", "model_name", as_read=True),
+    _m("engine_cache_hit_rate", "gauge", "The engine's own hit-rate gauge: SGLang's sglang:cache_hit_rate (the LAST prefill batch, or since start in old versions), TensorRT-LLM's trtllm_kv_cache_hit_rate (blocks since start); never a windowed rate; exported as read, never alerted on.", "target", "model_name"),
     _m("decode_target", "gauge", "1 if the target is a prefill/decode decode pod, from its `role: decode` label or its shape (90%+ of prompt tokens since start arrived as KV transfer), else 0: its transfers are not hits, and the hit-rate rules and the fleet leave it out.", "target"),
     _m("target_engine_info", "gauge", "Which engine's metric names the target serves (`engine`: vllm, sglang or trtllm); value 1.", "target", "engine"),
     _m("vllm_hit_ratio_since_start", "gauge", "V0 engines only: vLLM's block hit rate averaged since start (vllm:gpu_prefix_cache_hit_rate); no window can be derived from it.", "target", "model_name", as_read=True),
@@ -168,15 +171,17 @@ class PrefixCacheCollector(Collector):
     @staticmethod
     def per_target(p, name: str) -> tuple:
         """What a target's families read besides its view: (skipped polls, deploy counts by
-        source, newest deploy time, whether its engine's own series are exported); with the
-        view, the key of its cached fragment."""
+        source, newest deploy time, whether a vLLM engine's own series are exported: last,
+        as it says which families the target has); with the view, the key of its cached
+        fragment."""
         counts = p.deploys.counts.get(name) if p.deploys is not None else None
         last = p.deploys.last.get(name) if p.deploys is not None else None
         return p.skipped_polls.get(name, 0), counts, last, name not in p.engine_series_withheld
 
     @staticmethod
-    def _as_read(f: "Families", s, engine: str, t: Target) -> None:
-        """A series' values as the engine's own series had them (METRICS' `as_read`)."""
+    def _engine_series(f: "Families", s, engine: str, t: Target, as_read: bool) -> None:
+        """A series' values as the engine counted them; those of METRICS' `as_read` families
+        only with `as_read`."""
         pc, ext = s.prefix_cache, s.external_prefix_cache
         if pc is not None:
             if pc.queries is not None:
@@ -188,8 +193,15 @@ class PrefixCacheCollector(Collector):
                 f.add("prefixcache_vllm_external_prefix_cache_queries", (s.model_name, engine), ext.queries, target=t)
             if ext.hits is not None:
                 f.add("prefixcache_vllm_external_prefix_cache_hits", (s.model_name, engine), ext.hits, target=t)
-        for name, value in (("prefixcache_vllm_prompt_tokens", s.prompt_tokens), ("prefixcache_vllm_preemptions", s.preemptions),
-                            ("prefixcache_vllm_kv_cache_usage_ratio", s.kv_cache_usage)):
+        if s.kv_cache_usage is not None:
+            f.add("prefixcache_vllm_kv_cache_usage_ratio", (s.model_name, engine), s.kv_cache_usage, target=t)
+        if s.engine_hit_rate is not None:
+            f.add("prefixcache_engine_cache_hit_rate", (s.model_name,), s.engine_hit_rate, target=t)
+        for tier, value in s.cached_tokens_by_tier or ():
+            f.add("prefixcache_cached_tokens_by_tier", (s.model_name, engine, tier), value, target=t)
+        if not as_read:
+            return
+        for name, value in (("prefixcache_vllm_prompt_tokens", s.prompt_tokens), ("prefixcache_vllm_preemptions", s.preemptions)):
             if value is not None:
                 f.add(name, (s.model_name, engine), value, target=t)
         if s.hit_rate_since_start is not None:
@@ -198,10 +210,6 @@ class PrefixCacheCollector(Collector):
             f.add("prefixcache_vllm_prompt_tokens_by_source", (s.model_name, engine, source), value, target=t)
         if s.prompt_tokens_cached is not None:
             f.add("prefixcache_vllm_prompt_tokens_cached", (s.model_name, engine), s.prompt_tokens_cached, target=t)
-        if s.engine_hit_rate is not None:
-            f.add("prefixcache_engine_cache_hit_rate", (s.model_name,), s.engine_hit_rate, target=t)
-        for tier, value in s.cached_tokens_by_tier or ():
-            f.add("prefixcache_cached_tokens_by_tier", (s.model_name, engine, tier), value, target=t)
         for name, hist in (("prefixcache_vllm_kv_block_idle_before_evict_seconds", s.kv_idle_before_evict),
                            ("prefixcache_vllm_kv_block_reuse_gap_seconds", s.kv_reuse_gap)):
             if hist is not None and hist.sum is not None:
@@ -283,7 +291,7 @@ class PrefixCacheCollector(Collector):
                engine_series: bool = True) -> None:
         """One target's families: its view, its skipped polls, its deploy events (with its
         labels, so that a dashboard filters them; a target that went takes them along);
-        its engine's own series as read (`as_read`) unless `engine_series` is False."""
+        a vLLM engine's own series as read (METRICS' `as_read`) unless `engine_series` is False."""
         t = v.target
         f.add("prefixcache_target_up", (), 1.0 if v.up else 0.0, target=t)
         if v.scrape_duration is not None:
@@ -313,8 +321,7 @@ class PrefixCacheCollector(Collector):
         if snap is not None and v.up:
             for s in snap.series:
                 engine = s.engine or ""
-                if engine_series:
-                    self._as_read(f, s, engine, t)
+                self._engine_series(f, s, engine, t, as_read=engine_series or snap.engine_kind != "vllm")
                 if s.sleep_level is not None:
                     f.add("prefixcache_engine_sleep_level", (s.model_name, engine), s.sleep_level, target=t)
                 pressure = tiers.evicted_before_reuse(s.kv_idle_before_evict, s.kv_reuse_gap)
