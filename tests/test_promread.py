@@ -145,11 +145,13 @@ def test_read_from_prometheus_equals_promql_and_the_scrape_path_and_stale_pods_g
         assert "resolution is Prometheus&#x27;s scrape interval (observed 1s)" in page, [p for p in page.split("<p") if "resolution" in p]
         status = [s for s in state.published.discovery if s.name == "read_prometheus"]
         assert status and status[0].ok and len(status[0].targets) == 3
-        # the engines' own series are in the Prometheus read: not exported again, where the scrape path's are
+        # vLLM's own series are in the Prometheus read: their copies are not exported again, where the
+        # scrape path's are; what we convert (the lookup pair and its unit) is exported by both
         assert state.published.engine_series_withheld == frozenset(PODS) and not direct_state.published.engine_series_withheld
         read_text, direct_text = (generate_latest(registry_of(s)).decode() for s in (state, direct_state))
-        assert "prefixcache_vllm_prefix_cache_queries_total{" not in read_text and 'prefixcache_effective_hit_ratio{' in read_text
-        assert "prefixcache_vllm_prefix_cache_queries_total{" in direct_text
+        assert "prefixcache_vllm_time_to_first_token_seconds_bucket{" not in read_text and 'prefixcache_effective_hit_ratio{' in read_text
+        assert "prefixcache_vllm_time_to_first_token_seconds_bucket{" in direct_text
+        assert all('prefixcache_vllm_prefix_cache_queries_total{' in text for text in (read_text, direct_text))
     finally:
         reader.stop(1.0)
         direct.stop(1.0)
