@@ -93,32 +93,21 @@ class TextFamilies(Families):
     def _pairs(self, name: str, values: tuple, target) -> list[tuple[str, str]]:
         return list(zip(self.label_names(name), self._labels(name, values, target)))
 
-    def _kept(self, key: tuple, make: Callable[[], object]):
-        if self.prefixes is None:
-            return make()
-        kept = self.prefixes.get(key)
-        if kept is None:
-            kept = self.prefixes[key] = make()
-        return kept
-
-    def _text_of(self, name: str, shape: str, values: tuple, target) -> str:
-        if self.prefixes is None:
-            return _labels_text(self._pairs(name, values, target))
-        key = (shape, values)
-        text = self.prefixes.get(key)
+    def _text_of(self, name: str, shape: str, values: tuple, target, cut: str = "") -> str | tuple[str, str]:
+        """The series' label text (_labels_text), or with `cut` its text cut where that
+        label's value goes (_labels_around); kept for the target when `prefixes` is."""
+        key = (shape, values, cut) if cut else (shape, values)
+        text = self.prefixes.get(key) if self.prefixes is not None else None
         if text is None:
-            text = self.prefixes[key] = _labels_text(self._pairs(name, values, target))
+            pairs = self._pairs(name, values, target)
+            text = _labels_around(pairs, cut) if cut else _labels_text(pairs)
+            if self.prefixes is not None:
+                self.prefixes[key] = text
         return text
 
     def add(self, name: str, values: tuple, value: float, target) -> None:
         exposed, shape = _FAMILIES[name]
         self.lines[name].append(f"{exposed}{self._text_of(name, shape, values, target)} {_go(value)}\n")
-
-    def _around(self, name: str, shape: str, values: tuple, target, label: str) -> tuple[str, str]:
-        """The label text of a bucket or quantile, cut where its `le` or `quantile` value
-        goes: kept once for the series, not a text for each of its buckets (at 10,000 pods
-        those were some 100 MB of the render's memory)."""
-        return self._kept((shape, values, label), lambda: _labels_around(self._pairs(name, values, target), label))
 
     def _complete(self, name: str, shape: str, values: tuple, target, totals: tuple[float, float]) -> None:
         text = self._text_of(name, shape, values, target)
@@ -126,7 +115,9 @@ class TextFamilies(Families):
 
     def histogram(self, name: str, values: tuple, buckets, total: float, target) -> None:
         shape = _FAMILIES[name][1]
-        before, after = self._around(name, shape, values, target, "le")
+        # one text for the series, cut where `le` goes, not a text for each of its buckets
+        # (at 10,000 pods those were some 100 MB of the render's memory)
+        before, after = self._text_of(name, shape, values, target, "le")
         self.lines[name].extend(f"{name}_bucket{before}{'+Inf' if math.isinf(le) else repr(float(le))}{after}{_go(c)}\n"
                                 for le, c in buckets)
         if buckets and total is not None:
@@ -134,7 +125,7 @@ class TextFamilies(Families):
 
     def summary(self, name: str, values: tuple, quantiles, totals: tuple[float, float], target) -> None:
         shape = _FAMILIES[name][1]
-        before, after = self._around(name, shape, values, target, "quantile")
+        before, after = self._text_of(name, shape, values, target, "quantile")
         self.lines[name].extend(f"{name}{before}{repr(float(q))}{after}{_go(v)}\n" for q, v in quantiles)
         self._complete(name, shape, values, target, totals)
 
