@@ -66,10 +66,11 @@ def _run(args, info: dict, groups: int) -> list[dict]:
             time.sleep(1)
         time.sleep(args.interval + 2)  # every endpoint scraped at least twice
         took = {}
+        regular = 2 * args.interval  # a regular read's reach: the pods' newest samples are one interval old
         for encoding in ("gzip", "identity"):  # the reader asks for gzip; plain beside it
             q0, query_mb, series = time.monotonic(), 0.0, 0
             for part in promseries.partitions("pod", args.partitions):  # one read's queries, as the reader asks them
-                query = promseries.query((("job", "pods"),), args.interval + 30, part)
+                query = promseries.query((("job", "pods"),), regular, part)
                 answer = requests.get(prom.url + "/api/v1/query", params={"query": query, "time": f"{time.time():.3f}"},
                                       headers={"Accept-Encoding": encoding}, timeout=120)
                 query_mb += len(answer.content) / 2**20
@@ -78,7 +79,7 @@ def _run(args, info: dict, groups: int) -> list[dict]:
             took[encoding] = time.monotonic() - q0
         query_s = took["gzip"]
         print(f"prometheus source: {args.pods} pods, {info['samples_per_pod']} series each, {args.per_endpoint} a target scraped "
-              f"every {interval} by {version()}; one read's {args.partitions} queries (a {args.interval + 30:g} s range): {series} series, "
+              f"every {interval} by {version()}; one read's {args.partitions} queries (a {regular:g} s range): {series} series, "
               f"{query_mb:.0f} MB, {took['gzip']:.2f} s gzipped ({took['identity']:.2f} s plain) from Prometheus", flush=True)
         compressions = ("gzip", "none") if args.compression == "both" else (args.compression,)
         rows = [phase("this checkout" + ("" if c == "gzip" else f", compression {c}"), None, args, prom, c) for c in compressions]

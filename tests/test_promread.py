@@ -573,7 +573,8 @@ def test_a_long_read_is_asked_in_slices_of_a_regular_reads_reach_and_feeds_every
     of about 43 s (a regular read's reach, 45 s), oldest first, so no answer holds more
     than a regular read's samples; every scrape of the 5 minutes is fed once, in time
     order, a scrape on the edge of two slices too (a range holds both its ends before
-    Prometheus 3, only its end from 3 on). The next read is one query a part again."""
+    Prometheus 3, only its end from 3 on). The next read is one query a part again, two
+    intervals back: the pod's newest sample is one interval old."""
     import json
     import re
     from urllib.parse import parse_qs, urlsplit
@@ -611,8 +612,90 @@ def test_a_long_read_is_asked_in_slices_of_a_regular_reads_reach_and_feeds_every
             bodies[now + 15] = replica.render()
             clock[0] = now + 15
             poller.read()
-            assert len(asked) == 1 and asked[0] == (now + 15, 45.0)
+            assert len(asked) == 1 and asked[0] == (now + 15, 30.0)
             assert dict(state.target("vllm-a").scrapes)["success"] == len(bodies)
+        finally:
+            poller.stop(0.5)
+
+
+def reader_at(now: float, poll_interval: str = "15s", **read) -> "PrometheusReader":
+    from exporter.poll.promread import PrometheusReader
+    raw = read_config("http://127.0.0.1:9")
+    raw["global"]["poll_interval"] = poll_interval
+    raw["discovery"]["read_prometheus"].update(read)
+    cfg = load(raw)
+    reader = PrometheusReader(cfg.discovery, cfg.global_.poll_interval)
+    reader.last_read = now - 15
+    return reader
+
+
+def test_a_read_reaches_back_to_the_oldest_sample_a_sending_pod_may_hold_unread():
+    """What a pod holds unread is newer than its newest sample read, however late it was
+    committed: a read reaches back to the oldest of those among the pods still sending,
+    and no further. A fleet scraped every 15 s is asked two intervals back (each sample
+    twice, not three times as with a fixed 30 s margin); a pod whose samples come late
+    (a remote-write store) widens the reach to its newest; a stale pod does not hold it
+    back; a pod not read yet has the time since the last read and a scrape interval."""
+    now = 10_000.0
+    reader = reader_at(now)
+    try:
+        reader.newest = {f"vllm-{k}": now - 15 - k % 15 for k in range(100)}  # scraped every 15 s at their own offsets
+        reader.gap = dict.fromkeys(reader.newest, 15.0)
+        assert reader.reach(now) == 30.0
+        reader.newest["late"], reader.gap["late"] = now - 41.5, 15.0  # sending, its scrapes committed ~25 s late
+        assert reader.reach(now) == 41.5
+        reader.newest["gone"], reader.gap["gone"] = now - 46, 15.0  # stale after 3 intervals: down, not waited for
+        assert reader.reach(now) == 41.5
+        del reader.newest["late"], reader.newest["gone"]
+        reader.last_read = now - 40  # a failed read between: pods not read yet reach back past the last read
+        assert reader.reach(now) == 55.0
+        reader.gap = dict.fromkeys(reader.newest, 60.0)  # Prometheus scrapes every 60 s: a new pod's scrape commits within it
+        assert reader.reach(now) == 100.0
+        reader.last_read = now - 400
+        assert reader.reach(now) == 300.0  # never past MAX_RANGE
+        reader.last_read = None
+        assert reader.reach(now) == 300.0  # the first read
+    finally:
+        reader.close()
+
+
+def test_a_pod_whose_scrapes_a_store_commits_late_is_fed_every_scrape_once():
+    """A store that commits every scrape 50 s after it was taken (remote write into a
+    store that lags), read every 15 s with stale_after 2m: every scrape is fed once, in
+    order. A read that reached 30 s past the last one found none of them: each read's
+    range held only samples not committed yet."""
+    import json
+    import re
+    from urllib.parse import parse_qs, urlsplit
+    from fakeserver import FakeServer, reply
+    lag, now = 50.0, 20_000.0
+    replica = simulator.Replica("vllm-a", simulator.Scenario(request_rate=4.0), start=now - 900, seed=5, model_names=[MODEL])
+    bodies = {}
+    for k in range(1, 41):  # 10 minutes of scrapes every 15 s, at an offset of their own
+        t = now - 300 + 15 * k + 7.25
+        replica.advance(t)
+        bodies[t] = replica.render()
+
+    def query(h):
+        q = parse_qs(urlsplit(h.path).query)
+        at, span = float(q["time"][0]), float(re.search(r"\[(\d+)s\]$", q["query"][0]).group(1))
+        committed = {t: b for t, b in bodies.items() if at - span < t <= at and t + lag <= clock[0]}
+        reply(h, 200, json.dumps(answer_of(committed, {"job": "vllm", "pod": "vllm-a"})).encode())
+
+    clock = [now]
+    with FakeServer({"/api/v1/query": query}) as prom:
+        raw = read_config(prom.base)
+        raw["global"]["poll_interval"] = "15s"
+        raw["discovery"]["read_prometheus"]["stale_after"] = "2m"
+        state = State()
+        poller = Poller(load(raw), state, clock=lambda: clock[0])
+        try:
+            for _ in range(24):
+                poller.read()
+                clock[0] += 15
+            fed = [t for t in bodies if t + lag <= clock[0] - 15]
+            assert dict(state.target("vllm-a").scrapes)["success"] == len(fed)
+            assert state.target("vllm-a").up and state.target("vllm-a").last_scrape_time == max(fed)
         finally:
             poller.stop(0.5)
 

@@ -2,8 +2,9 @@
 Prometheus that already scrapes every pod, instead of scraping each pod again.
 
 Every poll_interval one query (exporter/discovery/promseries.py) returns the raw samples
-since the last read (with a margin for scrapes Prometheus commits late: a pod's samples
-already read are left out). Each pod found is a target, sharded as discovered ones are;
+each pod may hold unread (back to the oldest newest sample read of the pods still sending,
+however late Prometheus committed a scrape; a pod's samples already read are left out).
+Each pod found is a target, sharded as discovered ones are;
 each of its samples goes through the scrape path's parser and the same engine
 (TargetPoller.ingest), at the time Prometheus scraped it, so the windows, rules, causes,
 versions and the gate are the scrape path's, at the resolution of Prometheus's scrape
@@ -33,7 +34,9 @@ from ..peers.urls import redact_url
 log = logging.getLogger(__name__)
 
 READ_PROMETHEUS = "read_prometheus"
-MARGIN = 30.0  # seconds a read reaches back before the last one: scrapes that ended late are committed late
+# a slice of a long read spans at most an interval and this: what a regular read's answer held
+# (the interval plus a fixed 30 s margin) when the reader's peak memory was measured
+SLICE_OVER_INTERVAL = 30.0
 MAX_RANGE = 300.0  # at most this far back (after a failure, or the first read)
 FULL_COLLECTION_EVERY = 40  # reads between two full collections, in a process that freezes each read (10 minutes at 15 s)
 
@@ -70,21 +73,36 @@ class PrometheusReader:
         self.memo = old.memo
 
     def reach(self, now: float) -> float:
-        """How far back this read asks: since the last read, with the margin."""
-        reach = MAX_RANGE if self.last_read is None else min(MAX_RANGE, now - self.last_read + MARGIN)
-        return max(reach, 2 * self.poll_interval)
+        """How far back this read asks. Prometheus appends a series' samples in time order,
+        however late it commits a scrape, so what a pod holds unread is newer than its
+        newest sample read: a read reaches back to the oldest such sample of the pods still
+        sending (not stale), exactly. A pod not read yet (new, or back from silence) has
+        the time since the last read and one scrape interval more (a scrape is committed
+        within its timeout, which Prometheus keeps within its interval). At least two
+        intervals, at most MAX_RANGE (the first read, or after failures).
+        A fixed margin of 30 s past the last read asked every sample of a 15 s fleet three
+        times, and lost those a store committed more than 30 s late (remote write); now
+        twice, and none of a pod that is still sending."""
+        if self.last_read is None:
+            return max(MAX_RANGE, 2 * self.poll_interval)
+        stale_after = self.stale_after
+        oldest = min((t for name, t in self.newest.items() if now - t <= stale_after(name)), default=now)
+        scrape_interval = max(self.poll_interval, self.resolution() or 0.0)
+        reach = max(now - oldest, now - self.last_read + scrape_interval)
+        return max(min(MAX_RANGE, reach), 2 * self.poll_interval)
 
     def slices(self, now: float, reach: float) -> list[tuple[float, float]]:
         """(evaluation time, range) of the queries a read asks of each part, oldest first. A
         read that reaches further back than a regular one (the first reaches 5 minutes, as
-        does one after failures) is asked in spans of about a regular read's reach, so that
-        no answer holds more than a regular read's samples of its part: a sidecar starting
+        does one after failures) is asked in spans of about the interval plus
+        SLICE_OVER_INTERVAL, so that no answer holds more than a regular read held when the
+        reader's memory was measured: a sidecar starting
         against a Prometheus that held 5 minutes of 10,000 pods read them in one answer a
         part and peaked at 1.41-1.48 GB (880-930 MB once running). Each range reaches back
         to the evaluation time of the one before (both ends are in a range before
         Prometheus 3, the start is out from 3 on): the spans meet, and a sample on an edge,
         read twice, is left out the second time as every sample already read is."""
-        regular = max(self.poll_interval + MARGIN, 2 * self.poll_interval)
+        regular = max(self.poll_interval + SLICE_OVER_INTERVAL, 2 * self.poll_interval)
         count = max(1, round(reach / regular))
         span = reach / count
         return [(now - reach + k * span, span) for k in range(1, count + 1)]
