@@ -631,26 +631,31 @@ def reader_at(now: float, poll_interval: str = "15s", **read) -> "PrometheusRead
 
 def test_a_read_reaches_back_to_the_oldest_sample_a_sending_pod_may_hold_unread():
     """What a pod holds unread is newer than its newest sample read, however late it was
-    committed: a read reaches back to the oldest of those among the pods still sending,
-    and no further. A fleet scraped every 15 s is asked two intervals back (each sample
-    twice, not three times as with a fixed 30 s margin); a pod whose samples come late
-    (a remote-write store) widens the reach to its newest; a stale pod does not hold it
-    back; a pod not read yet has the time since the last read and a scrape interval."""
+    committed: a read reaches back to the oldest of those among the pods sending at the
+    last read. A fleet scraped every 15 s is asked two intervals back (each sample twice,
+    not three times as with a fixed 30 s margin); a store that commits every scrape late
+    widens the reach to follow; a pod that stopped, missed scrapes or went stale does not
+    hold it back; a pod not read yet has the time since the last read and a scrape interval."""
     now = 10_000.0
-    reader = reader_at(now)
+    reader = reader_at(now)  # read last at now - 15
     try:
-        reader.newest = {f"vllm-{k}": now - 15 - k % 15 for k in range(100)}  # scraped every 15 s at their own offsets
-        reader.gap = dict.fromkeys(reader.newest, 15.0)
+        fleet = {f"vllm-{k}": now - 15 - k % 15 for k in range(100)}  # scraped every 15 s at their own offsets
+        reader.newest, reader.gap = dict(fleet), dict.fromkeys(fleet, 15.0)
         assert reader.reach(now) == 30.0
-        reader.newest["late"], reader.gap["late"] = now - 41.5, 15.0  # sending, its scrapes committed ~25 s late
-        assert reader.reach(now) == 41.5
-        reader.newest["gone"], reader.gap["gone"] = now - 46, 15.0  # stale after 3 intervals: down, not waited for
-        assert reader.reach(now) == 41.5
-        del reader.newest["late"], reader.newest["gone"]
-        reader.last_read = now - 40  # a failed read between: pods not read yet reach back past the last read
-        assert reader.reach(now) == 55.0
-        reader.gap = dict.fromkeys(reader.newest, 60.0)  # Prometheus scrapes every 60 s: a new pod's scrape commits within it
-        assert reader.reach(now) == 100.0
+        for k in range(10):  # stopped a few reads ago (a rollout), or a scrape missed: not stale yet
+            reader.newest[f"stopped-{k}"], reader.gap[f"stopped-{k}"] = now - 15 - 23 - k, 15.0
+        reader.newest["gone"], reader.gap["gone"] = now - 15 - 46, 15.0  # stale at the last read
+        assert reader.reach(now) == 30.0
+        lagging = {name: t - 25 for name, t in fleet.items()}  # a store that commits every scrape 25 s late
+        reader.newest, reader.gap = dict(lagging), dict.fromkeys(lagging, 15.0)
+        assert reader.reach(now) == 15 + 25 + 14  # back to the oldest newest sample: 54 s
+        reader.newest, reader.gap = {"alone": now - 15 - 25 - 12}, {"alone": 15.0}  # one pod, the same store
+        assert reader.reach(now) == 15 + 25 + 12
+        reader.newest, reader.gap = dict(fleet), dict.fromkeys(fleet, 15.0)
+        reader.last_read = now - 40  # a read failed between: what was not read since reaches back past the last read
+        assert reader.reach(now) == 40 + 15
+        reader.gap = dict.fromkeys(fleet, 60.0)  # Prometheus scrapes every 60 s: a new pod's scrape commits within it
+        assert reader.reach(now) == 40 + 60
         reader.last_read = now - 400
         assert reader.reach(now) == 300.0  # never past MAX_RANGE
         reader.last_read = None
@@ -659,34 +664,41 @@ def test_a_read_reaches_back_to_the_oldest_sample_a_sending_pod_may_hold_unread(
         reader.close()
 
 
-def test_a_pod_whose_scrapes_a_store_commits_late_is_fed_every_scrape_once():
-    """A store that commits every scrape 50 s after it was taken (remote write into a
-    store that lags), read every 15 s with stale_after 2m: every scrape is fed once, in
-    order. A read that reached 30 s past the last one found none of them: each read's
-    range held only samples not committed yet."""
+@pytest.mark.parametrize("left_open", [False, True], ids=["prometheus-2-closed-ranges", "prometheus-3-left-open-ranges"])
+@pytest.mark.parametrize("lag,stale_after", [(0.0, None), (20.0, None), (29.0, None), (50.0, "2m")])
+@pytest.mark.parametrize("offset", [1.0, 7.25, 12.0])
+def test_a_pod_whose_scrapes_a_store_commits_late_is_fed_every_scrape_once(lag, stale_after, offset, left_open):
+    """A store that commits every scrape `lag` seconds after it was taken (remote write
+    into a store that lags), read every 15 s: every scrape is fed once, in order, and the
+    pod stays up. Up to a lag of an interval under the default stale_after (45 s), and
+    beyond with a longer one. A read that reached 30 s past the last one lost every scrape
+    committed later than that; a first version of the reach judged a pod sending by its
+    age at this read, not the last, and lost the pod for good from a lag of 20 s."""
     import json
     import re
     from urllib.parse import parse_qs, urlsplit
     from fakeserver import FakeServer, reply
-    lag, now = 50.0, 20_000.0
+    now = 20_000.0
     replica = simulator.Replica("vllm-a", simulator.Scenario(request_rate=4.0), start=now - 900, seed=5, model_names=[MODEL])
     bodies = {}
     for k in range(1, 41):  # 10 minutes of scrapes every 15 s, at an offset of their own
-        t = now - 300 + 15 * k + 7.25
+        t = now - 300 + 15 * k + offset
         replica.advance(t)
         bodies[t] = replica.render()
 
     def query(h):
         q = parse_qs(urlsplit(h.path).query)
         at, span = float(q["time"][0]), float(re.search(r"\[(\d+)s\]$", q["query"][0]).group(1))
-        committed = {t: b for t, b in bodies.items() if at - span < t <= at and t + lag <= clock[0]}
+        committed = {t: b for t, b in bodies.items() if (at - span < t if left_open else at - span <= t) and t <= at
+                     and t + lag <= clock[0]}
         reply(h, 200, json.dumps(answer_of(committed, {"job": "vllm", "pod": "vllm-a"})).encode())
 
     clock = [now]
     with FakeServer({"/api/v1/query": query}) as prom:
         raw = read_config(prom.base)
         raw["global"]["poll_interval"] = "15s"
-        raw["discovery"]["read_prometheus"]["stale_after"] = "2m"
+        if stale_after:
+            raw["discovery"]["read_prometheus"]["stale_after"] = stale_after
         state = State()
         poller = Poller(load(raw), state, clock=lambda: clock[0])
         try:

@@ -2,8 +2,8 @@
 Prometheus that already scrapes every pod, instead of scraping each pod again.
 
 Every poll_interval one query (exporter/discovery/promseries.py) returns the raw samples
-each pod may hold unread (back to the oldest newest sample read of the pods still sending,
-however late Prometheus committed a scrape; a pod's samples already read are left out).
+each pod may hold unread (back to the oldest newest sample read of the pods sending,
+however late the store committed a scrape; a pod's samples already read are left out).
 Each pod found is a target, sharded as discovered ones are;
 each of its samples goes through the scrape path's parser and the same engine
 (TargetPoller.ingest), at the time Prometheus scraped it, so the windows, rules, causes,
@@ -73,29 +73,36 @@ class PrometheusReader:
         self.memo = old.memo
 
     def reach(self, now: float) -> float:
-        """How far back this read asks. Prometheus appends a series' samples in time order,
-        however late it commits a scrape, so what a pod holds unread is newer than its
-        newest sample read: a read reaches back to the oldest such sample of the pods still
-        sending (not stale), exactly. A pod not read yet (new, or back from silence) has
-        the time since the last read and one scrape interval more (a scrape is committed
-        within its timeout, which Prometheus keeps within its interval). At least two
+        """How far back this read asks. What a pod holds unread is newer than its newest
+        sample read (a series' samples are appended in time order, however late a scrape
+        is committed), so a read reaches back to the oldest newest sample of the pods that
+        were sending at the last read: a store that commits every scrape late (remote
+        write) has every pod's newest sample that much older, and the reach follows it.
+        Only pods within a scrape interval of the median pod's age hold it back, so a pod
+        that stopped (a rollout at fleet size stops some every minute), missed a scrape or
+        is scraped less often does not widen every read until it goes stale; such a pod,
+        and one not read yet (new, or back from silence), has the time since the last read
+        plus a scrape interval, within which Prometheus commits a scrape. At least two
         intervals, at most MAX_RANGE (the first read, or after failures).
         A fixed margin of 30 s past the last read asked every sample of a 15 s fleet three
-        times, and lost those a store committed more than 30 s late (remote write); now
-        twice, and none of a pod that is still sending."""
+        times, and lost what a store committed more than 30 s late; now about twice."""
         if self.last_read is None:
             return max(MAX_RANGE, 2 * self.poll_interval)
-        stale_after = self.stale_after
-        oldest = min((t for name, t in self.newest.items() if now - t <= stale_after(name)), default=now)
+        last, stale_after = self.last_read, self.stale_after
+        ages = [last - t for name, t in self.newest.items() if last - t <= stale_after(name)]  # sending at the last read
         scrape_interval = max(self.poll_interval, self.resolution() or 0.0)
-        reach = max(now - oldest, now - self.last_read + scrape_interval)
+        oldest_age = 0.0
+        if ages:
+            bound = statistics.median(ages) + scrape_interval
+            oldest_age = max((age for age in ages if age <= bound), default=0.0)
+        reach = now - last + max(oldest_age, scrape_interval)
         return max(min(MAX_RANGE, reach), 2 * self.poll_interval)
 
     def slices(self, now: float, reach: float) -> list[tuple[float, float]]:
         """(evaluation time, range) of the queries a read asks of each part, oldest first. A
         read that reaches further back than a regular one (the first reaches 5 minutes, as
         does one after failures) is asked in spans of about the interval plus
-        SLICE_OVER_INTERVAL, so that no answer holds more than a regular read held when the
+        SLICE_OVER_INTERVAL, so that no answer holds much more than a regular read held when the
         reader's memory was measured: a sidecar starting
         against a Prometheus that held 5 minutes of 10,000 pods read them in one answer a
         part and peaked at 1.41-1.48 GB (880-930 MB once running). Each range reaches back
