@@ -10,7 +10,7 @@ pod takes (timed once at the end: rendering 10,000 pods' series is separate from
 reading). With --compression both, this checkout reads gzipped answers (the default) and
 then plain ones (read_prometheus.compression: none). With --old REV, the code of REV is
 measured the same way after this checkout's, against the same Prometheus and pods. The
-phase run second has cost 17-37% more a read, whichever code it ran; --settle starts the
+phase run second has cost 18-38% more a read, whichever code it ran; --settle starts the
 first phase once Prometheus holds 5 minutes of samples, as later phases find it (both
 codes then cost more: the order effect is the box's, a Prometheus that holds more, not
 the reader's first read)."""
