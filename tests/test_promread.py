@@ -573,8 +573,7 @@ def test_a_long_read_is_asked_in_slices_of_a_regular_reads_reach_and_feeds_every
     of about 43 s (a regular read's reach, 45 s), oldest first, so no answer holds more
     than a regular read's samples; every scrape of the 5 minutes is fed once, in time
     order, a scrape on the edge of two slices too (a range holds both its ends before
-    Prometheus 3, only its end from 3 on). The next read is one query a part again, two
-    intervals back: the pod's newest sample is one interval old."""
+    Prometheus 3, only its end from 3 on). The next read is one query a part again."""
     import json
     import re
     from urllib.parse import parse_qs, urlsplit
@@ -612,7 +611,7 @@ def test_a_long_read_is_asked_in_slices_of_a_regular_reads_reach_and_feeds_every
             bodies[now + 15] = replica.render()
             clock[0] = now + 15
             poller.read()
-            assert len(asked) == 1 and asked[0] == (now + 15, 30.0)
+            assert len(asked) == 1 and asked[0] == (now + 15, 45.0)
             assert dict(state.target("vllm-a").scrapes)["success"] == len(bodies)
         finally:
             poller.stop(0.5)
@@ -629,33 +628,40 @@ def reader_at(now: float, poll_interval: str = "15s", **read) -> "PrometheusRead
     return reader
 
 
-def test_a_read_reaches_back_to_the_oldest_sample_a_sending_pod_may_hold_unread():
-    """What a pod holds unread is newer than its newest sample read, however late it was
-    committed: a read reaches back to the oldest of those among the pods sending at the
-    last read. A fleet scraped every 15 s is asked two intervals back (each sample twice,
-    not three times as with a fixed 30 s margin); a store that commits every scrape late
-    widens the reach to follow; a pod that stopped, missed scrapes or went stale does not
-    hold it back; a pod not read yet has the time since the last read and a scrape interval."""
+def test_a_read_reaches_30_s_past_the_last_one_and_back_to_a_lagging_fleets_newest_samples():
+    """A read reaches 30 s past the last one (scrapes are committed late), and further
+    where the pods that were sending at the last read have older newest samples: a store
+    that commits every scrape late. Only pods within a scrape interval of the median age
+    widen it, so a pod that stopped or went stale does not, and a part of the fleet
+    behind another lag keeps the 30 s (a first version without them lost such pods)."""
     now = 10_000.0
     reader = reader_at(now)  # read last at now - 15
+    last = now - 15
     try:
-        fleet = {f"vllm-{k}": now - 15 - k % 15 for k in range(100)}  # scraped every 15 s at their own offsets
+        fleet = {f"vllm-{k}": last - k % 15 for k in range(100)}  # scraped every 15 s at their own offsets
         reader.newest, reader.gap = dict(fleet), dict.fromkeys(fleet, 15.0)
-        assert reader.reach(now) == 30.0
+        assert reader.reach(now) == 15 + 30
         for k in range(10):  # stopped a few reads ago (a rollout), or a scrape missed: not stale yet
-            reader.newest[f"stopped-{k}"], reader.gap[f"stopped-{k}"] = now - 15 - 23 - k, 15.0
-        reader.newest["gone"], reader.gap["gone"] = now - 15 - 46, 15.0  # stale at the last read
-        assert reader.reach(now) == 30.0
+            reader.newest[f"stopped-{k}"], reader.gap[f"stopped-{k}"] = last - 31 - k, 15.0
+        reader.newest["gone"], reader.gap["gone"] = last - 46, 15.0  # stale at the last read
+        assert reader.reach(now) == 15 + 30
         lagging = {name: t - 25 for name, t in fleet.items()}  # a store that commits every scrape 25 s late
         reader.newest, reader.gap = dict(lagging), dict.fromkeys(lagging, 15.0)
-        assert reader.reach(now) == 15 + 25 + 14  # back to the oldest newest sample: 54 s
-        reader.newest, reader.gap = {"alone": now - 15 - 25 - 12}, {"alone": 15.0}  # one pod, the same store
+        assert reader.reach(now) == 15 + 25 + 14  # back to the oldest newest sample
+        reader.newest, reader.gap = {"alone": last - 25 - 12}, {"alone": 15.0}  # one pod, the same store
         assert reader.reach(now) == 15 + 25 + 12
-        reader.newest, reader.gap = dict(fleet), dict.fromkeys(fleet, 15.0)
-        reader.last_read = now - 40  # a read failed between: what was not read since reaches back past the last read
-        assert reader.reach(now) == 40 + 15
-        reader.gap = dict.fromkeys(fleet, 60.0)  # Prometheus scrapes every 60 s: a new pod's scrape commits within it
-        assert reader.reach(now) == 40 + 60
+        mixed = {**{f"a-{k}": last - k % 15 for k in range(80)}, **{f"b-{k}": last - 25 - k % 15 for k in range(20)}}
+        reader.newest, reader.gap = dict(mixed), dict.fromkeys(mixed, 15.0)  # a fifth behind a store 25 s late
+        assert reader.reach(now) == 15 + 30
+        assert all(t + 15 > now - reader.reach(now) for t in mixed.values())  # each pod's next scrape is in the range
+        reader.newest = {name: t - 60 for name, t in mixed.items()}  # a stall: every pod stale at the last read
+        assert reader.reach(now) == 15 + 30
+        every_minute = {f"m-{k}": last - k % 60 for k in range(120)}  # Prometheus scrapes every 60 s
+        reader.newest, reader.gap = dict(every_minute), dict.fromkeys(every_minute, 60.0)
+        assert reader.reach(now) == 15 + 59
+        reader.newest, reader.gap = {name: t - 25 - 25 for name, t in fleet.items()}, dict.fromkeys(fleet, 15.0)
+        reader.last_read = now - 40  # a read failed between: from the last whole read, behind the same store
+        assert reader.reach(now) == 40 + 25 + 14
         reader.last_read = now - 400
         assert reader.reach(now) == 300.0  # never past MAX_RANGE
         reader.last_read = None
@@ -669,9 +675,9 @@ def test_a_read_reaches_back_to_the_oldest_sample_a_sending_pod_may_hold_unread(
 @pytest.mark.parametrize("offset", [1.0, 7.25, 12.0])
 def test_a_pod_whose_scrapes_a_store_commits_late_is_fed_every_scrape_once(lag, stale_after, offset, left_open):
     """A store that commits every scrape `lag` seconds after it was taken (remote write
-    into a store that lags), read every 15 s: every scrape is fed once, in order, and the
-    pod stays up. Up to a lag of an interval under the default stale_after (45 s), and
-    beyond with a longer one. A read that reached 30 s past the last one lost every scrape
+    into a store that lags), read every 15 s: every scrape is fed once and the pod stays
+    up, up to a lag of an interval under the default stale_after (45 s), and beyond with a
+    longer one. A read that reached only 30 s past the last one lost every scrape
     committed later than that; a first version of the reach judged a pod sending by its
     age at this read, not the last, and lost the pod for good from a lag of 20 s."""
     import json
@@ -704,6 +710,7 @@ def test_a_pod_whose_scrapes_a_store_commits_late_is_fed_every_scrape_once(lag, 
         try:
             for _ in range(24):
                 poller.read()
+                assert state.target("vllm-a").up
                 clock[0] += 15
             fed = [t for t in bodies if t + lag <= clock[0] - 15]
             assert dict(state.target("vllm-a").scrapes)["success"] == len(fed)
