@@ -5,6 +5,7 @@ on the same fleet; versions, the gate and shards work on what it finds; a pod wh
 series stop is down, not frozen."""
 import math
 import time
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -628,40 +629,48 @@ def reader_at(now: float, poll_interval: str = "15s", **read) -> "PrometheusRead
     return reader
 
 
-def test_a_read_reaches_30_s_past_the_last_one_and_back_to_a_lagging_fleets_newest_samples():
+def test_a_read_reaches_30_s_past_the_last_one_and_back_to_a_lagging_fleets_next_scrapes():
     """A read reaches 30 s past the last one (scrapes are committed late), and further
-    where the pods that were sending at the last read have older newest samples: a store
-    that commits every scrape late. Only pods within a scrape interval of the median age
-    widen it, so a pod that stopped or went stale does not, and a part of the fleet
-    behind another lag keeps the 30 s (a first version without them lost such pods)."""
+    where the pods that were sending at the last read lag more than a scrape interval
+    explains: a store that commits every scrape late. It then reaches each such pod's next
+    scrape (an interval after its newest sample read, with half an interval's slack).
+    Only pods within a scrape interval of the median age widen it, so a pod that stopped
+    or went stale does not, and a part of the fleet behind another lag keeps the 30 s (a
+    first version without the 30 s lost such pods). Never less than the 30 s margin."""
     now = 10_000.0
     reader = reader_at(now)  # read last at now - 15
     last = now - 15
+
+    def reached(pods: dict[str, float], gap: float = 15.0) -> float:
+        reader.newest, reader.gap = dict(pods), dict.fromkeys(pods, gap)
+        reach = reader.reach(now)
+        assert reach >= now - reader.last_read + 30  # never short of the margin
+        return reach
+
     try:
         fleet = {f"vllm-{k}": last - k % 15 for k in range(100)}  # scraped every 15 s at their own offsets
-        reader.newest, reader.gap = dict(fleet), dict.fromkeys(fleet, 15.0)
-        assert reader.reach(now) == 15 + 30
-        for k in range(10):  # stopped a few reads ago (a rollout), or a scrape missed: not stale yet
-            reader.newest[f"stopped-{k}"], reader.gap[f"stopped-{k}"] = last - 31 - k, 15.0
-        reader.newest["gone"], reader.gap["gone"] = last - 46, 15.0  # stale at the last read
-        assert reader.reach(now) == 15 + 30
+        assert reached(fleet) == 15 + 30
+        stopped = {**fleet, **{f"stopped-{k}": last - 31 - k for k in range(10)}, "gone": last - 46}  # a rollout; stale
+        assert reached(stopped) == 15 + 30
         lagging = {name: t - 25 for name, t in fleet.items()}  # a store that commits every scrape 25 s late
-        reader.newest, reader.gap = dict(lagging), dict.fromkeys(lagging, 15.0)
-        assert reader.reach(now) == 15 + 25 + 14  # back to the oldest newest sample
-        reader.newest, reader.gap = {"alone": last - 25 - 12}, {"alone": 15.0}  # one pod, the same store
-        assert reader.reach(now) == 15 + 25 + 12
+        reach = reached(lagging)
+        assert reach == 15 + 25 + 14 - 7.5 and all(t + 15 > now - reach for t in lagging.values())  # each next scrape
+        assert reached({name: t - 50 for name, t in fleet.items()}) == 15 + 30  # 50 s: stale after the default 45 s
         mixed = {**{f"a-{k}": last - k % 15 for k in range(80)}, **{f"b-{k}": last - 25 - k % 15 for k in range(20)}}
-        reader.newest, reader.gap = dict(mixed), dict.fromkeys(mixed, 15.0)  # a fifth behind a store 25 s late
-        assert reader.reach(now) == 15 + 30
-        assert all(t + 15 > now - reader.reach(now) for t in mixed.values())  # each pod's next scrape is in the range
-        reader.newest = {name: t - 60 for name, t in mixed.items()}  # a stall: every pod stale at the last read
-        assert reader.reach(now) == 15 + 30
-        every_minute = {f"m-{k}": last - k % 60 for k in range(120)}  # Prometheus scrapes every 60 s
-        reader.newest, reader.gap = dict(every_minute), dict.fromkeys(every_minute, 60.0)
-        assert reader.reach(now) == 15 + 59
-        reader.newest, reader.gap = {name: t - 25 - 25 for name, t in fleet.items()}, dict.fromkeys(fleet, 15.0)
-        reader.last_read = now - 40  # a read failed between: from the last whole read, behind the same store
-        assert reader.reach(now) == 40 + 25 + 14
+        reach = reached(mixed)  # a fifth behind a store 25 s late: the margin
+        assert reach == 15 + 30 and all(t + 15 > now - reach for t in mixed.values())
+        assert reached({name: t - 60 for name, t in mixed.items()}) == 15 + 30  # a stall: every pod stale at the last read
+        every_minute = {f"m-{k}": last - k % 60 for k in range(120)}  # Prometheus scrapes every 60 s: no lag
+        assert reached(every_minute, 60.0) == 15 + 30
+        reader.last_read = now - 40  # a read failed between: from the last whole read, behind a store 25 s late
+        behind = {name: t - 25 - 25 for name, t in fleet.items()}
+        reach = reached(behind)
+        assert reach == 40 + 25 + 14 - 7.5 and all(t + 15 > now - reach for t in behind.values())
+        reader.read = replace(reader.read, stale_after=180.0)  # stale_after raised over a store's longer lag
+        for lag in (50.0, 100.0):
+            behind = {name: t - lag - 25 for name, t in fleet.items()}
+            reach = reached(behind)
+            assert reach == 40 + lag + 14 - 7.5 and all(t + 15 > now - reach for t in behind.values())
         reader.last_read = now - 400
         assert reader.reach(now) == 300.0  # never past MAX_RANGE
         reader.last_read = None

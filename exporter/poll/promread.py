@@ -76,8 +76,9 @@ class PrometheusReader:
         What a pod holds unread is newer than its newest sample read (a series' samples
         are appended in time order, however late a scrape is committed): a store that
         commits every scrape late (remote write) has every pod's newest sample that much
-        older, and a read reaches back to the oldest of those among the pods that were
-        sending at the last read, within a scrape interval of the median pod's age (a pod
+        older, and a read reaches back to the next scrape of the oldest of those among the
+        pods that were sending at the last read (an interval after it, with half an
+        interval's slack), within a scrape interval of the median pod's age (a pod
         that stopped, missed a scrape or is scraped less often does not widen every read
         until it goes stale). At least two intervals, at most MAX_RANGE (the first read,
         or after failures).
@@ -90,11 +91,14 @@ class PrometheusReader:
             return max(MAX_RANGE, 2 * self.poll_interval)
         last, stale_after = self.last_read, self.stale_after
         ages = [last - t for name, t in self.newest.items() if last - t <= stale_after(name)]  # sending at the last read
-        oldest_age = 0.0
+        behind = 0.0  # how far before the last read the lagging fleet's next scrapes may lie
         if ages:
-            bound = statistics.median_low(ages) + max(self.poll_interval, self.resolution() or 0.0)
+            scrape_interval = max(self.poll_interval, self.resolution() or 0.0)
+            bound = statistics.median_low(ages) + scrape_interval
             oldest_age = max((age for age in ages if age <= bound), default=0.0)
-        reach = now - last + max(oldest_age, MARGIN)
+            # a pod's next scrape comes an interval after its newest; half of one is the scrape times' slack
+            behind = oldest_age - scrape_interval / 2
+        reach = now - last + max(behind, MARGIN)
         return max(min(MAX_RANGE, reach), 2 * self.poll_interval)
 
     def slices(self, now: float, reach: float) -> list[tuple[float, float]]:
