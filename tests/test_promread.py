@@ -662,6 +662,13 @@ def test_a_read_reaches_30_s_past_the_last_one_and_back_to_a_lagging_fleets_next
         assert reached({name: t - 60 for name, t in mixed.items()}) == 15 + 30  # a stall: every pod stale at the last read
         every_minute = {f"m-{k}": last - k % 60 for k in range(120)}  # Prometheus scrapes every 60 s: no lag
         assert reached(every_minute, 60.0) == 15 + 30
+        rolling = {**every_minute, **{f"old-{k}": last - 60 - k for k in range(10)}}  # stopped in a rollout, or a scrape missed
+        assert reached(rolling, 60.0) == 15 + 32  # a little (a whole interval over the median: 15 + 39)
+        lagging = {name: t - 50 for name, t in every_minute.items()}  # the same fleet behind a store 50 s late
+        reader.read = replace(reader.read, stale_after=180.0)
+        reach = reached(lagging, 60.0)
+        assert reach == 15 + 50 + 59 - 30 and all(t + 60 > now - reach for t in lagging.values())
+        reader.read = replace(reader.read, stale_after=0.0)
         reader.last_read = now - 40  # a read failed between: from the last whole read, behind a store 25 s late
         behind = {name: t - 25 - 25 for name, t in fleet.items()}
         reach = reached(behind)

@@ -78,7 +78,7 @@ class PrometheusReader:
         commits every scrape late (remote write) has every pod's newest sample that much
         older, and a read reaches back to the next scrape of the oldest of those among the
         pods that were sending at the last read (an interval after it, with half an
-        interval's slack), within a scrape interval of the median pod's age (a pod
+        interval's slack), within a scrape interval (at most MARGIN) of the median pod's age (a pod
         that stopped, missed a scrape or is scraped less often does not widen every read
         until it goes stale). At least two intervals, at most MAX_RANGE (the first read,
         or after failures).
@@ -94,7 +94,9 @@ class PrometheusReader:
         behind = 0.0  # how far before the last read the lagging fleet's next scrapes may lie
         if ages:
             scrape_interval = max(self.poll_interval, self.resolution() or 0.0)
-            bound = statistics.median_low(ages) + scrape_interval
+            # within the margin of the median: at a 60 s interval a whole interval let pods that
+            # stopped or missed a scrape (60-90 s old) widen every read of a rolling rollout
+            bound = statistics.median_low(ages) + min(scrape_interval, MARGIN)
             oldest_age = max((age for age in ages if age <= bound), default=0.0)
             # a pod's next scrape comes an interval after its newest; half of one is the scrape times' slack
             behind = oldest_age - scrape_interval / 2
