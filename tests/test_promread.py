@@ -618,17 +618,6 @@ def test_a_long_read_is_asked_in_slices_of_a_regular_reads_reach_and_feeds_every
             poller.stop(0.5)
 
 
-def reader_at(now: float, poll_interval: str = "15s", **read) -> "PrometheusReader":
-    from exporter.poll.promread import PrometheusReader
-    raw = read_config("http://127.0.0.1:9")
-    raw["global"]["poll_interval"] = poll_interval
-    raw["discovery"]["read_prometheus"].update(read)
-    cfg = load(raw)
-    reader = PrometheusReader(cfg.discovery, cfg.global_.poll_interval)
-    reader.last_read = now - 15
-    return reader
-
-
 def test_a_read_reaches_30_s_past_the_last_one_and_back_to_a_lagging_fleets_next_scrapes():
     """A read reaches 30 s past the last one (scrapes are committed late), and further
     where the pods that were sending at the last read lag more than a scrape interval
@@ -637,9 +626,10 @@ def test_a_read_reaches_30_s_past_the_last_one_and_back_to_a_lagging_fleets_next
     Only pods within a scrape interval of the median age widen it, so a pod that stopped
     or went stale does not, and a part of the fleet behind another lag keeps the 30 s (a
     first version without the 30 s lost such pods). Never less than the 30 s margin."""
+    from exporter.poll.promread import PrometheusReader
     now = 10_000.0
-    reader = reader_at(now)  # read last at now - 15
-    last = now - 15
+    reader = PrometheusReader(load(read_config("http://127.0.0.1:9")).discovery, 15.0)
+    last = reader.last_read = now - 15
 
     def reached(pods: dict[str, float], gap: float = 15.0) -> float:
         reader.newest, reader.gap = dict(pods), dict.fromkeys(pods, gap)
