@@ -32,7 +32,7 @@ from procstat import cpu_seconds, peak_rss_mb  # noqa: E402
 from promserver import Prometheus, version  # noqa: E402
 
 from exporter.discovery import promseries  # noqa: E402
-from exporter.poll.promread import MAX_RANGE  # noqa: E402
+from exporter.poll.promread import MARGIN, MAX_RANGE  # noqa: E402
 
 
 def main(argv=None) -> list[dict]:
@@ -79,7 +79,7 @@ def _run(args, info: dict, groups: int) -> list[dict]:
             # held 450,000 series for 5 minutes, as the phases after the first do)
             time.sleep(max(0.0, MAX_RANGE - (time.monotonic() - began)))
         took = {}
-        regular = args.interval + 30  # a regular read's reach: the interval and the 30 s margin
+        regular = args.interval + MARGIN  # a regular read's reach
         for encoding in ("gzip", "identity"):  # the reader asks for gzip; plain beside it
             q0, query_mb, series = time.monotonic(), 0.0, 0
             for part in promseries.partitions("pod", args.partitions):  # one read's queries, as the reader asks them
