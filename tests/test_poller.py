@@ -8,9 +8,10 @@ import pytest
 
 from exporter.sim import simulator
 from exporter.sim.server import Fleet
-from exporter.config.sections import Config, GlobalConfig, Target
+from exporter.config.sections import Config, GlobalConfig, Target, load
 from exporter.alerting.deploys import DeployEvent
 from exporter.monitor.engine import Engine
+from exporter.poll.dispatch import ON_TIME_AGAIN
 from exporter.poll.poller import Poller, TargetPoller
 from exporter.serve.state import Counters, State
 from exporter.monitor.targetview import TargetView
@@ -696,3 +697,39 @@ def test_a_views_evolve_is_dataclasses_replace():
         old.evolve(upp=True)
     with pytest.raises(AttributeError):
         new.up = True  # still frozen
+
+
+def test_reads_that_outlast_the_interval_are_missed_counted_and_said_once_not_at_every_miss(caplog):
+    """A Prometheus that takes longer than poll_interval to answer: the read job's runs due
+    meanwhile are not started (APScheduler's max_instances 1). The state counts them,
+    the log says once that reading fell behind and once that it keeps up again, and the
+    scheduler's own warning at each miss stays out of the log."""
+    answers = [0]
+    empty = b'{"status":"success","data":{"resultType":"matrix","result":[]}}'
+
+    def query(h):
+        answers[0] += 1
+        if answers[0] == 1:
+            time.sleep(2.3)  # the first read's first slice: two runs missed at a 1 s interval
+        reply(h, 200, empty, [("Content-Type", "application/json")])
+
+    with FakeServer({"/api/v1/query": query}) as prom:
+        cfg = load({"global": {"poll_interval": "1s", "connect_timeout": "500ms", "read_timeout": "1s"},
+                    "discovery": {"read_prometheus": {"url": prom.base, "timeout": "5s", "match_labels": {"job": "vllm"}}}})
+        state = State()
+        poller = Poller(cfg, state)
+        with caplog.at_level(logging.INFO):
+            poller.start()
+            try:
+                assert wait_for(lambda: state.read().published.tasks["read"].missed >= 2, 10.0)
+                assert state.read().published.tasks["read"].behind
+                assert wait_for(lambda: not state.read().published.tasks["read"].behind, 15.0)
+            finally:
+                poller.stop(1.0)
+    read = state.read().published.tasks["read"]
+    assert read.interval == 1.0 and read.runs >= 1 + ON_TIME_AGAIN and read.missed >= 2 and read.last_seconds < 1.0
+    assert set(state.read().published.tasks) == {"read", "evaluate"}  # no discovery source: no discover task
+    said = [r.getMessage() for r in caplog.records]
+    assert not [m for m in said if "maximum number of running instances" in m]
+    assert len([m for m in said if m.startswith("Reading the Prometheus source falls behind its 1s interval")]) == 1
+    assert len([m for m in said if m.startswith("Reading the Prometheus source keeps its 1s interval again")]) == 1

@@ -34,6 +34,7 @@ from ..serve.state import Deploys, State
 from .dispatch import Dispatcher
 from .promread import PrometheusReader, read_once
 from .scrape import Scraper
+from .taskwatch import TaskWatch
 
 log = logging.getLogger(__name__)
 
@@ -292,6 +293,8 @@ class Poller:
                                                         "discovery": ThreadPoolExecutor(1), "read": ThreadPoolExecutor(1)},
                                              job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None})
         self.dispatcher = Dispatcher(on_skips=self._publish_skips)
+        self.tasks = TaskWatch(changed=self._publish_tasks)  # the read, rule and discovery jobs' runs and misses
+        self.tasks.watch(self.scheduler)
         self.pollers: dict[str, TargetPoller] = {}
         self.config = config  # as loaded: the static targets
         self.discovery: Discovery | None = None
@@ -365,6 +368,7 @@ class Poller:
                                    seconds=dispatch_tick(g.poll_interval), next_run_time=_now_datetime())
             self.scheduler.add_job(self._tracked(self.evaluate), "interval", id="evaluate", name="evaluate", executor="rules",
                                    seconds=g.poll_interval, next_run_time=_now_datetime())
+            self.tasks.expect("evaluate", g.poll_interval)
         self._install_discovery(config)
 
     def _dispatch(self) -> None:
@@ -402,6 +406,7 @@ class Poller:
         if self.reader is not None and old is not None:
             self.reader.carry_over(old)  # what was read stays read: a reload never feeds a pod's samples twice
         if self.reader is None:
+            self.tasks.forget("read")
             self.state.update(samples_source="")
             if self.read_found:
                 self.read_found = []
@@ -409,6 +414,7 @@ class Poller:
         if self.reader is not None:
             self.scheduler.add_job(self._tracked(self.read), "interval", id="read", name="read", executor="read",
                                    seconds=config.global_.poll_interval, next_run_time=_now_datetime())
+            self.tasks.expect("read", config.global_.poll_interval)
 
     def read(self) -> None:
         """One read of the Prometheus source (exporter/poll/promread.py). Never raises."""
@@ -431,10 +437,12 @@ class Poller:
         self.publish_discovery()
         if self.discovery is None:
             self.discovered = []
+            self.tasks.forget("discover")
             return
         # the first refresh runs on the discovery thread, at once: never on the start-up path
         self.scheduler.add_job(self._tracked(self.discover), "interval", id="discover", name="discover", executor="discovery",
                                seconds=config.discovery.refresh_interval, next_run_time=_now_datetime())
+        self.tasks.expect("discover", config.discovery.refresh_interval)
 
     def discover(self) -> None:
         """One refresh of every discovery source; applies what changed. Never raises."""
@@ -522,17 +530,25 @@ class Poller:
         self.scheduler.start()
 
     def _tracked(self, job: Callable[[], None]) -> Callable[[], None]:
+        """A job counted busy while it runs (stop() waits for it) and timed as its task."""
+        task = getattr(job, "__name__", "job")  # as its scheduler job is named
+
         def run() -> None:
             with self._idle:
                 self._busy += 1
+            self.tasks.started(task, time.monotonic())
             try:
                 job()
             finally:
+                self.tasks.ended(task, time.monotonic())
                 with self._idle:
                     self._busy -= 1
                     self._idle.notify_all()
-        run.__name__ = run.__qualname__ = getattr(job, "__name__", "job")
+        run.__name__ = run.__qualname__ = task
         return run
+
+    def _publish_tasks(self) -> None:
+        self.state.update(tasks=MappingProxyType(self.tasks.stats()))
 
     def stop(self, timeout: float = 2.0) -> bool:
         """No new poll or job starts; those running get `timeout` seconds to finish (a poll

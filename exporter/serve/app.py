@@ -18,7 +18,7 @@ from ..peers.urls import redact_url
 from ..series import hitratio
 from .collector import PrefixCacheCollector
 from .exposition import Exposition, WouldWait
-from .state import State
+from .state import TASKS, State
 from .statuspage import CONTENT_SECURITY_POLICY, StatusPage
 from .webconfig import BasicAuth, WebSecurity
 
@@ -173,6 +173,12 @@ class App:
         ready, why = self.ready_check()
         if not ready:  # what /-/ready says, where a person looks: a failing discovery has no target to show it
             warnings.append(f"Not ready: {why}.")
+        for task, stats in sorted(self.state.read().published.tasks.items()):
+            if stats.behind:
+                took = f": its last run took {stats.last_seconds:.1f}s" if stats.last_seconds is not None else ""
+                doing = TASKS.get(task, task)
+                warnings.append(f"{doing[:1].upper()}{doing[1:]} falls behind its {stats.interval:g}s interval{took}; "
+                                f"{stats.missed} run(s) missed (prefixcache_task_runs_missed_total).")
         if self.deploy_api_open is not None and self.deploy_api_open():
             warnings.append("POST /api/v1/deploys is open: deploys.api_open is set and no deploys.api_token, "
                             "so anyone who reaches this port can announce deploys.")
@@ -334,6 +340,8 @@ def status_json(state: State, ready: tuple[bool, str] | None = None) -> dict:
     deploys = reading.published.deploys
     if deploys is not None:
         out["deploys"] = deploys.to_json()
+    out["tasks"] = {task: {"interval_seconds": t.interval, "runs": t.runs, "missed": t.missed, "last_duration_seconds": t.last_seconds,
+                           "behind": t.behind} for task, t in sorted(reading.published.tasks.items())}
     return out
 
 

@@ -129,6 +129,10 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("discovery_refresh_failures", "counter", "Refreshes of the discovery `source` that failed (unreachable Prometheus, malformed file_sd file, ...).", "source"),
     _m("discovery_matched_nothing", "gauge", "1 while every answer of the discovery `source` since start held no target of ours: far more often a wrong selector (match_labels, job, scrape_pool) than an empty fleet; the log names what the answer held.", "source"),
     _m("discovery_dropped", "gauge", "What the last answer of the discovery `source` had over a limit and was dropped, by `reason`: target_limit, url_length_limit (targets), label_limit, label_value_length_limit, invalid_label_name (labels).", "source", "reason"),
+    _m("task_runs", "counter", "Runs of the sidecar's periodic `task` that ended: read (the Prometheus source's reads), evaluate (the rules), discover (discovery refreshes).", "task"),
+    _m("task_runs_missed", "counter", "Runs of the periodic `task` not started when due because its last run still ran (logged once when it falls behind and once when it keeps its interval again): its samples and alerts come later, none is lost.", "task"),
+    _m("task_last_duration_seconds", "gauge", "How long the last run of the periodic `task` took; over prefixcache_task_interval_seconds, runs are missed.", "task"),
+    _m("task_interval_seconds", "gauge", "Seconds between the runs the periodic `task` is due (global.poll_interval; discovery.refresh_interval).", "task"),
     # warm-up after a (re)start
     _m("warmup_requests", "counter", "Warm-up requests sent to the local vLLM by `result` (success, http_error, timeout, connection_error, cancelled).", "result"),
     _m("warmup_running", "gauge", "1 while a warm-up runs."),
@@ -256,6 +260,12 @@ class PrefixCacheCollector(Collector):
                 f.add("prefixcache_discovery_dropped", (src.name, reason), n, target=None)
             if src.last_success is not None:
                 f.add("prefixcache_discovery_last_success_timestamp_seconds", (src.name,), src.last_success, target=None)
+        for task, stats in sorted(p.tasks.items()):  # from zero, so that increase() sees the first miss
+            f.add("prefixcache_task_runs", (task,), stats.runs, target=None)
+            f.add("prefixcache_task_runs_missed", (task,), stats.missed, target=None)
+            f.add("prefixcache_task_interval_seconds", (task,), stats.interval, target=None)
+            if stats.last_seconds is not None:
+                f.add("prefixcache_task_last_duration_seconds", (task,), stats.last_seconds, target=None)
         warm = p.warmup
         if warm is not None:
             for result, count in sorted(warm.results.items()):

@@ -48,6 +48,20 @@ class WarmupStatus:
     last_failed: int = 0
 
 
+# the sidecar's periodic tasks, as the log and the status page name them
+TASKS = {"read": "reading the Prometheus source", "evaluate": "evaluating the rules", "discover": "refreshing discovery"}
+
+
+@dataclass(frozen=True)
+class TaskStats:
+    """One of the sidecar's periodic tasks as the poller publishes it (exporter/poll/taskwatch.py)."""
+    interval: float  # seconds between the runs it is due
+    runs: int = 0  # runs that ended
+    missed: int = 0  # runs not started when due: the last one still ran
+    last_seconds: float | None = None  # how long the last run that ended took
+    behind: bool = False  # missing runs, and not a few runs in a row on time since
+
+
 @dataclass(frozen=True)
 class Counters:
     """Process-wide events, counted from start (prefixcache_*_total)."""
@@ -87,6 +101,7 @@ class Published:
     alertmanagers_discovered: int | None = None  # None while no alertmanager.urls is configured
     warmup: WarmupStatus | None = None  # None while warm-up is off
     skipped_polls: Mapping[str, int] = field(default_factory=lambda: _EMPTY)  # target -> polls skipped (its last still ran)
+    tasks: Mapping[str, TaskStats] = field(default_factory=lambda: _EMPTY)  # read, evaluate, discover -> their runs
     # targets whose engine's own series are not exported (read from a Prometheus that holds them:
     # discovery.read_prometheus.reexport_engine_series)
     engine_series_withheld: frozenset[str] = frozenset()
