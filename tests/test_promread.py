@@ -3,6 +3,7 @@ pods' samples read from a real Prometheus that scrapes them, fed to the same eng
 scrape path. Its windowed ratios equal PromQL's on the same samples and the scrape path's
 on the same fleet; versions, the gate and shards work on what it finds; a pod whose
 series stop is down, not frozen."""
+import logging
 import math
 import time
 from dataclasses import replace
@@ -510,15 +511,18 @@ def test_reading_the_text_equals_decoding_it_whatever_the_labels_hold(series, as
     result = [{"metric": {"__name__": name, **labels, **({"pod": pod} if pod else {}), "instance": "i:1"},
                "values": [[t, v] for t, v in sorted(values)]} for pod, name, labels, values in series]
     body = _compact({"status": "success", "data": {"resultType": "matrix", "result": result}}, ensure_ascii=ascii_only)
+    present = set()
     try:
-        expected = promseries.pods(json.loads(body), "pod", "test", newer)
+        expected = promseries.pods(json.loads(body), "pod", "test", newer, present)
     except Exception as exc:  # noqa: BLE001 - the same error either way
         with pytest.raises(type(exc)):
             promseries.pods_of_answer(body, "pod", "test", newer)
         return
     memo = promseries.PodMemo()
-    assert promseries.pods_of_answer(body, "pod", "test", newer, memo) == expected
-    assert promseries.pods_of_answer(body, "pod", "test", newer, memo) == expected
+    for _ in range(2):  # learning, then with what it learnt
+        named = set()
+        assert promseries.pods_of_answer(body, "pod", "test", newer, memo, named) == expected
+        assert named == present >= set(expected)  # the pods with series, new samples or none
 
 
 def test_a_read_goes_part_by_part_and_a_failed_part_waits_for_the_next_read():
@@ -935,5 +939,56 @@ def test_a_reload_that_flips_reexport_engine_series_keeps_the_reader_and_changes
                                  "prefixcache_vllm_prefix_cache_queries_total{" in text))
             assert poller.reader is reader
             assert exported == [(False, True), (True, True), (False, True)]
+        finally:
+            poller.stop(0.5)
+
+
+def test_a_reload_that_selects_other_pods_forgets_those_left_out_at_once_and_keeps_the_rest_and_their_history(caplog):
+    """match_labels changed from {namespace: one} to {team: t}: vllm-a, selected no more, is
+    forgotten by the first read after the reload (its target goes; judged stale instead it
+    went down, a false TargetDown of every pod of the old selection), vllm-b, in both, keeps
+    its target and history even when that read brings it no new sample, vllm-c comes."""
+    from urllib.parse import parse_qs, urlsplit
+    from fakeserver import FakeServer, reply
+    clock = [20_000.0]
+    labels = {"vllm-a": {"namespace": "one", "team": "u"}, "vllm-b": {"namespace": "one", "team": "t"},
+              "vllm-c": {"namespace": "two", "team": "t"}}
+    replicas = {name: simulator.Replica(name, simulator.Scenario(request_rate=4.0), start=clock[0] - 900, seed=i, model_names=[MODEL])
+                for i, name in enumerate(labels)}
+
+    def query(h):
+        selector = parse_qs(urlsplit(h.path).query)["query"][0]
+        answer = {"status": "success", "data": {"resultType": "matrix", "result": []}}
+        for name, own in labels.items():
+            if all(f'{k}="{v}"' not in selector or own.get(k) == v for k, v in (("namespace", "one"), ("team", "t"))):
+                replicas[name].advance(clock[0] - 1)
+                scrape = answer_of({clock[0] - 1: replicas[name].render()}, {"job": "vllm", "pod": name, **own})
+                answer["data"]["result"] += scrape["data"]["result"]
+        reply(h, 200, _compact(answer))
+
+    with FakeServer({"/api/v1/query": query}) as prom:
+        state = State()
+        cfg = read_config(prom.base)
+        cfg["discovery"]["read_prometheus"]["match_labels"] = {"namespace": "one"}
+        poller = Poller(load(cfg), state, clock=lambda: clock[0])
+        try:
+            for _ in range(3):
+                poller.read()
+                clock[0] += 15
+            assert {v.target.name for v in state.read().targets} == {"vllm-a", "vllm-b"}
+            samples_of_b = state.target("vllm-b").samples
+            cfg["discovery"]["read_prometheus"]["match_labels"] = {"team": "t"}
+            with caplog.at_level(logging.INFO, logger="exporter.poll.promread"):
+                poller.reload(load(cfg))
+                clock[0] -= 15  # read again at once: nothing new of vllm-b since the last read
+                poller.read()
+            assert {v.target.name for v in state.read().targets} == {"vllm-b", "vllm-c"}
+            assert state.target("vllm-b").samples is samples_of_b and state.target("vllm-b").up
+            assert "1 pod(s) not in what the new configuration selects (vllm-a); forgotten" in caplog.text
+            assert "vllm-a" not in poller.reader.newest and "vllm-a" not in poller.reader.targets
+            clock[0] += 15
+            poller.read()
+            assert len(state.target("vllm-b").samples) == len(samples_of_b) + 1
+            assert all(v.up for v in state.read().targets)
         finally:
             poller.stop(0.5)

@@ -89,10 +89,12 @@ class Pod:
         return parse_samples(self.times[t], series_limit, self.plan)
 
 
-def pods(payload: Any, target_label: str, where: str, newer_than: dict[str, float] | None = None) -> dict[str, Pod]:
+def pods(payload: Any, target_label: str, where: str, newer_than: dict[str, float] | None = None,
+         present: set[str] | None = None) -> dict[str, Pod]:
     """A query answer -> pod name -> its samples, those of a pod at or before
     `newer_than[pod]` (already read) left out. A series' values are in time order (the
-    API's matrix), so its reading stops at the first sample already read."""
+    API's matrix), so its reading stops at the first sample already read. `present`
+    gets the name of every pod the answer has a series of, new samples or none."""
     if not isinstance(payload, dict) or payload.get("status") != "success" or not isinstance(payload.get("data"), dict):
         raise DiscoveryError(f"{where}: not a successful query answer")
     data = payload["data"]
@@ -112,6 +114,8 @@ def pods(payload: Any, target_label: str, where: str, newer_than: dict[str, floa
         if not isinstance(pod, str) or not pod or not isinstance(values, list):
             continue  # a series of no pod cannot be anybody's
         series_of.setdefault(pod, []).append((name, metric, values))
+    if present is not None:
+        present.update(series_of)
     out: dict[str, Pod] = {}
     for pod, series in series_of.items():
         labels = _pod_labels(series)
@@ -226,7 +230,7 @@ class PodMemo:
 
 
 def pods_of_answer(body: bytes, target_label: str, where: str, newer_than: dict[str, float] | None = None,
-                   memo: PodMemo | None = None) -> dict[str, Pod]:
+                   memo: PodMemo | None = None, present: set[str] | None = None) -> dict[str, Pod]:
     """pods() of an answer's bytes, as pods(json.loads(body)) reads them. The layout
     Prometheus writes is read from the text (the module's doc); any other layout, or a
     text that is not what that layout promises, is decoded whole. `memo` learns only
@@ -235,14 +239,14 @@ def pods_of_answer(body: bytes, target_label: str, where: str, newer_than: dict[
         text = body.decode()
     except UnicodeDecodeError:
         text = None
-    read = _read_text(text, target_label, newer_than or {}, memo) if text is not None else None
+    read = _read_text(text, target_label, newer_than or {}, memo, present) if text is not None else None
     if read is not None:
         return read
     try:
         payload = json.loads(body)
     except (ValueError, RecursionError) as exc:
         raise DiscoveryError(f"{where}: answer is not JSON: {str(exc)[:200]}") from None
-    return pods(payload, target_label, where, newer_than)
+    return pods(payload, target_label, where, newer_than, present)
 
 
 def _series_texts(text: str) -> tuple[list[str], list[str]] | None:
@@ -268,7 +272,8 @@ def _series_texts(text: str) -> tuple[list[str], list[str]] | None:
     return list(map(itemgetter(0), cut)), list(map(itemgetter(2), cut))
 
 
-def _read_text(text: str, target_label: str, newer_than: dict[str, float], memo: PodMemo | None) -> dict[str, Pod] | None:
+def _read_text(text: str, target_label: str, newer_than: dict[str, float], memo: PodMemo | None,
+               present: set[str] | None = None) -> dict[str, Pod] | None:
     """The new samples of an answer in Prometheus's layout, as pods() files them; None when
     a text is not what the layout promises (the whole answer is then decoded, and the memo
     learns nothing of it)."""
@@ -287,6 +292,8 @@ def _read_text(text: str, target_label: str, newer_than: dict[str, float], memo:
         if layout is None:
             return None
     ordered = layout.take(values)
+    if present is not None:  # a text that fails below is decoded whole, which names the same pods
+        present.update(pod for pod, _, _, _ in layout.pods)
     out: dict[str, Pod] = {}
     for pod, start, stop, known in layout.pods:
         after = newer_than.get(pod, -math.inf)

@@ -63,12 +63,20 @@ class PrometheusReader:
         # read, and counted once, as its last slice had it
         self.dropped: dict[str, Counter] = {}
         self._empty_since: float | None = None  # the first read that answered and matched nothing
+        self.reselected = False  # a reload changed what is selected, and no whole read followed yet
+        self.present: set[str] = set()  # the pods this read's answers had series of, new samples or none
         self._hinted = False  # the "nothing matches" line, said once
 
     def carry_over(self, old: "PrometheusReader") -> None:
-        """A reload's new reader goes on from where the old one was."""
+        """A reload's new reader goes on from where the old one was. One that selects other
+        series (another URL, match_labels or target_label) keeps the pods it still finds,
+        their histories and targets with them: its first whole read forgets, at once, every
+        pod it did not find (they leave as gone targets, whose alerts resolve). Judged
+        stale instead, the old selection's pods would all go down, each a false
+        TargetDown pointing the on-call at the pods, not at the config."""
         self.newest, self.gap, self.targets, self.last_read = dict(old.newest), dict(old.gap), dict(old.targets), old.last_read
         self.memo = old.memo
+        self.reselected = old.reselected or _selection(old.read) != _selection(self.read)
 
     def reach(self, now: float) -> float:
         """How far back this read asks: MARGIN past the last read (scrapes are committed
@@ -132,7 +140,7 @@ class PrometheusReader:
         try:
             body = self.api.get_bytes("/api/v1/query", {"query": promseries.query(self.read.match_labels, reach, part),
                                                         "time": f"{at:.3f}"})
-            return promseries.pods_of_answer(body, self.read.target_label, self.where, self.newest, self.memo)
+            return promseries.pods_of_answer(body, self.read.target_label, self.where, self.newest, self.memo, self.present)
         except PrometheusAPIError as exc:
             raise DiscoveryError(str(exc)) from None
         finally:
@@ -180,12 +188,20 @@ class PrometheusReader:
         for of_pod in self.dropped.values():
             dropped.update(of_pod)
         self.dropped = {}
-        for name in [n for n, t in self.newest.items() if n not in seen and now - t > self.cfg.accept_empty_after]:
-            log.info("read_prometheus: %s has had no sample for %gs; forgotten", name, self.cfg.accept_empty_after)
+        # after a reload that selects otherwise, a pod the answers had no series of is not selected
+        gone = [n for n, t in self.newest.items()
+                if (n not in self.present if self.reselected else n not in seen and now - t > self.cfg.accept_empty_after)]
+        if gone and self.reselected:
+            log.info("read_prometheus: %d pod(s) not in what the new configuration selects (%s); forgotten",
+                     len(gone), ", ".join(sorted(gone)[:5]) + (", ..." if len(gone) > 5 else ""))
+        for name in gone:
+            if not self.reselected:
+                log.info("read_prometheus: %s has had no sample for %gs; forgotten", name, self.cfg.accept_empty_after)
             for known in (self.newest, self.gap, self.targets, self.memo.pods, self.learnt):
                 known.pop(name, None)
         self.memo.settle()  # the layouts of this read's answers, for the next
         self.last_read = now
+        self.reselected = False
         limited = self.found()
         if len(limited) < len(self.targets):
             dropped["target_limit"] += len(self.targets) - len(limited)
@@ -231,6 +247,11 @@ class PrometheusReader:
         self.api.close()
 
 
+def _selection(read) -> tuple:
+    """What decides which series a reader reads and which pod each is."""
+    return read.url, read.match_labels, read.target_label
+
+
 def read_once(poller) -> None:
     """One read (below). In a process that freezes what a read leaves (poller.freeze_reads,
     the sidecar), the cycle collector waits for the whole read, and what is alive after it
@@ -270,6 +291,7 @@ def _read(poller) -> None:
     now = poller.clock()
     reach, seen = reader.reach(now), set()
     reader.dropped.clear()
+    reader.present.clear()
     polled = None  # (the poller.current it was taken at, ours, by_pod): 10,000 pods' maps, made again only on a change
     for (at, span), part in ((cut, part) for cut in reader.slices(now, reach) for part in reader.parts()):
         try:
