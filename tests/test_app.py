@@ -92,6 +92,23 @@ def test_the_status_api_and_page_say_not_ready_as_the_probe_does():
     assert data["ready"] is True and "not_ready_because" not in data
     assert "Not ready" not in call(app, "GET", "/")[2].decode()
 
+def test_the_status_page_says_a_discovery_source_that_answered_once_now_fails():
+    """/-/ready stays 200 (the source answered once), so the page is where a person sees it:
+    the pods read from a Prometheus that stopped answering still show their last state."""
+    from exporter.discovery.targets import SourceState
+    state = State()
+    app = App(state, CollectorRegistry(), ready=lambda: (True, ""))
+    state.update(discovery=(SourceState("read_prometheus", ok=True, refreshed=True),))
+    assert "Discovery source" not in call(app, "GET", "/")[2].decode()
+    state.update(discovery=(SourceState("read_prometheus", ok=False, refreshed=True, failures=3,
+                                        error="http://prometheus:9090/api/v1/query: connection refused"),
+                            SourceState("file_sd", ok=False, refreshed=True, failures=1, error="targets.json: not a list")))
+    page = call(app, "GET", "/")[2].decode()
+    assert ("Discovery source read_prometheus fails (3 failure(s) since start): http://prometheus:9090/api/v1/query: "
+            "connection refused; its pods keep their last state and none is judged until it answers again.") in page
+    assert "Discovery source file_sd fails (1 failure(s) since start): targets.json: not a list; its last 0 target(s) are kept." in page
+
+
 @pytest.mark.parametrize("method, path, status", [
     pytest.param("GET", "/nope", 404, id="unknown-path"),
     pytest.param("POST", "/metrics", 405, id="wrong-method"),

@@ -992,3 +992,62 @@ def test_a_reload_that_selects_other_pods_forgets_those_left_out_at_once_and_kee
             assert all(v.up for v in state.read().targets)
         finally:
             poller.stop(0.5)
+
+
+def test_pods_are_not_judged_by_the_time_prometheus_did_not_answer_and_one_that_died_meanwhile_goes_down():
+    """Prometheus stopped for 2.5 minutes (it scraped nothing then either): no pod goes
+    down while it fails (their last state is kept, as a ruler keeps its alerts while its
+    queries fail), none at the first read once it answers again without a new sample yet
+    (judged by the wall clock, every pod went down there, at every Prometheus restart),
+    and a pod that stopped during the outage goes down once the source has answered
+    stale_after without a sample of it."""
+    from fakeserver import FakeServer, reply
+    clock = [20_000.0]
+    replicas = {name: simulator.Replica(name, simulator.Scenario(request_rate=4.0), start=clock[0] - 900, seed=i, model_names=[MODEL])
+                for i, name in enumerate(("vllm-a", "vllm-b"))}
+    newest = {}  # pod -> the time of its newest scrape Prometheus holds
+    mode = {"down": False, "scraping": {"vllm-a", "vllm-b"}}
+
+    def query(h):
+        if mode["down"]:
+            return reply(h, 503, b"Service Unavailable")
+        answer = {"status": "success", "data": {"resultType": "matrix", "result": []}}
+        for name in sorted(replicas):
+            if name in mode["scraping"]:
+                replicas[name].advance(clock[0] - 1)
+                newest[name] = (clock[0] - 1, replicas[name].render())
+            if name in newest:
+                t, body = newest[name]
+                answer["data"]["result"] += answer_of({t: body}, {"job": "vllm", "pod": name})["data"]["result"]
+        reply(h, 200, _compact(answer))
+
+    def down() -> set[str]:
+        return {v.target.name for v in state.read().targets if not v.up}
+
+    with FakeServer({"/api/v1/query": query}) as prom:
+        state = State()
+        cfg = read_config(prom.base)
+        cfg["global"]["poll_interval"] = "15s"
+        poller = Poller(load(cfg), state, clock=lambda: clock[0])
+        try:
+            for _ in range(3):
+                poller.read()
+                clock[0] += 15
+            assert down() == set() and poller.reader.stale_after("vllm-a") == 45.0
+            mode["down"], mode["scraping"] = True, set()  # Prometheus stops: no answer, no scrape
+            for _ in range(10):
+                poller.read()
+                assert down() == set()
+                clock[0] += 15
+            mode["down"] = False  # back, and not one scrape made yet
+            poller.read()
+            assert down() == set()
+            mode["scraping"] = {"vllm-a"}  # it scrapes again; vllm-b stopped during the outage
+            judged = []
+            for _ in range(5):
+                clock[0] += 15
+                poller.read()
+                judged.append(down())
+            assert judged == [set(), set(), {"vllm-b"}, {"vllm-b"}, {"vllm-b"}]  # 45 s of answers without vllm-b
+        finally:
+            poller.stop(0.5)

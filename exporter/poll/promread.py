@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 READ_PROMETHEUS = "read_prometheus"
 MARGIN = 30.0  # seconds a read reaches past the last one at least: scrapes that ended late are committed late
 MAX_RANGE = 300.0  # at most this far back (after a failure, or the first read)
+MAX_OUTAGES = 16  # failing stretches of the source kept (those within accept_empty_after)
 FULL_COLLECTION_EVERY = 40  # reads between two full collections, in a process that freezes each read (10 minutes at 15 s)
 
 
@@ -65,6 +66,9 @@ class PrometheusReader:
         self._empty_since: float | None = None  # the first read that answered and matched nothing
         self.reselected = False  # a reload changed what is selected, and no whole read followed yet
         self.present: set[str] = set()  # the pods this read's answers had series of, new samples or none
+        # (last whole read, the whole read after it) around each failing stretch, most recent last:
+        # a pod is not judged by the time the source did not answer
+        self.outages: list[tuple[float, float]] = []
         self._hinted = False  # the "nothing matches" line, said once
 
     def carry_over(self, old: "PrometheusReader") -> None:
@@ -75,7 +79,7 @@ class PrometheusReader:
         stale instead, the old selection's pods would all go down, each a false
         TargetDown pointing the on-call at the pods, not at the config."""
         self.newest, self.gap, self.targets, self.last_read = dict(old.newest), dict(old.gap), dict(old.targets), old.last_read
-        self.memo = old.memo
+        self.memo, self.outages = old.memo, list(old.outages)
         self.reselected = old.reselected or _selection(old.read) != _selection(self.read)
 
     def reach(self, now: float) -> float:
@@ -188,6 +192,9 @@ class PrometheusReader:
         for of_pod in self.dropped.values():
             dropped.update(of_pod)
         self.dropped = {}
+        if self.last_read is not None and self.state.refreshed and not self.state.ok:  # answering again
+            self.outages = [o for o in self.outages if now - o[1] <= self.cfg.accept_empty_after][-MAX_OUTAGES + 1:]
+            self.outages.append((self.last_read, now))
         # after a reload that selects otherwise, a pod the answers had no series of is not selected
         gone = [n for n, t in self.newest.items()
                 if (n not in self.present if self.reselected else n not in seen and now - t > self.cfg.accept_empty_after)]
@@ -234,8 +241,18 @@ class PrometheusReader:
         return max(3 * self.gap.get(name, self.poll_interval), 2 * self.poll_interval)
 
     def stale(self, now: float) -> dict[str, float]:
-        """pod -> its newest sample, for the pods whose samples stopped."""
-        return {name: t for name, t in self.newest.items() if now - t > self.stale_after(name)}
+        """pod -> its newest sample, for the pods whose samples stopped: none for
+        stale_after of the time the source answered. While it failed (an outage of
+        Prometheus, which scraped nothing then either) no pod is judged, and once it
+        answers again a pod is judged down only when it still sends nothing: judged by
+        the wall clock, every pod went down at the first read after each Prometheus
+        restart, and the fleet's TargetDown went pending."""
+        out = {}
+        for name, t in self.newest.items():
+            unseen, after = now - t, self.stale_after(name)
+            if unseen > after and (not self.outages or unseen - _overlap(self.outages, t, now) > after):
+                out[name] = t
+        return out
 
     def resolution(self) -> float | None:
         """Prometheus's scrape interval as the samples show it (the median pod's; of two
@@ -245,6 +262,11 @@ class PrometheusReader:
 
     def close(self) -> None:
         self.api.close()
+
+
+def _overlap(spans: list[tuple[float, float]], start: float, end: float) -> float:
+    """Seconds of (start, end) that the spans cover (they do not overlap each other)."""
+    return sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans)
 
 
 def _selection(read) -> tuple:

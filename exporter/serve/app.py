@@ -173,7 +173,13 @@ class App:
         ready, why = self.ready_check()
         if not ready:  # what /-/ready says, where a person looks: a failing discovery has no target to show it
             warnings.append(f"Not ready: {why}.")
-        for task, stats in sorted(self.state.read().published.tasks.items()):
+        published = self.state.read().published
+        for src in published.discovery:
+            if src.refreshed and not src.ok:  # before its first answer, "Not ready" says it
+                kept = ("its pods keep their last state and none is judged until it answers again" if src.name == "read_prometheus"
+                        else f"its last {len(src.targets)} target(s) are kept")
+                warnings.append(f"Discovery source {src.name} fails ({src.failures} failure(s) since start): {src.error}; {kept}.")
+        for task, stats in sorted(published.tasks.items()):
             if stats.behind:
                 took = f": its last run took {stats.last_seconds:.1f}s" if stats.last_seconds is not None else ""
                 doing = TASKS.get(task, task)
