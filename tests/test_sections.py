@@ -114,6 +114,12 @@ def test_the_deploy_api_is_closed_without_a_token_open_only_on_purpose_and_an_op
     pytest.param("global: {poll_interval: 1s, read_timeout: 10s}", "4 poll intervals", id="timeout-longer-than-polls"),
     pytest.param("global: {min_query_tokens: -1}", "global.min_query_tokens", id="negative-floor"),
     pytest.param("global: {poll_interval: true}", "global.poll_interval", id="bool-duration"),
+    # a base URL gets the API's path appended: a query or fragment would come before it (/?x=1/api/v1/query)
+    pytest.param("discovery: {read_prometheus: {url: 'http://p:9090/?x=1', match_labels: {job: v}}}",
+                 "discovery.read_prometheus.url: 'http://p:9090/?x=1': the API's path is appended", id="read-prometheus-query"),
+    pytest.param("discovery: {prometheus: {url: 'http://p:9090/#x', job: v}}", "discovery.prometheus.url", id="discovery-fragment"),
+    pytest.param("alertmanager: {urls: ['http://am:9093/?tenant=a']}", "alertmanager.urls[0]", id="alertmanager-query"),
+    pytest.param("fleet_baseline: {prometheus_url: 'http://p:9090?'}", "fleet_baseline.prometheus_url", id="baseline-empty-query"),
 ])
 def test_bad_values(text, fragment):
     with pytest.raises(ConfigError) as exc:

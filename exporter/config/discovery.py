@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .reader import (LABEL_NAME, Reader, boolean, duration_or_zero, http_url, label_name, limit_or_zero, nonempty_string,
+from .reader import (LABEL_NAME, Reader, base_url, boolean, duration_or_zero, label_name, limit_or_zero, nonempty_string,
                             parse_duration, positive_int, read_secret)
 
 
@@ -98,7 +98,7 @@ def read_discovery(r: Reader, raw: Any) -> DiscoveryConfig:
             r.errors.append(f"{path}.url: required")
         auth = r.mapping(p.get("basic_auth"), f"{path}.basic_auth", {"username", "password", "password_file"})
         prometheus = PrometheusSDConfig(
-            url=r.value(p, path, "url", http_url, ""), job=r.value(p, path, "job", nonempty_string, ""),
+            url=r.value(p, path, "url", base_url, ""), job=r.value(p, path, "job", nonempty_string, ""),
             match_labels=match_labels(r, p.get("match_labels"), f"{path}.match_labels"),
             scrape_pool=r.value(p, path, "scrape_pool", nonempty_string, ""),
             timeout=r.value(p, path, "timeout", parse_duration, 10.0),
@@ -143,7 +143,7 @@ def _read_prometheus(r: Reader, raw: Any) -> PrometheusReadConfig:
         r.errors.append(f"{path}.url: required")
     auth = r.mapping(p.get("basic_auth"), f"{path}.basic_auth", {"username", "password", "password_file"})
     cfg = PrometheusReadConfig(
-        url=r.value(p, path, "url", http_url, ""),
+        url=r.value(p, path, "url", base_url, ""),
         match_labels=match_labels(r, p.get("match_labels"), f"{path}.match_labels"),
         target_label=r.value(p, path, "target_label", label_name, PrometheusReadConfig.target_label),
         timeout=r.value(p, path, "timeout", parse_duration, PrometheusReadConfig.timeout),

@@ -80,6 +80,16 @@ def http_url(value: Any) -> str:
     return value
 
 
+def base_url(value: Any) -> str:
+    """An http(s) URL that an API's path is appended to (a Prometheus, an Alertmanager): a
+    query or fragment would end up before that path (`/?x=1/api/v1/query`)."""
+    value = http_url(value)
+    parts = urlsplit(value)
+    if parts.query or parts.fragment or value.endswith(("?", "#")):
+        raise ValueError(f"{value!r}: the API's path is appended to it, so it takes no query or fragment")
+    return value
+
+
 def non_negative_number(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise ValueError("must be a non-negative number")

@@ -22,7 +22,7 @@ from ..alerting.deploys import ChangePointSettings
 from ..alerting.rules import COMMON_SETTINGS, RuleSettings, RulesConfig
 from ..peers import yamltext
 from .discovery import DiscoveryConfig, read_discovery
-from .reader import (LABEL_NAME, ConfigError, Reader, boolean, duration_or_zero, http_url, limit_or_zero,
+from .reader import (LABEL_NAME, ConfigError, Reader, base_url, boolean, duration_or_zero, http_url, limit_or_zero,
                             non_negative_number, nonempty_string, parse_duration, parse_size, parse_listen_address,
                             no_files, positive_int, ratio, read_secret, severity)
 
@@ -300,7 +300,7 @@ def _alertmanager(r: Reader, raw: Any) -> AlertmanagerConfig:
         if not isinstance(data["urls"], list):
             r.errors.append("alertmanager.urls: must be a list of URLs")
         else:
-            urls = tuple(r.value({"u": u}, f"alertmanager.urls[{i}]", "u", http_url, "") for i, u in enumerate(data["urls"]))
+            urls = tuple(r.value({"u": u}, f"alertmanager.urls[{i}]", "u", base_url, "") for i, u in enumerate(data["urls"]))
     auth = r.mapping(data.get("basic_auth"), "alertmanager.basic_auth", {"username", "password", "password_file"})
     ca = r.value(data, "alertmanager", "ca_file", nonempty_string, "")  # read_file checks it is there
     if ca:
@@ -467,7 +467,7 @@ def _fleet_baseline(r: Reader, raw: Any) -> FleetBaselineConfig:
                                              "basic_auth"})
     auth = r.mapping(data.get("basic_auth"), "fleet_baseline.basic_auth", {"username", "password", "password_file"})
     cfg = FleetBaselineConfig(
-        prometheus_url=r.value(data, "fleet_baseline", "prometheus_url", http_url, d.prometheus_url),
+        prometheus_url=r.value(data, "fleet_baseline", "prometheus_url", base_url, d.prometheus_url),
         # ${VAR} from the environment too: one config for every pod (namespace="${POD_NAMESPACE}")
         query=_from_environment(r, "fleet_baseline.query", r.value(data, "fleet_baseline", "query", nonempty_string, d.query)),
         timeout=r.value(data, "fleet_baseline", "timeout", parse_duration, d.timeout),
