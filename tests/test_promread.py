@@ -1051,3 +1051,31 @@ def test_pods_are_not_judged_by_the_time_prometheus_did_not_answer_and_one_that_
             assert judged == [set(), set(), {"vllm-b"}, {"vllm-b"}, {"vllm-b"}]  # 45 s of answers without vllm-b
         finally:
             poller.stop(0.5)
+
+
+def test_a_target_label_the_series_do_not_have_is_said_once_not_silently_taken_for_instance(caplog):
+    """A mistyped target_label named every pod by its instance: two pods behind one address
+    were read as one, their samples mixed, with no word of why. It is said once, naming the
+    label, however many pods and reads follow."""
+    from exporter.poll.promread import PrometheusReader
+    cfg = read_config("http://127.0.0.1:9")
+    cfg["discovery"]["read_prometheus"]["target_label"] = "kubernetes_pod_name"
+    reader = PrometheusReader(load(cfg).discovery, 15.0)
+    result = [{"metric": {"__name__": "vllm:prefix_cache_queries_total", "model_name": MODEL, "pod": pod, "instance": "10.0.0.9:8000",
+                          "job": "vllm"}, "values": [[100.0 + i, "5"]]} for i, pod in enumerate(("vllm-a", "vllm-b"))]
+    answer = {"status": "success", "data": {"resultType": "matrix", "result": result}}
+    with caplog.at_level(logging.WARNING, logger="exporter.poll.promread"):
+        for _ in range(2):
+            pods = promseries.pods(answer, "kubernetes_pod_name", "test")
+            assert list(pods) == ["10.0.0.9:8000"]  # the fallback stands: a source with no pod label reads by address
+            reader.learn(pods)
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert said.startswith("read_prometheus: the series of 10.0.0.9:8000 have no 'kubernetes_pod_name' label "
+                           "(read_prometheus.target_label), so it is named by its instance")
+    reader.close()
+    quiet = PrometheusReader(load(read_config("http://127.0.0.1:9")).discovery, 15.0)  # target_label: pod, which they have
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="exporter.poll.promread"):
+        quiet.learn(promseries.pods(answer, "pod", "test"))
+    assert not caplog.records
+    quiet.close()

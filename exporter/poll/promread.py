@@ -70,6 +70,7 @@ class PrometheusReader:
         # a pod is not judged by the time the source did not answer
         self.outages: list[tuple[float, float]] = []
         self._hinted = False  # the "nothing matches" line, said once
+        self._unnamed_said = False  # the "no target_label" line, said once
 
     def carry_over(self, old: "PrometheusReader") -> None:
         """A reload's new reader goes on from where the old one was. One that selects other
@@ -170,6 +171,12 @@ class PrometheusReader:
                 self.gap[name] = times[-1] - self.newest[name]
             learnt = self.learnt.get(name)
             if learnt is None or learnt[0] is not pod.labels:  # the memo hands out a pod's labels again while they stay
+                if self.read.target_label not in pod.labels and not self._unnamed_said:
+                    self._unnamed_said = True  # once: a mistyped label names every pod so
+                    log.warning("read_prometheus: the series of %s have no %r label (read_prometheus.target_label), so it is "
+                                "named by its instance; pods that share an instance (behind a Service, or honor_labels) are "
+                                "then read as one, their samples mixed: set target_label to the label that names them",
+                                name, self.read.target_label)
                 dropped = Counter()
                 learnt = self.learnt[name] = (pod.labels, promseries.target(pod, self.source_url, self.limits, dropped), dropped)
             _, target, self.dropped[name] = learnt
