@@ -145,6 +145,8 @@ def test_read_from_prometheus_equals_promql_and_the_scrape_path_and_stale_pods_g
         from exporter.serve.statuspage import StatusPage
         page = StatusPage(state).get([], "test").decode()
         assert "resolution is Prometheus&#x27;s scrape interval (observed 1s)" in page, [p for p in page.split("<p") if "resolution" in p]
+        from exporter.serve.app import status_json
+        assert "resolution is Prometheus's scrape interval (observed 1s)" in status_json(state)["samples_source"]
         status = [s for s in state.published.discovery if s.name == "read_prometheus"]
         assert status and status[0].ok and len(status[0].targets) == 3
         # vLLM's own series are in the Prometheus read: their copies are not exported again, where the

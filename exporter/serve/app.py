@@ -346,6 +346,8 @@ def status_json(state: State, ready: tuple[bool, str] | None = None) -> dict:
     deploys = reading.published.deploys
     if deploys is not None:
         out["deploys"] = deploys.to_json()
+    if reading.published.samples_source:
+        out["samples_source"] = reading.published.samples_source
     out["tasks"] = {task: {"interval_seconds": t.interval, "runs": t.runs, "missed": t.missed, "last_duration_seconds": t.last_seconds,
                            "behind": t.behind} for task, t in sorted(reading.published.tasks.items())}
     return out
