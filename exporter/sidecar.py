@@ -23,6 +23,7 @@ from .config.sections import Config, ConfigError
 from .discovery.annotations import AnnotationsWatcher
 from .exitcodes import EXIT_ERROR, EXIT_OK
 from .notify.alertmanager import Notifier
+from .peers.urls import redact_url
 from .poll.poller import Poller
 from .poll.warmup import Warmer
 from .serve.app import App, analysis_handlers, deploy_handlers
@@ -300,7 +301,8 @@ def check_config(args) -> int:
     cfg = load_file(args.file)
     for warning in config_warnings(cfg):
         print(f"warning: {warning}", file=sys.stderr)
-    sources = [name for name, on in (("prometheus", cfg.discovery.prometheus), ("file_sd", cfg.discovery.file_sd)) if on]
+    sources = [name for name, on in (("prometheus", cfg.discovery.prometheus), ("file_sd", cfg.discovery.file_sd),
+                                     ("read_prometheus", cfg.discovery.read_prometheus)) if on]
     print(f"{args.file}: OK, {len(cfg.targets)} target(s)" + (f", discovery: {', '.join(sources)}" if sources else ""))
     return EXIT_OK
 
@@ -312,4 +314,8 @@ def config_warnings(cfg: Config) -> list[str]:
         out.append("no targets: the sidecar will poll nothing (add `targets:` or `discovery:`)")
     if cfg.deploys.api_open:
         out.append("deploys.api_open: POST /api/v1/deploys accepts deploy announcements from anyone who reaches the port")
+    scraped, read = cfg.discovery.prometheus, cfg.discovery.read_prometheus
+    if scraped and read and scraped.url.rstrip("/") == read.url.rstrip("/"):
+        out.append(f"discovery.prometheus and discovery.read_prometheus both ask {redact_url(read.url)}: a pod both select is "
+                   "polled twice, scraped and read, and its alerts come twice; read_prometheus alone reads every pod it scrapes")
     return out

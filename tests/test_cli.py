@@ -117,6 +117,25 @@ def test_check_config_warns_about_no_targets_and_an_open_deploy_api(tmp_path):
     assert proc.returncode == 0 and "warning: deploys.api_open" in proc.stderr
 
 
+
+def test_check_config_names_the_prometheus_source_and_warns_when_one_prometheus_is_both_scraped_for_and_read(tmp_path):
+    """The same Prometheus as discovery.prometheus (scrape the pods it scrapes) and as
+    read_prometheus (read their series): a pod both select was polled twice, under name
+    and name@address, and its alerts came twice, with no word at check-config."""
+    cfg = tmp_path / "central.yml"
+    read = "discovery: {read_prometheus: {url: 'http://prometheus:9090', match_labels: {job: vllm}}}\n"
+    cfg.write_text(read)
+    proc = run_cli("check-config", str(cfg))
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK, 0 target(s), discovery: read_prometheus")
+    assert "warning" not in proc.stderr
+    cfg.write_text("discovery: {read_prometheus: {url: 'http://prometheus:9090/', match_labels: {job: vllm}},\n"
+                   "            prometheus: {url: 'http://prometheus:9090', match_labels: {job: vllm}}}\n")
+    proc = run_cli("check-config", str(cfg))
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("discovery: prometheus, read_prometheus")
+    assert ("warning: discovery.prometheus and discovery.read_prometheus both ask http://prometheus:9090/: a pod both select "
+            "is polled twice") in proc.stderr
+
+
 def test_parse_prints_strict_json(fixtures):
     import json
     proc = run_cli("parse", str(fixtures / "edge" / "escapes_nan_inf.txt"))

@@ -122,6 +122,21 @@ def test_merge_keeps_static_names_and_separates_pods_sharing_a_name():
     assert not warnings
 
 
+def test_a_pod_both_scraped_and_read_from_one_prometheus_is_said_once_as_polled_twice():
+    """discovery.prometheus and read_prometheus on one Prometheus find the same pods: each is
+    kept (renamed name@address), and one warning says why, not one a pod. Two ports of one
+    pod (the recorded answer) and one name in two namespaces stay silent."""
+    scraped = [Target(f"vllm-{i}", f"http://10.0.0.{i}:8000/metrics", (("namespace", "llm"),)) for i in range(5)]
+    read = [Target(f"vllm-{i}", f"http://prometheus:9090#vllm-{i}", (("namespace", "llm"),)) for i in range(5)]
+    elsewhere = [Target("vllm-0", "http://10.0.1.0:8000/metrics", (("namespace", "staging"),))]
+    merged, warnings = merge([], scraped + read + elsewhere)
+    assert len(merged) == 11 and {"vllm-0@prometheus:9090", "vllm-0@10.0.1.0:8000"} <= {t.name for t in merged}
+    (said,) = warnings
+    assert said.startswith("5 discovered target(s) share name and namespace with another (vllm-0 in llm, vllm-1 in llm, "
+                           "vllm-2 in llm, ...): one pod that two sources found, polled twice")
+    assert merge([], scraped + elsewhere)[1] == []
+
+
 def test_every_replica_of_a_model_lands_in_one_shard():
     pods = [Target(f"llama-7f9c8d6b5-{s}", "http://x/metrics") for s in ("abcde", "fghij", "klmno")] + \
            [Target(f"qwen-{i}", "http://y/metrics") for i in range(3)]

@@ -241,18 +241,37 @@ def limit_targets(targets: Sequence[Target], limit: int, dropped: Counter) -> li
 # --- merging and sharding ----------------------------------------------------------------------
 def merge(static: Sequence[Target], discovered: Iterable[Target]) -> tuple[list[Target], list[str]]:
     """Static targets first; a discovered target whose name is taken gets its address
-    appended, so that two pods never share one history. -> (targets, warnings)"""
-    out, names, warnings = list(static), {t.name for t in static}, []
+    appended, so that two pods never share one history (or two ports of one pod both
+    scraped). -> (targets, warnings). A pod read from a Prometheus (its URL names it
+    after `#`) whose name and namespace a scraped target has too is one pod two sources
+    found (discovery.prometheus and read_prometheus on one Prometheus), polled twice:
+    said in one warning."""
+    out, warnings = list(static), []
+    known = {t.name: _identity(t) for t in static}
+    twice: list[str] = []
     for t in discovered:
-        if t.name in names:
+        identity = _identity(t)
+        if t.name in known:
+            (namespace, read), (other_namespace, other_read) = identity, known[t.name]
+            if namespace and namespace == other_namespace and read != other_read:
+                twice.append(f"{t.name} in {namespace}")
             renamed = replace(t, name=f"{t.name}@{urlsplit(t.url).netloc.rpartition('@')[2]}")
-            if renamed.name in names:
+            if renamed.name in known:
                 warnings.append(f"discovered target {t.name} ({redact_url(t.url)}) is listed twice; the second is ignored")
                 continue
             t = renamed
-        names.add(t.name)
+        known[t.name] = identity
         out.append(t)
+    if twice:
+        warnings.append(f"{len(twice)} discovered target(s) share name and namespace with another ({', '.join(twice[:3])}"
+                        f"{', ...' if len(twice) > 3 else ''}): one pod that two sources found, polled twice under name and "
+                        "name@address, its alerts twice; let one source find it (read_prometheus reads what Prometheus scrapes)")
     return out, warnings
+
+
+def _identity(t: Target) -> tuple[str | None, bool]:
+    """(its namespace, whether it is read from a Prometheus rather than scraped)."""
+    return dict(t.labels).get("namespace"), bool(urlsplit(t.url).fragment)
 
 
 def polled(static: Sequence[Target], discovered: Iterable[Target], shard: ShardConfig) -> tuple[list[Target], list[str]]:
