@@ -1081,3 +1081,42 @@ def test_a_target_label_the_series_do_not_have_is_said_once_not_silently_taken_f
         quiet.learn(promseries.pods(answer, "pod", "test"))
     assert not caplog.records
     quiet.close()
+
+
+def test_pods_of_one_name_in_two_namespaces_are_two_pods_the_first_keeping_the_name():
+    """A StatefulSet's vllm-0 in prod and in staging, read from one Prometheus: named by
+    `pod` alone they were one pod whose scrapes alternated between the two, their counters
+    stepping back and forth. The first namespace seen keeps the name, the other's is
+    vllm-0@staging, and both keep their names whatever comes or goes."""
+    from exporter.poll.promread import PrometheusReader
+    clock = 20_000.0
+    replicas = {ns: simulator.Replica(f"vllm-0-{ns}", simulator.Scenario(request_rate=rate), start=clock - 900, seed=i,
+                                      model_names=[MODEL]) for i, (ns, rate) in enumerate((("prod", 8.0), ("staging", 1.0)))}
+
+    def answer(at: float, namespaces) -> bytes:
+        result = []
+        for ns in namespaces:
+            replicas[ns].advance(at - 1)
+            result += answer_of({at - 1: replicas[ns].render()}, {"job": "vllm", "pod": "vllm-0", "namespace": ns})["data"]["result"]
+        result.sort(key=lambda s: sorted(s["metric"].items()))  # as Prometheus orders them: prod first
+        return _compact({"status": "success", "data": {"resultType": "matrix", "result": result}})
+
+    reader = PrometheusReader(load(read_config("http://127.0.0.1:9")).discovery, 15.0)
+    for k in range(3):
+        body = answer(clock + 15 * k, ("prod", "staging"))
+        ours = promseries.pods_of_answer(body, "pod", "test", reader.newest, reader.memo)
+        import json
+        assert ours == promseries.pods(json.loads(body), "pod", "test", reader.newest)  # the decoder names them alike
+        assert sorted(ours) == ["vllm-0", "vllm-0@staging"]
+        assert ours["vllm-0"].labels["namespace"] == "prod" and ours["vllm-0@staging"].labels["namespace"] == "staging"
+        for name, pod in ours.items():
+            assert len(pod.times) == 1  # one scrape each, not the two pods' scrapes in one
+            snapshot = pod.snapshot(max(pod.times))
+            assert not snapshot.warnings
+            reader.read_samples(pod)
+        reader.memo.settle()
+    # prod's vllm-0 goes: staging's keeps its name, and a third namespace's vllm-0 takes the free one
+    reader.update(clock + 60 + reader.cfg.accept_empty_after, {"vllm-0@staging"})
+    assert "vllm-0" not in reader.newest and reader.memo.names.name("vllm-0", "staging") == "vllm-0@staging"
+    assert reader.memo.names.name("vllm-0", "dev") == "vllm-0"
+    reader.close()

@@ -90,7 +90,7 @@ class Pod:
 
 
 def pods(payload: Any, target_label: str, where: str, newer_than: dict[str, float] | None = None,
-         present: set[str] | None = None) -> dict[str, Pod]:
+         present: set[str] | None = None, names: PodNames | None = None) -> dict[str, Pod]:
     """A query answer -> pod name -> its samples, those of a pod at or before
     `newer_than[pod]` (already read) left out. A series' values are in time order (the
     API's matrix), so its reading stops at the first sample already read. `present`
@@ -101,6 +101,7 @@ def pods(payload: Any, target_label: str, where: str, newer_than: dict[str, floa
     if data.get("resultType") != "matrix" or not isinstance(data.get("result"), list):
         raise DiscoveryError(f"{where}: the answer is not a matrix (resultType {str(data.get('resultType'))[:40]!r})")
     newer_than = newer_than or {}
+    names = names if names is not None else PodNames()
     series_of: dict[str, list[tuple[str, dict, list]]] = {}
     for i, series in enumerate(data["result"]):
         try:
@@ -113,7 +114,7 @@ def pods(payload: Any, target_label: str, where: str, newer_than: dict[str, floa
         pod = metric.get(target_label) or metric.get("instance") or ""
         if not isinstance(pod, str) or not pod or not isinstance(values, list):
             continue  # a series of no pod cannot be anybody's
-        series_of.setdefault(pod, []).append((name, metric, values))
+        series_of.setdefault(names.name(pod, metric.get("namespace")), []).append((name, metric, values))
     if present is not None:
         present.update(series_of)
     out: dict[str, Pod] = {}
@@ -181,6 +182,33 @@ _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?
 
 
 @dataclass
+class PodNames:
+    """Which pod a series is: its `target_label` value (else its instance) and its
+    namespace. One Prometheus read across namespaces holds pods of one name in several (a
+    StatefulSet's vllm-0 in prod and in staging): named by the label alone they were one
+    pod, their samples mixed. The first namespace seen with a name keeps it plain, as
+    discovery keeps the first of two targets' name; the same name in another is
+    `name@namespace`. A name given stays while its pod is known (forget() drops it with
+    the pod), so a namespace that comes or goes renames no other's pod."""
+
+    given: dict[tuple[str, str], str] = field(default_factory=dict)  # (label value, namespace) -> name
+    owner: dict[str, tuple[str, str]] = field(default_factory=dict)  # the same, name -> (label value, namespace)
+
+    def name(self, pod: str, namespace: Any) -> str:
+        key = (pod, namespace if isinstance(namespace, str) else "")
+        name = self.given.get(key)
+        if name is None:
+            name = pod if pod not in self.owner else f"{pod}@{key[1] or '-'}"
+            self.given[key], self.owner[name] = name, key
+        return name
+
+    def forget(self, name: str) -> None:
+        key = self.owner.pop(name, None)
+        if key is not None:
+            del self.given[key]
+
+
+@dataclass
 class _Known:
     """A pod's series as an answer had them: the hash and length of their label texts
     joined and their number, the pod's labels, and the plan of its series (each one's
@@ -220,6 +248,7 @@ class PodMemo:
     layouts: dict[int, _Layout] = field(default_factory=dict)
     used: set[int] = field(default_factory=set)
     plans: dict[tuple, SamplePlan] = field(default_factory=dict)  # the pods' series (names, labels, long) -> their plan
+    names: PodNames = field(default_factory=PodNames)
 
     def settle(self) -> None:
         """After a read: the layouts it did not use are forgotten, and the plans no pod has."""
@@ -246,7 +275,7 @@ def pods_of_answer(body: bytes, target_label: str, where: str, newer_than: dict[
         payload = json.loads(body)
     except (ValueError, RecursionError) as exc:
         raise DiscoveryError(f"{where}: answer is not JSON: {str(exc)[:200]}") from None
-    return pods(payload, target_label, where, newer_than, present)
+    return pods(payload, target_label, where, newer_than, present, memo.names if memo is not None else None)
 
 
 def _series_texts(text: str) -> tuple[list[str], list[str]] | None:
@@ -322,11 +351,13 @@ def _lay_out(labels: list[str], hashes: tuple[int, ...], target_label: str, memo
     plainly (no such label, one that is not a string: the decoder's reading is the one)
     or a label text is not what _learn can read."""
     own_key, instance_key = f'"{target_label}":"', '"instance":"'
+    names = memo.names if memo is not None else PodNames()
     series_of: dict[str, list[int]] = {}
     for i, label_text in enumerate(labels):
         pod = _value_of(label_text, own_key) or _value_of(label_text, instance_key)
         if not pod:
             return None
+        pod = names.name(pod, _value_of(label_text, '"namespace":"') or None)
         series = series_of.get(pod)
         if series is None:
             series = series_of[pod] = []
@@ -341,7 +372,7 @@ def _lay_out(labels: list[str], hashes: tuple[int, ...], target_label: str, memo
         key = (hash(joined), len(joined), len(series))
         known = memo.pods.get(pod) if memo is not None else None
         if known is None or known.key != key:
-            known = learnt[pod] = _learn(pod, target_label, texts, key, plans)
+            known = learnt[pod] = _learn(pod, target_label, texts, key, plans, names)
             if known is None:
                 return None
         pods.append((pod, len(order), len(order) + len(series), known))
@@ -431,7 +462,7 @@ def _samples_of(values: tuple[str, ...], after: float, known: _Known):
 
 
 def _learn(pod: str, target_label: str, texts: list[str], key: tuple[int, int, int],
-           plans: dict[tuple, SamplePlan]) -> _Known | None:
+           plans: dict[tuple, SamplePlan], names: PodNames) -> _Known | None:
     """A pod's series read from their label texts, as pods() reads the decoded ones; None
     when one is not a JSON object with a name, or names another pod than the scan read.
     Pods whose series are alike share one plan and its label dicts (`plans`, the memo's:
@@ -444,7 +475,8 @@ def _learn(pod: str, target_label: str, texts: list[str], key: tuple[int, int, i
             return None
         if not isinstance(metric, dict) or not isinstance(metric.get("__name__"), str):
             return None
-        if (metric.get(target_label) or metric.get("instance")) != pod:
+        named = metric.get(target_label) or metric.get("instance")
+        if not isinstance(named, str) or names.name(named, metric.get("namespace")) != pod:
             return None  # a label twice, or inside another value: the decoder's reading differs
         metrics.append((metric["__name__"], metric, None))
     pod_labels = _pod_labels(metrics)
