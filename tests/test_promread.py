@@ -56,6 +56,11 @@ def test_the_config_reads_the_source_strictly():
         load({"discovery": {"read_prometheus": {"url": "http://prometheus:9090"}}})
     with pytest.raises(ConfigError, match="read_prometheus.scrape_interval"):
         load({"discovery": {"read_prometheus": {"url": "http://p:9090", "match_labels": {"job": "x"}, "scrape_interval": "1s"}}})
+    # a size as body_size_limit reads one (512MiB was refused as "not a whole number"); bytes still do
+    for size, expected in (("64MiB", 64 * 2**20), (1_000_000, 1_000_000)):
+        sized = read_config("http://prometheus:9090")
+        sized["discovery"]["read_prometheus"]["max_answer"] = size
+        assert load(sized).discovery.read_prometheus.max_answer == expected
 
 
 def test_the_query_asks_every_name_the_parser_reads_of_the_matched_targets_only():

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .reader import (LABEL_NAME, Reader, base_url, boolean, duration_or_zero, label_name, limit_or_zero, nonempty_string,
-                            parse_duration, positive_int, read_secret)
+                            parse_duration, parse_size, positive_int, read_secret)
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ def _read_prometheus(r: Reader, raw: Any) -> PrometheusReadConfig:
         username=r.value(auth, f"{path}.basic_auth", "username", nonempty_string, ""),
         password=read_secret(r, auth, f"{path}.basic_auth", "password"),
         stale_after=r.value(p, path, "stale_after", duration_or_zero, 0.0),
-        max_answer=r.value(p, path, "max_answer", positive_int, PrometheusReadConfig.max_answer),
+        max_answer=r.value(p, path, "max_answer", parse_size, PrometheusReadConfig.max_answer),  # 512MiB, as body_size_limit
         partitions=r.value(p, path, "partitions", positive_int, 1),
         compression=r.value(p, path, "compression", nonempty_string, PrometheusReadConfig.compression),
         reexport_engine_series=r.value(p, path, "reexport_engine_series", boolean, False))
