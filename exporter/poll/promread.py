@@ -20,6 +20,7 @@ import gc
 import logging
 import math
 import statistics
+import time
 from collections import Counter
 from dataclasses import replace
 
@@ -358,7 +359,8 @@ def _read(poller) -> None:
         target = ours.get(by_pod.get(pod_name, ""))
         view = poller.state.target(target.target.name) if target is not None else None
         if view is not None and (view.up or not view.polled):  # said once, as it goes down
-            target.mark_down(now, STALE, f"no sample in Prometheus since {now - newest:.0f}s ago "
+            # the time itself, not "Ns ago": this error stays on the status page while the pod is down
+            target.mark_down(now, STALE, f"no sample in Prometheus since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(newest))} "
                                          f"(stale after {reader.stale_after(pod_name):g}s)")
 
 
