@@ -308,3 +308,20 @@ def test_the_drop_after_a_deploy_is_not_judged_across_a_later_growth_of_the_flee
             e.add_event(DeployEvent(t, None, "replicas:2->6", REPLICAS, model="m", replicas=(2, 6), ratio_before=0.8))
         fired = [tr for tr in e.evaluate(t) if tr.alert.alertname == rules.DROP_AFTER_DEPLOY]
         assert fired == [], t
+
+
+def test_target_down_says_why_the_target_could_not_be_polled():
+    """An adopter's read pod went down with 'no sample in Prometheus since ...': the alert
+    said only that it could not be polled. Its description now carries the last error."""
+    settings = load({}).rules
+    rc, s = settings, settings.rules[rules.TARGET_DOWN]
+    base = rules.Facts(now=1_000.0, target="vllm-0", model="", up=False, down_since=100.0, snapshot=None, samples=(),
+                       stats={}, windows={}, events=(), ever_up=True)
+    cond = rules.rule_target_down(dataclasses.replace(base, last_error="no sample in Prometheus since 2026-12-04T05:43:12Z "
+                                                                       "(stale after 45s)"), s, rc)
+    assert cond.state == "true"
+    assert cond.description.startswith("The sidecar gets no vLLM metrics from the target (no sample in Prometheus since "
+                                       "2026-12-04T05:43:12Z (stale after 45s)): it is down")
+    long = rules.rule_target_down(dataclasses.replace(base, last_error="x" * 5000), s, rc)
+    assert len(long.description) < 400  # a body quoted in an error does not become the alert's text
+    assert "()" not in rules.rule_target_down(base, s, rc).description

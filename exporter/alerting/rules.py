@@ -99,6 +99,7 @@ class Facts:
     # (when the lookup hits last grew, TTFT p50 before that) while they stand still: kept
     # by the engine, so the evidence outlives the history it was read from
     hits_reference: tuple[float, float] | None = None
+    last_error: str | None = None  # why the target's last poll failed (a pod read from Prometheus: its samples stopped)
 
     def window(self, seconds: float) -> WindowStats:
         name = self.windows.get(seconds)
@@ -352,9 +353,15 @@ def rule_target_down(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
         return FALSE
     if not f.ever_up and f.now - f.down_since < max(0.0, s.startup_grace - s.for_):
         return FALSE  # never answered yet: vLLM may still be loading its model (a startupProbe's grace)
+    why = f" ({_clip(f.last_error)})" if f.last_error else ""
     return Condition("true", 0.0, f"vLLM target {f.target} cannot be polled",
-                     "The sidecar gets no vLLM metrics from the target: it is down, slow, or not vLLM. Hit-rate alerts for it are blind.",
+                     f"The sidecar gets no vLLM metrics from the target{why}: it is down, slow, or not vLLM. Hit-rate alerts for it are blind.",
                      (causes.UNKNOWN, "target down"))
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    """An error as far as an alert's description needs it (a target's body can be long)."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 # --- the registry: each rule declared once --------------------------------------------------
