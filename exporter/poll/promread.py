@@ -233,7 +233,7 @@ class PrometheusReader:
         if not self.state.matched_ever and not self._hinted and now - self._empty_since >= self.cfg.accept_empty_after:
             self._hinted = True
             selector = ", ".join(f'{k}="{v}"' for k, v in self.read.match_labels)
-            log.warning("read_prometheus: answered for %gs, but no series of the engines matches {%s}; a source that never "
+            log.warning("read_prometheus: answered for %.0fs, but no series of the engines matches {%s}; a source that never "
                         "matched is far more often a wrong selector than an empty fleet (prefixcache_discovery_matched_nothing)",
                         now - self._empty_since, selector)
         if len(self.state.targets) != len(old.targets):
