@@ -1,6 +1,8 @@
 """The engine end to end on simulated scrapes: each rule fires where it should."""
 
 
+import re
+
 import pytest
 
 from exporter.sim import simulator
@@ -62,6 +64,9 @@ def test_ttft_regression_fires_with_the_drop():
     tr = drive(e, [replica(0, simulator.incident(900 + 600))], 1200)
     (f,) = firing(tr, "PrefixCacheTTFTRegression")
     assert "x its usual level" in dict(f.alert.annotations)["summary"]
+    # the reference is said as far as the history reaches back: 1,200 s of it, not the 3,300 s configured
+    before = int(re.search(r"ms in the (\d+)s before", dict(f.alert.annotations)["description"]).group(1))
+    assert before <= 1200 - e.config.rules.rules["PrefixCacheTTFTRegression"].window, dict(f.alert.annotations)["description"]
 
 
 def test_target_down_fires_after_its_for_and_resolves():

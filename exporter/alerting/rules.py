@@ -343,9 +343,11 @@ def rule_ttft_regression(f: Facts, s: RuleSettings, rc: RulesConfig) -> Conditio
         return FALSE
     if p_now / p_ref < s.ratio or r_ref - r_now < s.drop_points:
         return FALSE
+    # the reference as far as the history reaches back (a sidecar that started 8 minutes ago has no 55 before)
+    covered = ref_end - max(ref_end - s.reference, f.samples[0].t) if len(f.samples) else s.reference
     return Condition("true", p_now, f"TTFT p99 of {f.model} on {f.target} is {p_now / p_ref:.1f}x its usual level as the hit rate fell",
                      f"TTFT p99 {p_now * 1000:.0f} ms over the last {s.window:.0f}s against {p_ref * 1000:.0f} ms in the "
-                     f"{s.reference:.0f}s before, while the hit ratio went from {r_ref:.0%} to {r_now:.0%}.")
+                     f"{covered:.0f}s before, while the hit ratio went from {r_ref:.0%} to {r_now:.0%}.")
 
 
 def rule_target_down(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
