@@ -704,13 +704,13 @@ def test_reads_that_outlast_the_interval_are_missed_counted_and_said_once_not_at
     meanwhile are not started (APScheduler's max_instances 1). The state counts them,
     the log says once that reading fell behind and once that it keeps up again, and the
     scheduler's own warning at each miss stays out of the log."""
-    answers = [0]
+    slow = threading.Event()
     empty = b'{"status":"success","data":{"resultType":"matrix","result":[]}}'
 
     def query(h):
-        answers[0] += 1
-        if answers[0] == 1:
-            time.sleep(2.3)  # the first read's first slice: two runs missed at a 1 s interval
+        if slow.is_set():
+            slow.clear()
+            time.sleep(2.3)  # a read after the first: two runs missed at a 1 s interval
         reply(h, 200, empty, [("Content-Type", "application/json")])
 
     with FakeServer({"/api/v1/query": query}) as prom:
@@ -721,6 +721,8 @@ def test_reads_that_outlast_the_interval_are_missed_counted_and_said_once_not_at
         with caplog.at_level(logging.INFO):
             poller.start()
             try:
+                assert wait_for(lambda: state.read().published.tasks["read"].runs >= 1, 10.0)
+                slow.set()
                 assert wait_for(lambda: state.read().published.tasks["read"].missed >= 2, 10.0)
                 assert state.read().published.tasks["read"].behind
                 assert wait_for(lambda: not state.read().published.tasks["read"].behind, 15.0)

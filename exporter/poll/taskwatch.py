@@ -8,7 +8,9 @@ scheduler said so itself, one warning a missed run, and counted it nowhere. Here
 missed run is counted (prefixcache_task_runs_missed_total, as Prometheus counts the
 missed iterations of its rule groups), each run's duration kept, and the log says once
 when a task falls behind and once when it keeps its interval again (ON_TIME_AGAIN runs
-in a row with none missed), not once a miss. Nothing is lost meanwhile: the next read
+in a row with none missed), not once a miss. The misses of a task's first run are
+counted only: at 10,000 pods the first read, which reaches 5 minutes back, outlasts the
+interval at every start. Nothing is lost meanwhile: the next read
 reaches back to the last one, and the rules judge what the windows hold then."""
 from __future__ import annotations
 
@@ -85,9 +87,12 @@ class TaskWatch:
                 return
             self._missed_during.add(task)
             self._on_time[task] = 0
-            self._stats[task] = TaskStats(stats.interval, stats.runs, stats.missed + 1, stats.last_seconds, True)
+            # a first run reaches further back (a read: 5 minutes of samples) and outlasts the interval at
+            # fleet size at every start: its misses are counted, but they are not falling behind
+            first = stats.runs == 0
+            self._stats[task] = TaskStats(stats.interval, stats.runs, stats.missed + 1, stats.last_seconds, stats.behind or not first)
             began = self._started.get(task)
-        if not stats.behind:
+        if not stats.behind and not first:
             running = f"its run started {at - began:.1f}s ago still runs" if began is not None else "its last run still ran"
             took = f" (the one before took {stats.last_seconds:.1f}s)" if stats.last_seconds is not None else ""
             log.warning("%s falls behind its %gs interval: %s%s; the runs due meanwhile are not started (counted in "
