@@ -1128,3 +1128,37 @@ def test_pods_of_one_name_in_two_namespaces_are_two_pods_the_first_keeping_the_n
     assert "vllm-0" not in reader.newest and reader.memo.names.name("vllm-0", "staging") == "vllm-0@staging"
     assert reader.memo.names.name("vllm-0", "dev") == "vllm-0"
     reader.close()
+
+
+def test_pods_of_one_name_in_two_namespaces_are_read_polled_and_up_as_two_targets():
+    """Through the reader and the poller, not only the answer: a review found vllm-0@staging
+    made a target named `staging` (the name cut at its @ as an instance's user:pass@), whose
+    samples no pod was fed, never up."""
+    from fakeserver import FakeServer, reply
+    clock = [20_000.0]
+    pods = [("vllm-0", "prod"), ("vllm-0", "staging"), ("vllm-1", "staging")]
+    replicas = {p: simulator.Replica("-".join(p), simulator.Scenario(request_rate=4.0), start=clock[0] - 900, seed=i,
+                                     model_names=[MODEL]) for i, p in enumerate(pods)}
+
+    def query(h):
+        result = []
+        for (pod, ns), replica in replicas.items():
+            replica.advance(clock[0] - 1)
+            result += answer_of({clock[0] - 1: replica.render()}, {"job": "vllm", "pod": pod, "namespace": ns})["data"]["result"]
+        result.sort(key=lambda s: sorted(s["metric"].items()))
+        reply(h, 200, _compact({"status": "success", "data": {"resultType": "matrix", "result": result}}))
+
+    with FakeServer({"/api/v1/query": query}) as prom:
+        state = State()
+        poller = Poller(load(read_config(prom.base, target_limit=0)), state, clock=lambda: clock[0])
+        try:
+            for _ in range(4):
+                poller.read()
+                clock[0] += 15
+            views = {v.target.name: v for v in state.read().targets}
+            assert sorted(views) == ["vllm-0", "vllm-0@staging", "vllm-1"]
+            assert all(v.up and len(v.samples) == 4 for v in views.values())
+            assert dict(views["vllm-0@staging"].target.labels)["namespace"] == "staging"
+            assert dict(views["vllm-0"].target.labels)["namespace"] == "prod"
+        finally:
+            poller.stop(0.5)

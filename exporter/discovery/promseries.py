@@ -166,8 +166,7 @@ def target(pod: Pod, source_url: str, limits: Limits, dropped: Counter) -> Targe
     """A pod as a target: its name, its labels within the limits (as discovery's); its
     URL says where its samples come from."""
     kept = _bounded_labels(_without_userinfo(pod.labels), limits, dropped)
-    name = pod.name.rpartition("@")[2]  # an instance may carry user:pass@: a name is shown everywhere
-    return Target(name=name, url=f"{source_url}#{name}", labels=_own_labels(kept))
+    return Target(name=pod.name, url=f"{source_url}#{pod.name}", labels=_own_labels(kept))
 
 
 # The answer as Prometheus's API code (and the queriers that reuse it) writes it
@@ -195,6 +194,7 @@ class PodNames:
     owner: dict[str, tuple[str, str]] = field(default_factory=dict)  # the same, name -> (label value, namespace)
 
     def name(self, pod: str, namespace: Any) -> str:
+        pod = pod.rpartition("@")[2]  # an instance may carry user:pass@: a name is shown everywhere
         key = (pod, namespace if isinstance(namespace, str) else "")
         name = self.given.get(key)
         if name is None:

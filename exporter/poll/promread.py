@@ -214,9 +214,7 @@ class PrometheusReader:
                 log.info("read_prometheus: %s has had no sample for %gs; forgotten", name, self.cfg.accept_empty_after)
             for known in (self.newest, self.gap, self.targets, self.memo.pods, self.learnt):
                 known.pop(name, None)
-            self.memo.names.forget(name)
-        if gone:
-            self.memo.layouts.clear()  # they name pods as given before: a name forgotten may be given again
+            self.memo.names.forget(name)  # no layout settle() keeps has it: it had no series in this read
         self.memo.settle()  # the layouts of this read's answers, for the next
         self.last_read = now
         self.reselected = False
