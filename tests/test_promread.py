@@ -962,7 +962,8 @@ def test_a_reload_that_selects_other_pods_forgets_those_left_out_at_once_and_kee
     from fakeserver import FakeServer, reply
     clock = [20_000.0]
     labels = {"vllm-a": {"namespace": "one", "team": "u"}, "vllm-b": {"namespace": "one", "team": "t"},
-              "vllm-c": {"namespace": "two", "team": "t"}}
+              "vllm-c": {"namespace": "two", "team": "t"}, "vllm-d": {"namespace": "one", "team": "t"}}
+    stopped = set()  # pods whose series stopped: a pod down before the reload, in both selections
     replicas = {name: simulator.Replica(name, simulator.Scenario(request_rate=4.0), start=clock[0] - 900, seed=i, model_names=[MODEL])
                 for i, name in enumerate(labels)}
 
@@ -970,7 +971,8 @@ def test_a_reload_that_selects_other_pods_forgets_those_left_out_at_once_and_kee
         selector = parse_qs(urlsplit(h.path).query)["query"][0]
         answer = {"status": "success", "data": {"resultType": "matrix", "result": []}}
         for name, own in labels.items():
-            if all(f'{k}="{v}"' not in selector or own.get(k) == v for k, v in (("namespace", "one"), ("team", "t"))):
+            matchers = dict(re.findall(r'(namespace|team)="([^"]*)"', selector))
+            if name not in stopped and all(own.get(k) == v for k, v in matchers.items()):
                 replicas[name].advance(clock[0] - 1)
                 scrape = answer_of({clock[0] - 1: replicas[name].render()}, {"job": "vllm", "pod": name, **own})
                 answer["data"]["result"] += scrape["data"]["result"]
@@ -985,21 +987,37 @@ def test_a_reload_that_selects_other_pods_forgets_those_left_out_at_once_and_kee
             for _ in range(3):
                 poller.read()
                 clock[0] += 15
-            assert {v.target.name for v in state.read().targets} == {"vllm-a", "vllm-b"}
+            stopped.add("vllm-d")
+            for _ in range(4):  # 60 s without a sample: down
+                poller.read()
+                clock[0] += 15
+            assert {v.target.name for v in state.read().targets} == {"vllm-a", "vllm-b", "vllm-d"}
+            assert not state.target("vllm-d").up
             samples_of_b = state.target("vllm-b").samples
             cfg["discovery"]["read_prometheus"]["match_labels"] = {"team": "t"}
             with caplog.at_level(logging.INFO, logger="exporter.poll.promread"):
                 poller.reload(load(cfg))
                 clock[0] -= 15  # read again at once: nothing new of vllm-b since the last read
                 poller.read()
-            assert {v.target.name for v in state.read().targets} == {"vllm-b", "vllm-c"}
+            # vllm-d, down and still selected, stays down: the read reaches too little back to tell it is not
+            # selected, and forgotten its TargetDown would resolve
+            assert {v.target.name for v in state.read().targets} == {"vllm-b", "vllm-c", "vllm-d"}
+            assert not state.target("vllm-d").up
             assert state.target("vllm-b").samples is samples_of_b and state.target("vllm-b").up
             assert "1 pod(s) not in what the new configuration selects (vllm-a); forgotten" in caplog.text
             assert "vllm-a" not in poller.reader.newest and "vllm-a" not in poller.reader.targets
             clock[0] += 15
             poller.read()
             assert len(state.target("vllm-b").samples) == len(samples_of_b) + 1
-            assert all(v.up for v in state.read().targets)
+            assert all(v.up for v in state.read().targets if v.target.name != "vllm-d")
+            # a selector that matches nothing: the pods that were sending leave, and the source says it matches nothing
+            cfg["discovery"]["read_prometheus"]["match_labels"] = {"team": "nobody"}
+            poller.reload(load(cfg))
+            clock[0] += 15
+            poller.read()
+            assert {v.target.name for v in state.read().targets} == {"vllm-d"}  # down before, ageing as before
+            (source,) = [s for s in state.read().published.discovery if s.name == "read_prometheus"]
+            assert source.ok and not source.matched_ever
         finally:
             poller.stop(0.5)
 
@@ -1045,10 +1063,13 @@ def test_pods_are_not_judged_by_the_time_prometheus_did_not_answer_and_one_that_
                 clock[0] += 15
             assert down() == set() and poller.reader.stale_after("vllm-a") == 45.0
             mode["down"], mode["scraping"] = True, set()  # Prometheus stops: no answer, no scrape
-            for _ in range(10):
+            for k in range(10):
                 poller.read()
                 assert down() == set()
                 clock[0] += 15
+                if k == 5:  # a reload meanwhile (a new reader): it still knows the source failed
+                    cfg["discovery"]["read_prometheus"]["timeout"] = "7s"
+                    poller.reload(load(cfg))
             mode["down"] = False  # back, and not one scrape made yet
             poller.read()
             assert down() == set()

@@ -366,9 +366,9 @@ class Poller:
                     self.scheduler.remove_job(job)
             self.scheduler.add_job(self._dispatch, "interval", id="dispatch", name="dispatch",
                                    seconds=dispatch_tick(g.poll_interval), next_run_time=_now_datetime())
+            self.tasks.expect("evaluate", g.poll_interval)
             self.scheduler.add_job(self._tracked(self.evaluate), "interval", id="evaluate", name="evaluate", executor="rules",
                                    seconds=g.poll_interval, next_run_time=_now_datetime())
-            self.tasks.expect("evaluate", g.poll_interval)
         self._install_discovery(config)
 
     def _dispatch(self) -> None:
@@ -412,9 +412,9 @@ class Poller:
                 self.read_found = []
                 self._install(config)
         if self.reader is not None:
+            self.tasks.expect("read", config.global_.poll_interval)
             self.scheduler.add_job(self._tracked(self.read), "interval", id="read", name="read", executor="read",
                                    seconds=config.global_.poll_interval, next_run_time=_now_datetime())
-            self.tasks.expect("read", config.global_.poll_interval)
 
     def read(self) -> None:
         """One read of the Prometheus source (exporter/poll/promread.py). Never raises."""
@@ -440,9 +440,9 @@ class Poller:
             self.tasks.forget("discover")
             return
         # the first refresh runs on the discovery thread, at once: never on the start-up path
+        self.tasks.expect("discover", config.discovery.refresh_interval)
         self.scheduler.add_job(self._tracked(self.discover), "interval", id="discover", name="discover", executor="discovery",
                                seconds=config.discovery.refresh_interval, next_run_time=_now_datetime())
-        self.tasks.expect("discover", config.discovery.refresh_interval)
 
     def discover(self) -> None:
         """One refresh of every discovery source; applies what changed. Never raises."""

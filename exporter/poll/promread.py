@@ -82,7 +82,13 @@ class PrometheusReader:
         TargetDown pointing the on-call at the pods, not at the config."""
         self.newest, self.gap, self.targets, self.last_read = dict(old.newest), dict(old.gap), dict(old.targets), old.last_read
         self.memo, self.outages = old.memo, list(old.outages)
-        self.reselected = old.reselected or _selection(old.read) != _selection(self.read)
+        reselected = _selection(old.read) != _selection(self.read)
+        self.reselected = old.reselected or reselected
+        # how its reads went (a reload during an outage still knows it failed: judged by the
+        # wall clock, every pod went down once it answered); what it matched, for its selection
+        self.state = replace(old.state, targets=(), matched_ever=False, empty_since=None) if reselected else old.state
+        if not reselected:
+            self._empty_since, self._hinted, self._unnamed_said = old._empty_since, old._hinted, old._unnamed_said
 
     def reach(self, now: float) -> float:
         """How far back this read asks: MARGIN past the last read (scrapes are committed
@@ -203,15 +209,19 @@ class PrometheusReader:
         if self.last_read is not None and self.state.refreshed and not self.state.ok:  # answering again
             self.outages = [o for o in self.outages if now - o[1] <= self.cfg.accept_empty_after][-MAX_OUTAGES + 1:]
             self.outages.append((self.last_read, now))
-        # after a reload that selects otherwise, a pod the answers had no series of is not selected
-        gone = [n for n, t in self.newest.items()
-                if (n not in self.present if self.reselected else n not in seen and now - t > self.cfg.accept_empty_after)]
-        if gone and self.reselected:
+        # after a reload that selects otherwise, a pod that was sending at the last read and of which
+        # the answers had no series is not selected; one already silent ages as before (the
+        # read reaches too little back to tell, and forgotten, its TargetDown would resolve)
+        last = self.last_read if self.last_read is not None else -math.inf
+        aged = [n for n, t in self.newest.items() if n not in seen and now - t > self.cfg.accept_empty_after]
+        deselected = [n for n, t in self.newest.items() if self.reselected and n not in self.present
+                      and last - t <= self.stale_after(n) and now - t <= self.cfg.accept_empty_after]
+        if deselected:
             log.info("read_prometheus: %d pod(s) not in what the new configuration selects (%s); forgotten",
-                     len(gone), ", ".join(sorted(gone)[:5]) + (", ..." if len(gone) > 5 else ""))
-        for name in gone:
-            if not self.reselected:
-                log.info("read_prometheus: %s has had no sample for %gs; forgotten", name, self.cfg.accept_empty_after)
+                     len(deselected), ", ".join(sorted(deselected)[:5]) + (", ..." if len(deselected) > 5 else ""))
+        for name in aged:
+            log.info("read_prometheus: %s has had no sample for %gs; forgotten", name, self.cfg.accept_empty_after)
+        for name in aged + deselected:
             for known in (self.newest, self.gap, self.targets, self.memo.pods, self.learnt):
                 known.pop(name, None)
             self.memo.names.forget(name)  # no layout settle() keeps has it: it had no series in this read
@@ -222,7 +232,9 @@ class PrometheusReader:
         if len(limited) < len(self.targets):
             dropped["target_limit"] += len(self.targets) - len(limited)
         old = self.state
-        self.state = replace(settle(old, now, limited, "", self.cfg.accept_empty_after), dropped=tuple(sorted(dropped.items())))
+        # matched: the answers held series of the selector (a pod kept down from before is no match)
+        self.state = replace(settle(old, now, limited, "", self.cfg.accept_empty_after), dropped=tuple(sorted(dropped.items())),
+                             matched_ever=old.matched_ever or bool(self.present))
         if old.error and not self.state.error:
             log.info("read_prometheus: working again")
         if not self.state.matched_ever and self._empty_since is None:

@@ -36,6 +36,7 @@ class TaskWatch:
         self._started: dict[str, float] = {}  # task -> when its running run started (monotonic)
         self._on_time: dict[str, int] = {}  # task -> runs ended with none missed during them, in a row
         self._missed_during: set[str] = set()  # tasks that missed a run while the current one ran
+        self._straddling: set[str] = set()  # tasks whose job a reload replaced while a run of it ran
         self.changed = changed
 
     def watch(self, scheduler) -> None:
@@ -45,8 +46,12 @@ class TaskWatch:
         logging.getLogger("apscheduler.scheduler").addFilter(_MISSES_COUNTED)
 
     def expect(self, task: str, interval: float) -> None:
-        """A task now due every `interval` seconds (its counts carry on across reloads)."""
+        """A task now due every `interval` seconds (its counts carry on across reloads). Called
+        before its job is (re)scheduled: the new job's first run, due at once, finds a run of
+        the old one still running, which is no sign of falling behind."""
         with self._lock:
+            if task in self._started:
+                self._straddling.add(task)
             old = self._stats.get(task)
             self._stats[task] = TaskStats(interval) if old is None else TaskStats(interval, old.runs, old.missed,
                                                                                    old.last_seconds, old.behind)
@@ -58,12 +63,14 @@ class TaskWatch:
             for known in (self._stats, self._started, self._on_time):
                 known.pop(task, None)
             self._missed_during.discard(task)
+            self._straddling.discard(task)
         self.changed()
 
     def started(self, task: str, at: float) -> None:
         with self._lock:
             self._started[task] = at
             self._missed_during.discard(task)
+            self._straddling.discard(task)
 
     def ended(self, task: str, at: float) -> None:
         with self._lock:
@@ -89,10 +96,11 @@ class TaskWatch:
             self._on_time[task] = 0
             # a first run reaches further back (a read: 5 minutes of samples) and outlasts the interval at
             # fleet size at every start: its misses are counted, but they are not falling behind
-            first = stats.runs == 0
-            self._stats[task] = TaskStats(stats.interval, stats.runs, stats.missed + 1, stats.last_seconds, stats.behind or not first)
+            # likewise a run of a job a reload replaced, which the new job's first run waits for
+            quiet = stats.runs == 0 or task in self._straddling
+            self._stats[task] = TaskStats(stats.interval, stats.runs, stats.missed + 1, stats.last_seconds, stats.behind or not quiet)
             began = self._started.get(task)
-        if not stats.behind and not first:
+        if not stats.behind and not quiet:
             running = f"its run started {at - began:.1f}s ago still runs" if began is not None else "its last run still ran"
             took = f" (the one before took {stats.last_seconds:.1f}s)" if stats.last_seconds is not None else ""
             log.warning("%s falls behind its %gs interval: %s%s; the runs due meanwhile are not started (counted in "
