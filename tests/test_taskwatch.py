@@ -93,6 +93,38 @@ def test_a_run_a_reload_replaced_the_job_of_is_no_sign_of_falling_behind(caplog)
     assert watch.stats()["read"].behind and len(behind_lines(caplog)) == 1
 
 
+def test_what_two_threads_publish_never_goes_back():
+    """A run that ends reads the counts and is preempted before it publishes; a miss on
+    the scheduler's thread changes and publishes them meanwhile. Its publication waits for
+    the first one's, so the newer counts are published last."""
+    published: list[int] = []
+    held = threading.Event()
+    watch = TaskWatch()
+
+    def changed():
+        missed = watch.stats()["read"].missed
+        if not held.is_set():
+            held.set()
+            for _ in range(200):  # the miss lands in the counts while this publication is held up
+                if watch.stats()["read"].missed:
+                    break
+                time.sleep(0.005)
+        published.append(missed)
+
+    watch.expect("read", 15.0)
+    watch.started("read", 0.0)
+    watch.changed = changed
+    ender = threading.Thread(target=watch.ended, args=("read", 5.0))
+    ender.start()
+    assert held.wait(5)
+    watch.started("read", 15.0)
+    misser = threading.Thread(target=watch.missed, args=("read", 30.0))
+    misser.start()
+    for thread in (ender, misser):
+        thread.join(5)
+    assert published == [0, 1] and watch.stats()["read"].missed == 1
+
+
 def test_a_real_scheduler_that_skips_runs_of_a_slow_job_reports_them_here_not_in_its_own_warning(caplog):
     """APScheduler 3.x does not start a job's run while max_instances of it run, warns at
     each such run and emits EVENT_JOB_MAX_INSTANCES: the watch counts the event and its

@@ -28,7 +28,10 @@ log = logging.getLogger(__name__)
 
 class TaskWatch:
     """Thread-safe: runs end on their executors' threads, misses are told on the
-    scheduler's. `changed` is called (under no lock of ours) after every change."""
+    scheduler's. `changed` is called after every change, one call at a time (under a lock
+    of its own, not the one of the counts): two threads that each read the counts and
+    published them could publish the older after the newer, and an exported counter would
+    go back (a false reset to increase())."""
 
     def __init__(self, changed=lambda: None) -> None:
         self._lock = threading.Lock()
@@ -38,6 +41,11 @@ class TaskWatch:
         self._missed_during: set[str] = set()  # tasks that missed a run while the current one ran
         self._straddling: set[str] = set()  # tasks whose job a reload replaced while a run of it ran
         self.changed = changed
+        self._telling = threading.Lock()
+
+    def _tell(self) -> None:
+        with self._telling:
+            self.changed()
 
     def watch(self, scheduler) -> None:
         """Told of the runs `scheduler` misses (its jobs are named after their tasks), in
@@ -55,7 +63,7 @@ class TaskWatch:
             old = self._stats.get(task)
             self._stats[task] = TaskStats(interval) if old is None else TaskStats(interval, old.runs, old.missed,
                                                                                    old.last_seconds, old.behind)
-        self.changed()
+        self._tell()
 
     def forget(self, task: str) -> None:
         """A task no longer scheduled (the Prometheus source or discovery configured away)."""
@@ -64,7 +72,7 @@ class TaskWatch:
                 known.pop(task, None)
             self._missed_during.discard(task)
             self._straddling.discard(task)
-        self.changed()
+        self._tell()
 
     def started(self, task: str, at: float) -> None:
         with self._lock:
@@ -84,10 +92,12 @@ class TaskWatch:
             self._stats[task] = TaskStats(stats.interval, stats.runs + 1, stats.missed, at - began, stats.behind and not back)
         if back:
             log.info("%s keeps its %gs interval again (%d run(s) missed in all)", _doing(task), stats.interval, stats.missed)
-        self.changed()
+        self._tell()
 
     def missed(self, task: str, at: float) -> None:
-        """A run of the task came due while the last one still ran, and was not started."""
+        """A run of the task came due while the last one still ran, and was not started.
+        The scheduler wakes at each run's due time and tells each; one that woke late, past
+        several (a starved scheduler thread), coalesces them and tells one: a lower bound."""
         with self._lock:
             stats = self._stats.get(task)
             if stats is None:
@@ -106,7 +116,7 @@ class TaskWatch:
             log.warning("%s falls behind its %gs interval: %s%s; the runs due meanwhile are not started (counted in "
                         "prefixcache_task_runs_missed_total; said again once it keeps its interval)",
                         _doing(task), stats.interval, running, took)
-        self.changed()
+        self._tell()
 
     def stats(self) -> dict[str, TaskStats]:
         with self._lock:
