@@ -116,6 +116,28 @@ def queries_answered(prom: Prometheus) -> float:
                if line.startswith("prometheus_http_requests_total{") and 'handler="/api/v1/query"' in line)
 
 
+def steady_reads(prom: Prometheus, partitions: int, interval: float) -> float:
+    """Seconds until the reads are regular: the first read reaches 5 minutes back in slices
+    (its later slices still run once every pod was polled once, which is when the sidecar
+    is ready) and the read after it reaches back to where the first began, so both ask
+    Prometheus more than `partitions` queries. Waits for a burst of exactly `partitions`
+    queries (a regular read) after the last of theirs, as Prometheus counts what it answered;
+    at most 20 intervals (then measured as it is, said so)."""
+    began = time.monotonic()
+    count, burst, last_change = queries_answered(prom), 0, time.monotonic()
+    while time.monotonic() - began < 20 * interval:
+        time.sleep(0.5)
+        now_count = queries_answered(prom)
+        if now_count != count:
+            burst, count, last_change = burst + now_count - count, now_count, time.monotonic()
+        elif burst and time.monotonic() - last_change >= 2.5:  # the read's queries ended
+            if burst == partitions:
+                return time.monotonic() - began
+            burst = 0
+    print(f"prometheus source: the reads were not regular within {20 * interval:g} s; measured as they are", flush=True)
+    return time.monotonic() - began
+
+
 def phase(label: str, code: Path | None, args, prom: Prometheus, compression: str) -> dict:
     interval = f"{args.interval:g}s"
     sidecar = None
@@ -129,7 +151,7 @@ def phase(label: str, code: Path | None, args, prom: Prometheus, compression: st
             began = time.monotonic()
             sidecar, url = start_sidecar_with(cfg, Path(tmp), ready_within=600.0, code=code)
             ready = time.monotonic() - began
-            time.sleep(args.interval)  # past the first read, which reaches back 5 minutes
+            steady = steady_reads(prom, args.partitions, args.interval)
             ours0, theirs0, asked0, t0 = cpu_seconds(sidecar.pid), cpu_seconds(prom.pid), queries_answered(prom), time.monotonic()
             time.sleep(args.interval * args.reads)
             wall = time.monotonic() - t0
@@ -154,10 +176,10 @@ def phase(label: str, code: Path | None, args, prom: Prometheus, compression: st
     print(f"prometheus source ({label}): {up} of {args.pods} pods up, read every {interval}: {reads:.1f} reads completed in "
           f"{args.reads} intervals ({wall:.0f} s) | ours {ours * 100:.1f}% of a core ({ours_s / reads if reads else float('nan'):.2f} s "
           f"CPU a read), Prometheus {theirs * 100:.1f}% (scraping and answering) | peak RSS {peak:.0f} MB | ready after {ready:.0f} s "
-          f"| our /metrics with every pod after {render_s:.1f} s ({render_cpu:.1f} s of our CPU meanwhile), {size:.0f} MB, "
+          f"(regular {steady:.0f} s after that) | our /metrics with every pod after {render_s:.1f} s ({render_cpu:.1f} s of our CPU meanwhile), {size:.0f} MB, "
           f"peak RSS then {render_peak:.0f} MB", flush=True)
     return {"code": label, "pods": args.pods, "up": up, "cpu_share": ours, "cpu_seconds_a_read": ours_s / reads if reads else None,
-            "reads": reads, "prometheus_cpu_share": theirs, "peak_rss_mb": peak, "ready_seconds": ready, "render_seconds": render_s,
+            "reads": reads, "prometheus_cpu_share": theirs, "peak_rss_mb": peak, "ready_seconds": ready, "steady_seconds": steady, "render_seconds": render_s,
             "render_cpu_seconds": render_cpu, "render_peak_rss_mb": render_peak}
 
 
