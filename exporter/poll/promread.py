@@ -214,8 +214,8 @@ class PrometheusReader:
         # read reaches too little back to tell, and forgotten, its TargetDown would resolve)
         last = self.last_read if self.last_read is not None else -math.inf
         aged = [n for n, t in self.newest.items() if n not in seen and now - t > self.cfg.accept_empty_after]
-        deselected = [n for n, t in self.newest.items() if self.reselected and n not in self.present
-                      and last - t <= self.stale_after(n) and now - t <= self.cfg.accept_empty_after]
+        deselected = [n for n, t in self.newest.items() if n not in self.present and last - t <= self.stale_after(n)
+                      and now - t <= self.cfg.accept_empty_after] if self.reselected else []
         if deselected:
             log.info("read_prometheus: %d pod(s) not in what the new configuration selects (%s); forgotten",
                      len(deselected), ", ".join(sorted(deselected)[:5]) + (", ..." if len(deselected) > 5 else ""))
