@@ -86,16 +86,47 @@ def test_a_render_renders_again_only_the_targets_that_changed():
     collector = PrefixCacheCollector(state, ["1m", "5m"])
     exposition = Exposition(state, CollectorRegistry(), min_interval=0.0, collector=collector)
     exposition.get(False)
-    assert exposition.fragments.rendered_targets == 5
+    assert exposition.fragments.rendered_targets == 5  # when the exposition began
+    state.update(config_reload_time=1764480001.0)
+    exposition.get(False)
+    # again: a target's text is kept once its view was seen unchanged between two renders
+    assert exposition.fragments.rendered_targets == 10
     view = state.target("vllm-2")
     state.publish(replace(view, scrapes=(("success", 500),)))
     text = exposition.get(False).decode()
-    assert exposition.fragments.rendered_targets == 6
+    assert exposition.fragments.rendered_targets == 11
     assert 'prefixcache_scrapes_total{namespace="llm",result="success",target="vllm-2",team="t2"} 500.0' in text
     assert samples(text) == samples(whole(state))
     state.update(skipped_polls={"vllm-down": 8})  # a target's own count changed: that target only
     exposition.get(False)
-    assert exposition.fragments.rendered_targets == 7
+    assert exposition.fragments.rendered_targets == 12
+
+
+def test_a_target_whose_view_changes_at_every_render_keeps_no_text_between_renders():
+    """At 10,000 pods read from Prometheus every view changes between two renders: their
+    150 MB of text, kept for a next render that never used it, was the render's memory.
+    A target seen unchanged at one of its last KEEP_AFTER renders keeps its text."""
+    from exporter.serve.exposition import KEEP_AFTER
+
+    state = fleet_state()
+    exposition = Exposition(state, CollectorRegistry(), min_interval=0.0, collector=PrefixCacheCollector(state, ["1m", "5m"]))
+    kept = lambda: {name for name, fragment in exposition.fragments._fragments.items() if fragment[1] is not None}  # noqa: E731
+    for i in range(KEEP_AFTER + 2):
+        state.publish(replace(state.target("vllm-2"), scrapes=(("success", 500 + i),)))
+        text = exposition.get(False).decode()
+        assert f'result="success",target="vllm-2",team="t2"}} {500.0 + i}' in text
+        assert "vllm-2" not in kept() and "vllm-1" in kept()
+    assert samples(text) == samples(whole(state))
+    before = exposition.fragments.rendered_targets
+    for _ in range(KEEP_AFTER):  # unchanged since: kept from its next render until KEEP_AFTER renders change it
+        state.update(skipped_polls={"vllm-down": 9 + _})
+        exposition.get(False)
+        assert "vllm-2" in kept()
+    assert exposition.fragments.rendered_targets - before == 1 + KEEP_AFTER  # vllm-2 once, vllm-down each time
+    for i in range(KEEP_AFTER):
+        state.publish(replace(state.target("vllm-2"), scrapes=(("success", 600 + i),)))
+        exposition.get(False)
+    assert "vllm-2" not in kept()
 
 
 def test_the_runtime_collectors_are_read_on_every_scrape_while_ours_are_cached():
@@ -235,25 +266,6 @@ def test_an_answer_over_plain_up_to_is_kept_gzipped_only_and_gunzipped_for_a_pla
     with pytest.raises(WouldWait):
         large.parts(False, wait=False)
     assert large.parts(False)[0] == plain
-
-
-def test_gzip_chunks_is_one_gzip_member_of_the_chunks_joined_across_batches(monkeypatch):
-    """The answer is compressed a batch of chunks at a time, never joined whole: one member
-    (a reader that stops after the first, like zlib's, gets it all), the chunks' bytes in
-    order, whatever the batch size; empty chunks and no chunk at all too."""
-    import zlib
-
-    from exporter.serve import exposition
-
-    chunks = [f"family_{i} {i * 0.5}\n".encode() * (i % 7) for i in range(3000)]
-    joined = b"".join(chunks)
-    for batch in (1, 100, 2**20):
-        monkeypatch.setattr(exposition, "GZIP_BATCH", batch)
-        zipped = exposition.gzip_chunks(chunks)
-        assert gzip.decompress(zipped) == joined
-        one_member = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        assert one_member.decompress(zipped) == joined and one_member.eof and not one_member.unused_data
-    assert gzip.decompress(exposition.gzip_chunks([])) == b""
 
 
 def test_the_fragments_lines_are_the_whole_renders_byte_for_byte():

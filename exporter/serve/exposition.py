@@ -19,7 +19,6 @@ import logging
 import sys
 import threading
 import time
-import zlib
 from collections import defaultdict
 from typing import Callable
 
@@ -30,6 +29,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.utils import floatToGoString
 
 from .collector import METRICS, Families, PrefixCacheCollector, label_names
+from .familyzip import FamilyGzip
 from .state import State
 
 log = logging.getLogger(__name__)
@@ -159,12 +159,23 @@ class ReservedNames:
         return []
 
 
+KEEP_AFTER = 4  # renders: a target's text is kept while its view was unchanged at one of its last that many
+_KEPT_MASK = (1 << KEEP_AFTER) - 1
+
+
 class FragmentRender:
-    """Renders the collector's families with a cache of each target's fragment."""
+    """Renders the collector's families with a cache of each target's fragment, straight
+    into the gzip of the answer (familyzip.py): the answer's text is never whole. A
+    target's text is kept for the next render while its view was found unchanged at one
+    of its last KEEP_AFTER renders: at 10,000 pods read from Prometheus every view changes
+    between two renders, and keeping their 150 MB of text bought nothing. The label texts
+    (`prefixes`) stay either way: they are what a render anew saves."""
 
     def __init__(self, collector: PrefixCacheCollector):
         self.collector = collector
-        self._fragments: dict[str, tuple[tuple, dict[str, bytes], dict]] = {}
+        # target -> (what it was rendered from, its text or None, its label texts, at which of its
+        # last renders its view was unchanged: a bit each, the newest lowest)
+        self._fragments: dict[str, tuple[tuple, dict[str, bytes] | None, dict, int]] = {}
         self.rendered_targets = 0  # fragments rendered anew, for tests and benchmarks
 
     def _text(self, fill: Callable[[Families], None], extra: tuple[str, ...], prefixes: dict | None = None) -> dict[str, bytes]:
@@ -172,64 +183,42 @@ class FragmentRender:
         fill(families)
         return families.fragments()
 
-    def render(self, between: Callable[[], None] = lambda: None) -> list[bytes]:
-        """The answer as of one reading of the state, as the chunks it is joined from (in
-        order; not joined here: see gzip_chunks); `between` is called after each target
-        rendered anew (the render lets a burst of scrapes go first there)."""
+    def render(self, between: Callable[[], None] = lambda: None) -> tuple[bytes, int]:
+        """The answer as of one reading of the state, gzipped, and the size of its text;
+        `between` is called after each target rendered anew (the render lets a burst of
+        scrapes go first there)."""
         reading = self.collector.state.read()
         extra = label_names(reading)
         p = reading.published
-        parts = [self._text(lambda f: self.collector.head(f, reading), extra)]
+        windows = self.collector.windows
+        answer = FamilyGzip(lambda family: _header(family, windows))
+        answer.add(self._text(lambda f: self.collector.head(f, reading), extra))
         fragments = {}
         for view in sorted(reading.targets, key=lambda v: v.target.name):
             name = view.target.name
             more = self.collector.per_target(p, name)
             # taken out: the last render's fragment is freed as its target is rendered anew, not
-            # after the whole render (at 10,000 pods the fragments are some 240 MB)
+            # after the whole render
             cached = self._fragments.pop(name, None)
-            if cached is not None and cached[0][0] is view and cached[0][1:] == (more, extra):
-                fragments[name] = cached
+            same = cached is not None and cached[0][0] is view and cached[0][1:] == (more, extra)
+            unchanged = ((cached[3] << 1) | same) & _KEPT_MASK if cached is not None else 0
+            if same and cached[1] is not None:
+                text = cached[1]
             else:
                 # a series' name and labels stay while the target's labels, the fleet's label names and
                 # which families the target has (per_target's last item) do: texts of families it no longer has go
                 prefixes = cached[2] if (cached is not None and cached[0][0].target is view.target and cached[0][2] == extra
                                          and cached[0][1][-1] == more[-1]) else {}
                 text = self._text(lambda f, v=view, m=more: self.collector.target(f, v, *m), extra, prefixes)
-                fragments[name] = ((view, more, extra), text, prefixes)
+                cached = ((view, more, extra), None, prefixes, 0)
                 self.rendered_targets += 1
                 between()
-            parts.append(fragments[name][1])
+            fragments[name] = (cached[0], text if unchanged else None, cached[2], unchanged)
+            answer.add(text)
         self._fragments = fragments  # gone targets' fragments go with them (a render that failed: all of them)
-        parts.append(self._text(lambda f: self.collector.tail(f, reading), extra))
-        families: dict[str, list[bytes]] = {}  # family -> its header, then every part's lines
-        windows = self.collector.windows
-        for part in parts:
-            for name, lines in part.items():
-                chunks = families.get(name)
-                if chunks is None:
-                    chunks = families[name] = [_header(name, windows)]
-                chunks.append(lines)
-        return [chunk for chunks in families.values() for chunk in chunks]
-
-
-GZIP_BATCH = 2**20  # bytes of the answer joined at a time to be compressed
-
-
-def gzip_chunks(chunks: list[bytes]) -> bytes:
-    """One gzip member of the chunks joined (level 1), joined a megabyte at a time: at
-    10,000 pods the answer was 210 MB of text (150 MB without the engines' own series),
-    which a render held whole beside its fragments only to compress it."""
-    deflate = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
-    out, batch, size = [], [], 0
-    for chunk in chunks:
-        batch.append(chunk)
-        size += len(chunk)
-        if size >= GZIP_BATCH:
-            out.append(deflate.compress(b"".join(batch)))
-            batch, size = [], 0
-    out.append(deflate.compress(b"".join(batch)))
-    out.append(deflate.flush())
-    return b"".join(out)
+        answer.add(self._text(lambda f: self.collector.tail(f, reading), extra))
+        zipped = answer.finish()
+        return zipped, answer.size
 
 
 class WouldWait(Exception):
@@ -431,11 +420,9 @@ class Exposition:
     def _render(self, generation: int) -> None:
         began = self._render_began = self.clock()
         try:
-            chunks = self.fragments.render(self._between_targets)
-            zipped = gzip_chunks(chunks)
+            zipped, size = self.fragments.render(self._between_targets)
             # the text kept beside its gzip only while small: no text of a large answer is ever whole
-            body = b"".join(chunks) if sum(map(len, chunks)) <= self.plain_up_to else None
-            del chunks
+            body = gzip.decompress(zipped) if size <= self.plain_up_to else None
         except Exception:  # noqa: BLE001 - logged, counted, and the scrapes waiting for it answer 500
             log.exception("collect failed: /metrics answers 500 until a render succeeds")
             self.state.count(collect_errors=1)
