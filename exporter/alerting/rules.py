@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from ..parse.snapshot import Snapshot
-from ..series.history import TargetSample
+from ..series.samples import TargetSample
 from ..series.hitratio import judged_counts, judged_ratio, judged_tokens, lookup_ratio, query_tokens, tier_shares
 from ..series.window import WindowStats, last_hit_time, stats_between
 from . import causes

@@ -12,8 +12,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, replace
 
-from ..alerting import analysis, causes, rollouts
-from ..alerting import router as routing
+from ..alerting import analysis, causes, rollouts, router as routing
 from ..alerting.deploys import (
     CHANGE_POINT,
     REPLICAS,
@@ -37,8 +36,9 @@ from ..alerting.rules_state import FIRING, INACTIVE, PENDING, RESOLVED, Alert, C
 from ..config.sections import Config, Target
 from ..parse import roles
 from ..parse.snapshot import Snapshot
-from ..series.history import History, Samples
+from ..series.history import History
 from ..series.hitratio import judged_counts, shown_ratio
+from ..series.samples import Samples
 from ..series.window import WindowStats, interval_sums, recent_intervals, stats_between, summarize
 from .targetview import TargetView
 

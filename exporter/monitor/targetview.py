@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ..config.sections import Target
 from ..parse.snapshot import Snapshot
-from ..series.history import Samples
+from ..series.samples import Samples
 from ..series.window import WindowStats
 
 

@@ -21,16 +21,14 @@ from __future__ import annotations
 import math
 from array import array
 from bisect import bisect_right
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import compress
 from operator import add as operator_add
-from operator import attrgetter, itemgetter, lt, ne, sub
-from typing import Callable
+from operator import lt, ne, sub
 
-from ..parse.snapshot import Snapshot, key_order
+from ..parse.snapshot import Snapshot
 from .modellog import ModelLog, RunningSums, advance
+from .samples import _FIXED, _SLOT, COUNTERS, NAN, TIER_BASE, TIER_SLOTS, Layout, Samples, TargetSample
 
 # A counter that falls to at most this fraction of its last value was reset; one that
 # falls less stepped back (a non-atomic read, float rounding in a sum of processes): the
@@ -44,104 +42,7 @@ def is_reset(before: float, after: float) -> bool:
     return after <= before * RESET_FRACTION
 
 
-# Counters kept per series, in this order in every sample's value array.
-COUNTERS = ("queries", "hits", "external_queries", "external_hits", "ttft_sum", "ttft_count", "prompt_tokens", "preemptions",
-            # admitted prefill (vLLM 0.16 on): prompt_tokens_by_source, cached, recomputed
-            "local_cache_hit", "recomputed", "prompt_cached", "external_transfer",
-            # cached tokens by the tier the engine names (exporter/parse/tiers.py), one slot per TIER_SLOTS
-            "tier_device", "tier_host", "tier_storage", "tier_external", "tier_unattributed")
-# the engines' tier names -> the slot they are kept in: disk is storage; a transfer from
-# another replica (p2p) and any tier we do not know are what came from outside the GPU
-TIER_SLOTS = ("device", "host", "storage", "external", "unattributed")
 _TIER_OF = {"device": "device", "host": "host", "storage": "storage", "disk": "storage", "unattributed": "unattributed"}
-TIER_BASE = COUNTERS.index("tier_device")
-_GAUGES = ("kv_cache_usage",)
-_FIXED = COUNTERS + _GAUGES
-NAN = math.nan
-
-SeriesKey = tuple  # (model_name, engine)
-
-
-@dataclass(frozen=True, eq=False)
-class Layout:
-    """Where each series' values sit in a sample's array. Consecutive samples with the
-    same series share one Layout object, so a sample costs one float array, and every
-    lookup below is a dict hit, whatever the number of series."""
-
-    keys: tuple[SeriesKey, ...]
-    units: tuple[str | None, ...]
-    bounds: tuple[tuple[float, ...] | None, ...]
-    offsets: tuple[int, ...]
-    size: int
-    position: dict  # key -> index into keys
-    by_model: dict  # model_name -> keys of that model, engines sorted
-    gauges: tuple  # positions of gauge values, which are never reset-adjusted
-    gauge_set: frozenset
-    unit_of_model: dict  # model_name -> the unit all its series count in, or None if they differ
-    single_base: dict  # model_name -> offset of its values, for models with one series (the usual case)
-    counters_of: Callable  # values -> the counter slots of every series, series after series (len(COUNTERS) each)
-
-    @staticmethod
-    def build(keys, units, bounds) -> "Layout":
-        offsets, pos = [], 0
-        for b in bounds:
-            offsets.append(pos)
-            pos += len(_FIXED) + (len(b) if b else 0)
-        keys = tuple(keys)
-        by_model: dict[str, list] = {}
-        for k in keys:
-            by_model.setdefault(k[0], []).append(k)
-        gauges = tuple(o + len(COUNTERS) for o in offsets)
-        units = tuple(units)
-        unit_sets: dict[str, set] = {}
-        for k, u in zip(keys, units):
-            if u is not None:
-                unit_sets.setdefault(k[0], set()).add(u)
-        unit_of_model = {m: (next(iter(unit_sets[m])) if len(unit_sets.get(m, ())) == 1 else None) for m in by_model}
-        position = {k: i for i, k in enumerate(keys)}
-        single_base = {m: offsets[position[ks[0]]] for m, ks in by_model.items() if len(ks) == 1}
-        n = len(COUNTERS)
-        slots = [o + j for o in offsets for j in range(n)]
-        # windows only need the counters' differences, not every histogram bucket's
-        getter = itemgetter(*slots) if len(slots) > 1 else (lambda values: tuple(values[s] for s in slots))
-        return Layout(keys, units, tuple(bounds), tuple(offsets), pos, position,
-                      {m: tuple(sorted(ks, key=key_order)) for m, ks in by_model.items()},
-                      gauges, frozenset(gauges), unit_of_model, single_base, getter)
-
-
-_SLOT = {name: i for i, name in enumerate(_FIXED)}
-
-
-class TargetSample:
-    """One scrape of one target. Counter values are reset-adjusted: each reset adds the
-    value seen before it, so `last - first` over any two samples is PromQL's increase()
-    without extrapolation, however many samples were thinned out between them."""
-
-    __slots__ = ("t", "layout", "values")
-
-    def __init__(self, t: float, layout: Layout, values: array):
-        self.t = t
-        self.layout = layout
-        self.values = values
-
-    def get(self, key: SeriesKey, name: str) -> float | None:
-        i = self.layout.position.get(key)
-        if i is None:
-            return None
-        v = self.values[self.layout.offsets[i] + _SLOT[name]]
-        return None if v != v else v
-
-    def buckets(self, key: SeriesKey) -> tuple[tuple[float, ...], list[float]] | None:
-        i = self.layout.position.get(key)
-        if i is None or not self.layout.bounds[i]:
-            return None
-        start = self.layout.offsets[i] + len(_FIXED)
-        bounds = self.layout.bounds[i]
-        return bounds, list(self.values[start:start + len(bounds)])
-
-    def unit(self, key: SeriesKey) -> str | None:
-        i = self.layout.position.get(key)
-        return None if i is None else self.layout.units[i]
 
 
 def _raw_values(s) -> tuple[list[float], tuple[float, ...] | None, str | None]:
@@ -176,71 +77,6 @@ def _raw_values(s) -> tuple[list[float], tuple[float, ...] | None, str | None]:
     return values, bounds, (pc.unit if pc else None)
 
 
-_TIME, _LAYOUT = attrgetter("t"), attrgetter("layout")
-
-
-class Samples(Sequence):
-    """An immutable view of a History at one moment: the samples, their times, and the
-    model logs as they were. Safe to read from another thread while the History grows."""
-
-    def __init__(self, samples: tuple, logs: dict | None = None, running: dict | None = None):
-        self._samples = samples
-        self.times = list(map(_TIME, samples))
-        self._runs: list[tuple[Layout, int, int]] | None = None
-        # model -> (log arrays, end): entries past `end` were appended after this view
-        self.logs = logs if logs is not None else {}
-        self.running = running or {}
-
-    def __getitem__(self, i):
-        return self._samples[i]
-
-    def __len__(self) -> int:
-        return len(self._samples)
-
-    def __iter__(self):
-        return iter(self._samples)
-
-    def runs(self) -> list[tuple[Layout, int, int]]:
-        """(layout, first index, last index) of each stretch of samples sharing a layout."""
-        if self._runs is None:
-            samples = self._samples
-            layouts = list(map(_LAYOUT, samples))
-            # the usual history: one layout throughout, told by list.count's identity check in C
-            if layouts and layouts.count(layouts[0]) == len(layouts):
-                self._runs = [(layouts[0], 0, len(layouts) - 1)]
-                return self._runs
-            runs: list[tuple[Layout, int, int]] = []
-            for i, s in enumerate(samples):
-                if runs and runs[-1][0] is s.layout:
-                    runs[-1] = (s.layout, runs[-1][1], i)
-                else:
-                    runs.append((s.layout, i, i))
-            self._runs = runs
-        return self._runs
-
-    def span(self, since: float, until: float) -> tuple[int, int]:
-        """Indexes [lo, hi) of samples in (since, until]."""
-        return bisect_right(self.times, since), bisect_right(self.times, until)
-
-    def clipped_runs(self, lo: int, hi: int) -> list[tuple[Layout, int, int]]:
-        out = []
-        for layout, a, b in self.runs():
-            if b < lo or a >= hi:
-                continue
-            out.append((layout, max(a, lo), min(b, hi - 1)))
-        return out
-
-    def models(self, lo: int, hi: int) -> set[str]:
-        out: set[str] = set()
-        for layout, _, _ in self.clipped_runs(lo, hi):
-            out.update(layout.by_model)
-        return out
-
-
-def _as_samples(samples) -> Samples:
-    return samples if isinstance(samples, Samples) else Samples(tuple(samples))
-
-
 class History:
     """A target's samples, reset-adjusted, kept as far back as the longest window needs.
 
@@ -260,7 +96,11 @@ class History:
         self.coarse_step = coarse_step
         self.mid_seconds, self.mid_step = mid_seconds, mid_step
         self.windows = tuple(sorted(set(windows)))
-        self._samples: deque[TargetSample] = deque()
+        self._times = array("d")
+        # stretches of samples sharing a layout: [layout, values (layout.size a sample), first index, samples].
+        # Values are only appended to; pruning builds new arrays, so a view's stay as they were
+        self._runs: list[list] = []
+        self._last: TargetSample | None = None
         self._layout: Layout | None = None
         self._last_raw: dict[tuple, float] = {}
         self._offset: dict[tuple, float] = {}
@@ -276,7 +116,7 @@ class History:
         self._view: Samples | None = None
 
     def append(self, t: float, snapshot: Snapshot) -> TargetSample | None:
-        if self._samples and t <= self._samples[-1].t:
+        if self._times and t <= self._times[-1]:
             return None  # out-of-order or duplicate time: the earlier sample stands
         keys, units, bounds, rows = [], [], [], []
         created = {}
@@ -299,8 +139,14 @@ class History:
             raw.extend(values)
         flat = self._adjusted(raw, layout, restarted)
         sample = TargetSample(t, layout, flat)
-        previous = self._samples[-1] if self._samples else None
-        self._samples.append(sample)
+        previous, self._last = self._last, sample
+        runs = self._runs
+        if runs and runs[-1][0] is layout:
+            runs[-1][1].extend(flat)
+            runs[-1][3] += 1
+        else:
+            runs.append([layout, flat[:], len(self._times), 1])
+        self._times.append(t)
         self._log(previous, sample)
         self._prune(t)
         self._view = None
@@ -465,22 +311,26 @@ class History:
         self._offsets = any(add)
 
     def _prune(self, now: float) -> None:
-        samples = self._samples
+        times = self._times
+        n = len(times)
         horizon = now - self.keep_seconds
-        first_layout = samples[0].layout
+        first_layout = self._runs[0][0]
         # keep one sample at or before the horizon so a full window has a left edge
-        while len(samples) > 2 and samples[1].t <= horizon:
-            samples.popleft()
+        lo = 0
+        while n - lo > 2 and times[lo + 1] <= horizon:
+            lo += 1
         # thin the part older than the fine horizon to one sample per coarse step
         fine = now - self.fine_seconds
-        if len(samples) >= 3 and samples[1].t <= fine:
-            kept: list[TargetSample] = []
-            while len(samples) > 1 and samples[0].t <= fine:
-                s = samples.popleft()
-                step = self.mid_step if now - s.t <= self.mid_seconds else self.coarse_step
-                if not kept or s.t - kept[-1].t >= step or samples[0].t > fine:
-                    kept.append(s)
-            samples.extendleft(reversed(kept))
+        kept: list[int] = []
+        i = lo
+        if n - lo >= 3 and times[lo + 1] <= fine:
+            while n - i > 1 and times[i] <= fine:
+                step = self.mid_step if now - times[i] <= self.mid_seconds else self.coarse_step
+                if not kept or times[i] - times[kept[-1]] >= step or times[i + 1] > fine:
+                    kept.append(i)
+                i += 1
+        if lo or len(kept) != i - lo:
+            self._keep(_ranges(kept, i, n))
         for model in list(self.logs):
             log = self.logs[model]
             shift = log.prune(horizon)
@@ -490,18 +340,35 @@ class History:
             if log.start >= len(log):  # the model has not been seen for the whole history
                 del self.logs[model]
                 del self.running[model]
-        if samples[0].layout is not first_layout:
+        if self._runs[0][0] is not first_layout:
             self._forget_gone_series()
+
+    def _keep(self, ranges: list[tuple[int, int]]) -> None:
+        """Keeps the samples of `ranges` ([a, b) index ranges, in order) in new arrays: a
+        view holding the old ones sees them as they were."""
+        times = array("d")
+        for a, b in ranges:
+            times += self._times[a:b]
+        runs = []
+        for layout, values, first, count in self._runs:
+            kept, size = array("d"), layout.size
+            for a, b in ranges:
+                a, b = max(a, first), min(b, first + count)
+                if a < b:
+                    kept += values[(a - first) * size:(b - first) * size]
+            if kept:
+                runs.append([layout, kept, 0, len(kept) // size])
+        at = 0
+        for run in runs:
+            run[2], at = at, at + run[3]
+        self._times, self._runs = times, runs
 
     def _forget_gone_series(self) -> None:
         """Reset offsets of series no sample holds any more: a target whose models come
         and go must not grow these maps forever."""
         alive = set()
-        seen_layouts = set()
-        for s in self._samples:
-            if id(s.layout) not in seen_layouts:
-                seen_layouts.add(id(s.layout))
-                alive.update(s.layout.keys)
+        for run in self._runs:
+            alive.update(run[0].keys)
         for slot in [k for k in self._last_raw if k[0] not in alive]:
             self._last_raw.pop(slot, None)
             self._offset.pop(slot, None)
@@ -526,8 +393,25 @@ class History:
     def samples(self) -> Samples:
         if self._view is None:
             logs = {m: (log.t, log.t_start, log.q, log.h, log.x, log.y, log.kv, log.start, len(log)) for m, log in self.logs.items()}
-            self._view = Samples(tuple(self._samples), logs, self.running)
+            runs = tuple((layout, values, first, count) for layout, values, first, count in self._runs)
+            self._view = Samples.of_columns(self._times[:], runs, logs, self.running)
         return self._view
 
     def __len__(self) -> int:
-        return len(self._samples)
+        return len(self._times)
+
+
+def _ranges(kept: list[int], rest: int, n: int) -> list[tuple[int, int]]:
+    """[a, b) ranges of the indexes `kept` (sorted) and of rest..n-1."""
+    out: list[tuple[int, int]] = []
+    for k in kept:
+        if out and out[-1][1] == k:
+            out[-1] = (out[-1][0], k + 1)
+        else:
+            out.append((k, k + 1))
+    if rest < n:
+        if out and out[-1][1] == rest:
+            out[-1] = (out[-1][0], n)
+        else:
+            out.append((rest, n))
+    return out

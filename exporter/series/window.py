@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from operator import sub
 from typing import NamedTuple
 
-from .history import COUNTERS, TIER_BASE, TIER_SLOTS, Layout, Samples, SeriesKey, _as_samples
+from .samples import COUNTERS, TIER_BASE, TIER_SLOTS, Layout, Samples, SeriesKey, _as_samples
 from .hitratio import counts, effective_counts, ratio, tokens
 from .modellog import least_squares_fit
 from .promql import histogram_quantiles

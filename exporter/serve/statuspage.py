@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 from ..alerting import analysis
 from ..alerting.rules_state import FIRING, PENDING, Alert
 from ..monitor.targetview import TargetView
-from ..series.history import Samples
+from ..series.samples import Samples
 from ..series.hitratio import shown_ratio, tier_shares, tiers_in_use
 from ..series.window import WindowStats
 from .state import State
