@@ -28,7 +28,7 @@ import requests
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_discovery import old_checkout  # noqa: E402
 from bench_sidecar import start_sidecar_with  # noqa: E402
-from procstat import cpu_seconds, peak_rss_mb  # noqa: E402
+from procstat import cpu_seconds, peak_rss_mb, rss_mb  # noqa: E402
 from promserver import Prometheus, version  # noqa: E402
 
 from exporter.discovery import promseries  # noqa: E402
@@ -45,6 +45,9 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--old", default="", help="a git revision whose code is measured the same way after this checkout's")
     p.add_argument("--settle", action="store_true", help="start the first phase once Prometheus holds 5 minutes of samples, "
                    "as later phases find it (default: at once)")
+    p.add_argument("--hold", type=float, default=0.0,
+                   help="minutes each phase runs before it is measured (65: the hour windows full, as a sidecar "
+                        "finds them from then on), its RSS printed every 5 minutes meanwhile")
     p.add_argument("--compression", choices=("gzip", "none", "both"), default="gzip",
                    help="read_prometheus.compression of this checkout's phase; both: a phase of each, gzip first "
                         "(the old code's phase asks for gzip, as it did)")
@@ -152,6 +155,7 @@ def phase(label: str, code: Path | None, args, prom: Prometheus, compression: st
             sidecar, url = start_sidecar_with(cfg, Path(tmp), ready_within=600.0, code=code)
             ready = time.monotonic() - began
             steady = steady_reads(prom, args.partitions, args.interval)
+            held = hold(sidecar.pid, args.hold * 60, label)
             ours0, theirs0, asked0, t0 = cpu_seconds(sidecar.pid), cpu_seconds(prom.pid), queries_answered(prom), time.monotonic()
             time.sleep(args.interval * args.reads)
             wall = time.monotonic() - t0
@@ -169,18 +173,45 @@ def phase(label: str, code: Path | None, args, prom: Prometheus, compression: st
             up = sum(1 for line in text.splitlines() if line.startswith("prefixcache_target_up{") and line.endswith(" 1.0"))
             size = len(text) / 2**20
             del text
+            # as a Prometheus scraping us finds it: two reads later every pod's view changed, and is rendered anew
+            time.sleep(2 * args.interval)
+            requests.get(url + "/metrics", timeout=60, headers={"Accept-Encoding": "gzip"})
+            time.sleep(args.interval)  # a render its scrape started, when that did not wait for it
+            requests.get(url + "/metrics", timeout=60, headers={"Accept-Encoding": "gzip"})
+            again_rss, again_peak = rss_mb(sidecar.pid), peak_rss_mb(sidecar.pid)
         finally:
             if sidecar is not None:
                 sidecar.terminate()
                 sidecar.wait(timeout=30)
+    if held:
+        print(f"prometheus source ({label}): held {args.hold:g} min before measuring; RSS then {held['rss_mb']:.0f} MB, its CPU "
+              f"{held['cpu_share'] * 100:.1f}% of a core over the hold", flush=True)
     print(f"prometheus source ({label}): {up} of {args.pods} pods up, read every {interval}: {reads:.1f} reads completed in "
           f"{args.reads} intervals ({wall:.0f} s) | ours {ours * 100:.1f}% of a core ({ours_s / reads if reads else float('nan'):.2f} s "
           f"CPU a read), Prometheus {theirs * 100:.1f}% (scraping and answering) | peak RSS {peak:.0f} MB | ready after {ready:.0f} s "
           f"(regular {steady:.0f} s after that) | our /metrics with every pod after {render_s:.1f} s ({render_cpu:.1f} s of our CPU meanwhile), {size:.0f} MB, "
-          f"peak RSS then {render_peak:.0f} MB", flush=True)
+          f"peak RSS then {render_peak:.0f} MB; rendered again {2 * args.interval:g} s later: RSS {again_rss:.0f} MB, peak "
+          f"{again_peak:.0f} MB", flush=True)
     return {"code": label, "pods": args.pods, "up": up, "cpu_share": ours, "cpu_seconds_a_read": ours_s / reads if reads else None,
             "reads": reads, "prometheus_cpu_share": theirs, "peak_rss_mb": peak, "ready_seconds": ready, "steady_seconds": steady, "render_seconds": render_s,
-            "render_cpu_seconds": render_cpu, "render_peak_rss_mb": render_peak}
+            "render_cpu_seconds": render_cpu, "render_peak_rss_mb": render_peak,
+            "rendered_again_rss_mb": again_rss, "rendered_again_peak_rss_mb": again_peak, "held_minutes": args.hold,
+            "held_rss_mb": held.get("rss_mb"), "held_cpu_share": held.get("cpu_share")}
+
+
+def hold(pid: int, seconds: float, label: str) -> dict:
+    """Lets the sidecar run `seconds` before it is measured: its history grows until the
+    longest window (an hour) is full, and what it costs then is what it costs from then on.
+    Prints its RSS every 5 minutes."""
+    if seconds <= 0:
+        return {}
+    t0, c0 = time.monotonic(), cpu_seconds(pid)
+    for k in range(1, int(seconds // 300) + 1):
+        time.sleep(max(0.0, t0 + 300 * k - time.monotonic()))
+        print(f"prometheus source ({label}): {5 * k} min: RSS {rss_mb(pid):.0f} MB (peak {peak_rss_mb(pid):.0f} MB), CPU "
+              f"{(cpu_seconds(pid) - c0) / (time.monotonic() - t0) * 100:.1f}% of a core so far", flush=True)
+    time.sleep(max(0.0, t0 + seconds - time.monotonic()))
+    return {"rss_mb": rss_mb(pid), "cpu_share": (cpu_seconds(pid) - c0) / (time.monotonic() - t0)}
 
 
 if __name__ == "__main__":
