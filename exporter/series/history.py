@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from itertools import compress
 from operator import add as operator_add
@@ -101,6 +101,7 @@ class History:
         # Values are only appended to; pruning builds new arrays, so a view's stay as they were
         self._runs: list[list] = []
         self._last: TargetSample | None = None
+        self._pruned_at: float | None = None  # the `now` of the last prune: what it kept older than that stays kept
         self._layout: Layout | None = None
         self._last_raw: dict[tuple, float] = {}
         self._offset: dict[tuple, float] = {}
@@ -321,16 +322,28 @@ class History:
             lo += 1
         # thin the part older than the fine horizon to one sample per coarse step
         fine = now - self.fine_seconds
-        kept: list[int] = []
-        i = lo
+        dropped: list[int] = []
         if n - lo >= 3 and times[lo + 1] <= fine:
+            i = lo
+            before = self._pruned_at
+            if before is not None and before <= now:
+                # what the last prune kept stays kept up to the first sample whose step grew (it aged past
+                # mid_seconds since) or the last one it found past the fine horizon (kept for being the last)
+                grew = bisect_left(times, before - self.mid_seconds)
+                if grew < n and times[grew] >= now - self.mid_seconds:
+                    grew = n
+                i = max(lo, min(grew, bisect_right(times, before - self.fine_seconds) - 1))
+            last = i - 1 if i > lo else -1
             while n - i > 1 and times[i] <= fine:
                 step = self.mid_step if now - times[i] <= self.mid_seconds else self.coarse_step
-                if not kept or times[i] - times[kept[-1]] >= step or times[i + 1] > fine:
-                    kept.append(i)
+                if last < 0 or times[i] - times[last] >= step or times[i + 1] > fine:
+                    last = i
+                else:
+                    dropped.append(i)
                 i += 1
-        if lo or len(kept) != i - lo:
-            self._keep(_ranges(kept, i, n))
+        self._pruned_at = now
+        if lo or dropped:
+            self._keep(_ranges(lo, dropped, n))
         for model in list(self.logs):
             log = self.logs[model]
             shift = log.prune(horizon)
@@ -378,6 +391,7 @@ class History:
         """A reload changed the windows: keep every sample, track the new windows."""
         self.keep_seconds = keep_seconds
         self.fine_seconds = min(self.fine_seconds, keep_seconds) if self.fine_seconds else keep_seconds
+        self._pruned_at = None  # the next prune walks every sample again
         windows = tuple(sorted(set(windows)))
         if windows == self.windows:
             return
@@ -401,17 +415,13 @@ class History:
         return len(self._times)
 
 
-def _ranges(kept: list[int], rest: int, n: int) -> list[tuple[int, int]]:
-    """[a, b) ranges of the indexes `kept` (sorted) and of rest..n-1."""
+def _ranges(lo: int, dropped: list[int], n: int) -> list[tuple[int, int]]:
+    """[a, b) ranges of the indexes lo..n-1 but `dropped` (sorted)."""
     out: list[tuple[int, int]] = []
-    for k in kept:
-        if out and out[-1][1] == k:
-            out[-1] = (out[-1][0], k + 1)
-        else:
-            out.append((k, k + 1))
-    if rest < n:
-        if out and out[-1][1] == rest:
-            out[-1] = (out[-1][0], n)
-        else:
-            out.append((rest, n))
+    for k in dropped:
+        if k > lo:
+            out.append((lo, k))
+        lo = k + 1
+    if lo < n:
+        out.append((lo, n))
     return out
