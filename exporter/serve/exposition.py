@@ -1,15 +1,16 @@
 """Our /metrics text: our families rendered from the state with a fragment cached per
-target, so a render costs what changed since the last one, not the fleet; the runtime
-collectors (process, GC, platform) read on every scrape, so `process_cpu_seconds_total`
-moves even while nothing else does.
+target, so a render's formatting costs what changed since the last one, not the fleet;
+the runtime collectors (process, GC, platform) read on every scrape, so
+`process_cpu_seconds_total` moves even while nothing else does.
 
 A target's fragment is its families' sample lines in the text format, written directly
 from the collector's families of that one target (TextFamilies: the lines
-prometheus_client's generate_latest writes, without building its objects), kept while the target's
+prometheus_client's generate_latest writes, without building its objects), reused while the target's
 view (an immutable object, replaced on every poll), its skipped polls, its deploy events
-and the fleet's set of label names stay the same. The answer is then assembled family by
-family. A failed render is an HTTP 500, a log line and a count in
-prefixcache_collect_errors_total: never an empty 200.
+and the fleet's set of label names stay the same, and kept only for a target whose view
+outlives renders (FragmentRender). The answer is compressed family by family as the
+targets render (familyzip.py): its text is never whole. A failed render is an HTTP 500, a
+log line and a count in prefixcache_collect_errors_total: never an empty 200.
 """
 from __future__ import annotations
 
