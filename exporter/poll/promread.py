@@ -109,8 +109,8 @@ class PrometheusReader:
         stale_after: what is not followed keeps the margin."""
         if self.last_read is None:
             return max(MAX_RANGE, 2 * self.poll_interval)
-        last, stale_after = self.last_read, self.stale_after
-        ages = [last - t for name, t in self.newest.items() if last - t <= stale_after(name)]  # sending at the last read
+        last = self.last_read
+        ages = [last - t for name, t in self.newest.items() if self.sending(name, t, last)]
         behind = 0.0  # how far before the last read the lagging fleet's next scrapes may lie
         if ages:
             scrape_interval = max(self.poll_interval, self.resolution() or 0.0)
@@ -214,7 +214,7 @@ class PrometheusReader:
         # read reaches too little back to tell, and forgotten, its TargetDown would resolve)
         last = self.last_read if self.last_read is not None else -math.inf
         aged = [n for n, t in self.newest.items() if n not in seen and now - t > self.cfg.accept_empty_after]
-        deselected = [n for n, t in self.newest.items() if n not in self.present and last - t <= self.stale_after(n)
+        deselected = [n for n, t in self.newest.items() if n not in self.present and self.sending(n, t, last)
                       and now - t <= self.cfg.accept_empty_after] if self.reselected else []
         if deselected:
             log.info("read_prometheus: %d pod(s) not in what the new configuration selects (%s); forgotten",
@@ -255,6 +255,10 @@ class PrometheusReader:
         times = sorted(pod.times)
         self.newest[pod.name] = times[-1]
         return times
+
+    def sending(self, name: str, newest: float, at: float) -> bool:
+        """Whether a pod whose newest sample is `newest` was sending at the read at `at`."""
+        return at - newest <= self.stale_after(name)
 
     def stale_after(self, name: str) -> float:
         if self.read.stale_after:
