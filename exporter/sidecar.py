@@ -29,7 +29,7 @@ from .poll.warmup import Warmer
 from .serve.app import App, analysis_handlers, deploy_handlers
 from .serve.collector import PrefixCacheCollector
 from .serve.exposition import ReservedNames
-from .serve import gcpacer
+from .serve import gcpacer, heaptrim
 from .serve.server import Server
 from .serve.state import State
 from .serve.webconfig import WebSecurity, load_web_config
@@ -270,11 +270,17 @@ def run(args) -> int:
     pacer = gcpacer.CollectionPacer(sidecar.app.exposition.quiet_for)  # this process's collector is ours (tune_gc)
     if gcpacer.supported():
         pacer.start()
+    trim = heaptrim.trim_function()
+    trimmer = heaptrim.HeapTrimmer(sidecar.app.exposition.quiet_for, trim) if trim is not None else None
+    if trimmer is not None:
+        trimmer.start()
     log.info("listening on %s:%d, polling %d target(s) every %gs", listen.rpartition(":")[0] or "0.0.0.0",
              sidecar.server.port, len(sidecar.poller.current.targets), cfg.global_.poll_interval)
     stop.wait()
     log.info("shutting down")
     pacer.stop()
+    if trimmer is not None:
+        trimmer.stop()
     return leave(EXIT_OK, sidecar.stop(STOP_BUDGET))
 
 
