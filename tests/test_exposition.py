@@ -455,3 +455,24 @@ def test_work_that_can_wait_waits_for_a_pause_in_the_scrapes_and_never_longer_th
     began = time.monotonic()
     exposition.wait_for_pause(limit=5.0)
     assert time.monotonic() - began < 0.5
+
+
+def test_a_view_the_state_replaced_is_not_kept_alive_by_the_last_render():
+    """A view holds its history's arrays as they were at its poll; once the history thinned
+    them it holds arrays of its own. Kept by the render until the next one, every target's
+    history was held twice between two renders."""
+    import gc
+    import weakref
+
+    state = fleet_state()
+    state.publish(replace(state.target("vllm-2"), scrapes=(("success", 400),)))  # a view only the state holds
+    exposition = Exposition(state, CollectorRegistry(), min_interval=0.0, collector=PrefixCacheCollector(state, ["1m", "5m"]))
+    state.update(config_reload_time=1764480001.0)
+    exposition.get(False)  # rendered twice: the views' texts are kept
+    assert exposition.fragments._fragments["vllm-2"][1] is not None
+    old = weakref.ref(state.target("vllm-2"))
+    state.publish(replace(state.target("vllm-2"), scrapes=(("success", 500),)))
+    gc.collect()
+    assert old() is None
+    text = exposition.get(False).decode()  # and the render finds the new view, not a stale text
+    assert 'result="success",target="vllm-2",team="t2"} 500.0' in text and samples(text) == samples(whole(state))

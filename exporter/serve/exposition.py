@@ -19,6 +19,7 @@ import gzip
 import logging
 import sys
 import threading
+import weakref
 import time
 from collections import defaultdict
 from typing import Callable
@@ -174,8 +175,9 @@ class FragmentRender:
 
     def __init__(self, collector: PrefixCacheCollector):
         self.collector = collector
-        # target -> (what it was rendered from, its text or None, its label texts, at which of its
-        # last renders its view was unchanged: a bit each, the newest lowest)
+        # target -> ((its view, weakly; its target, per_target's items and the label names it was rendered
+        # from), its text or None, its label texts, at which of its last renders its view was unchanged: a
+        # bit each, the newest lowest)
         self._fragments: dict[str, tuple[tuple, dict[str, bytes] | None, dict, int]] = {}
         self.rendered_targets = 0  # fragments rendered anew, for tests and benchmarks
 
@@ -201,17 +203,19 @@ class FragmentRender:
             # taken out: the last render's fragment is freed as its target is rendered anew, not
             # after the whole render
             cached = self._fragments.pop(name, None)
-            same = cached is not None and cached[0][0] is view and cached[0][1:] == (more, extra)
+            same = cached is not None and cached[0][0]() is view and cached[0][2:] == (more, extra)
             unchanged = ((cached[3] << 1) | same) & _KEPT_MASK if cached is not None else 0
             if same and cached[1] is not None:
                 text = cached[1]
             else:
                 # a series' name and labels stay while the target's labels, the fleet's label names and
                 # which families the target has (per_target's last item) do: texts of families it no longer has go
-                prefixes = cached[2] if (cached is not None and cached[0][0].target is view.target and cached[0][2] == extra
-                                         and cached[0][1][-1] == more[-1]) else {}
+                prefixes = cached[2] if (cached is not None and cached[0][1] is view.target and cached[0][3] == extra
+                                         and cached[0][2][-1] == more[-1]) else {}
                 text = self._text(lambda f, v=view, m=more: self.collector.target(f, v, *m), extra, prefixes)
-                cached = ((view, more, extra), None, prefixes, 0)
+                # the view by a weak reference: a view the state replaced since is freed with its history's
+                # arrays (a history thinned since holds new ones), not kept until the next render
+                cached = ((weakref.ref(view), view.target, more, extra), None, prefixes, 0)
                 self.rendered_targets += 1
                 between()
             fragments[name] = (cached[0], text if unchanged else None, cached[2], unchanged)
