@@ -112,3 +112,14 @@ def test_a_target_sample_is_its_values_at_its_layout():
     history = History(60.0)
     sample = history.append(1.0, parse(body(1.0)))
     assert isinstance(sample, TargetSample) and isinstance(sample.values, array) and len(sample.values) == sample.layout.size
+
+
+def test_the_samples_of_a_target_with_no_series_are_kept_and_thinned_too():
+    """A router's /metrics has no engine series: its samples have no values, and are still
+    samples (their times are the windows' edges)."""
+    history = History(600.0, 120.0, coarse_step=60.0)
+    for k in range(100):
+        history.append(15.0 * k, parse("router_requests_total 1\n"))
+    view = history.samples()
+    assert 10 < len(view) < 100 and view[0].layout.size == 0 and list(view[0].values) == []
+    assert view.times[-1] == 15.0 * 99 and view.runs() == [(view[0].layout, 0, len(view) - 1)]

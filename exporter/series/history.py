@@ -364,13 +364,14 @@ class History:
             times += self._times[a:b]
         runs = []
         for layout, values, first, count in self._runs:
-            kept, size = array("d"), layout.size
+            kept, size, samples = array("d"), layout.size, 0
             for a, b in ranges:
                 a, b = max(a, first), min(b, first + count)
                 if a < b:
                     kept += values[(a - first) * size:(b - first) * size]
-            if kept:
-                runs.append([layout, kept, 0, len(kept) // size])
+                    samples += b - a
+            if samples:  # counted, not told from the values: a target with no series (a router's) has none
+                runs.append([layout, kept, 0, samples])
         at = 0
         for run in runs:
             run[2], at = at, at + run[3]
