@@ -28,7 +28,7 @@ from operator import lt, ne, sub
 
 from ..parse.snapshot import Snapshot
 from .modellog import ModelLog, RunningSums, advance
-from .samples import _FIXED, _SLOT, COUNTERS, NAN, TIER_BASE, TIER_SLOTS, Layout, Samples, TargetSample
+from .samples import _FIXED, _SLOT, COUNTERS, NAN, TIER_BASE, TIER_SLOTS, Layout, Samples, TargetSample, add_to_runs
 
 # A counter that falls to at most this fraction of its last value was reset; one that
 # falls less stepped back (a non-atomic read, float rounding in a sum of processes): the
@@ -141,12 +141,7 @@ class History:
         flat = self._adjusted(raw, layout, restarted)
         sample = TargetSample(t, layout, flat)
         previous, self._last = self._last, sample
-        runs = self._runs
-        if runs and runs[-1][0] is layout:
-            runs[-1][1].extend(flat)
-            runs[-1][3] += 1
-        else:
-            runs.append([layout, flat[:], len(self._times), 1])
+        add_to_runs(self._runs, layout, flat, len(self._times))
         self._times.append(t)
         self._log(previous, sample)
         self._prune(t)
@@ -362,7 +357,7 @@ class History:
         times = array("d")
         for a, b in ranges:
             times += self._times[a:b]
-        runs = []
+        runs, at = [], 0
         for layout, values, first, count in self._runs:
             kept, size, samples = array("d"), layout.size, 0
             for a, b in ranges:
@@ -371,10 +366,8 @@ class History:
                     kept += values[(a - first) * size:(b - first) * size]
                     samples += b - a
             if samples:  # counted, not told from the values: a target with no series (a router's) has none
-                runs.append([layout, kept, 0, samples])
-        at = 0
-        for run in runs:
-            run[2], at = at, at + run[3]
+                runs.append([layout, kept, at, samples])
+                at += samples
         self._times, self._runs = times, runs
 
     def _forget_gone_series(self) -> None:
@@ -408,8 +401,7 @@ class History:
     def samples(self) -> Samples:
         if self._view is None:
             logs = {m: (log.t, log.t_start, log.q, log.h, log.x, log.y, log.kv, log.start, len(log)) for m, log in self.logs.items()}
-            runs = tuple((layout, values, first, count) for layout, values, first, count in self._runs)
-            self._view = Samples.of_columns(self._times[:], runs, logs, self.running)
+            self._view = Samples.of_columns(self._times[:], tuple(map(tuple, self._runs)), logs, self.running)
         return self._view
 
     def __len__(self) -> int:

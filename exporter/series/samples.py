@@ -112,6 +112,16 @@ class TargetSample:
         return None if i is None else self.layout.units[i]
 
 
+def add_to_runs(runs: list[list], layout: Layout, values, index: int) -> None:
+    """Adds the values of sample `index` to the last of `runs` ([layout, values, first
+    index, samples]) where it has the same layout, else as a run of its own (a copy)."""
+    if runs and runs[-1][0] is layout:
+        runs[-1][1].extend(values)
+        runs[-1][3] += 1
+    else:
+        runs.append([layout, array("d", values), index, 1])
+
+
 class Samples(Sequence):
     """An immutable view of a History at one moment: the samples, their times, and the
     model logs as they were. Safe to read from another thread while the History grows.
@@ -126,13 +136,9 @@ class Samples(Sequence):
     def __init__(self, samples=(), logs: dict | None = None, running: dict | None = None):
         times, runs = array("d"), []
         for s in samples:
-            if runs and runs[-1][0] is s.layout:
-                runs[-1][1].extend(s.values)
-                runs[-1][3] += 1
-            else:
-                runs.append([s.layout, array("d", s.values), len(times), 1])
+            add_to_runs(runs, s.layout, s.values, len(times))
             times.append(s.t)
-        self._set(times, tuple(tuple(r) for r in runs), logs, running)
+        self._set(times, tuple(map(tuple, runs)), logs, running)
 
     @classmethod
     def of_columns(cls, times: array, runs: tuple, logs: dict | None, running: dict | None) -> "Samples":
@@ -170,10 +176,6 @@ class Samples(Sequence):
     def __iter__(self):
         for i in range(len(self.times)):
             yield self[i]
-
-    def layout_at(self, i: int) -> Layout:
-        columns = self._columns
-        return columns[0][0] if len(columns) == 1 else columns[bisect_right(self._starts, i) - 1][0]
 
     def runs(self) -> list[tuple[Layout, int, int]]:
         """(layout, first index, last index) of each stretch of samples sharing a layout."""
