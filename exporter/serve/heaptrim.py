@@ -44,9 +44,12 @@ class HeapTrimmer:
         """One trim if no one is scraping; whether it trimmed."""
         if self.quiet_for() < self.quiet:
             return False
+        self._trim_now()
+        return True
+
+    def _trim_now(self) -> None:
         self._trim()
         self.trims += 1
-        return True
 
     def start(self) -> "HeapTrimmer":
         self._thread = threading.Thread(target=self._run, name="heap-trim", daemon=True)
@@ -64,7 +67,6 @@ class HeapTrimmer:
                     if self.step() or self._stop.wait(self.look):
                         break
                 else:
-                    self._trim()
-                    self.trims += 1
+                    self._trim_now()
         except Exception:  # noqa: BLE001 - memory stays as it is; the process carries on
             log.exception("heap trim failed; memory freed is no longer given back")
