@@ -2,8 +2,10 @@
 as they were when it was taken, whatever the History appends and thins afterwards (a
 render or the status page reads it from another thread), and reads as the sequence of
 TargetSamples it replaced: index, iterate, runs of one layout."""
+import gc
 import math
 from array import array
+from weakref import WeakValueDictionary
 
 import pytest
 from hypothesis import given, settings
@@ -47,10 +49,26 @@ def test_a_view_stays_what_it_was_while_the_history_appends_thins_and_changes_la
     for view, seen, times in views:
         assert same(copy(view), seen) and list(view.times) == times
     last = history.samples()
-    # an hour, thinned: the two models' layout and the last one's; the first one gone with its samples
+    # an hour, thinned: the two models' layout and the last one's; the first one's samples gone, its
+    # layout the last one's again (one object while anything holds it: here the first view)
     layouts = [r[0] for r in last.runs()]
     assert len(last) < 100 and len(layouts) == 2 and layouts[0].keys == (("m", "0"), ("n", "0")) and layouts[1] is last[-1].layout
-    assert views[0][0][0].layout not in layouts and views[0][0][0].layout.keys == (("m", "0"),)
+    assert views[0][0][0].layout is layouts[1] and layouts[1].keys == (("m", "0"),)
+
+
+def test_histories_given_one_mapping_share_a_layout_while_one_holds_it():
+    """A fleet's pods have one layout: one object for all of them (some 2 KB a target each),
+    which leaves the mapping once no history or view holds it."""
+    layouts = WeakValueDictionary()
+    a, b = (History(3600.0, 300.0, layouts=layouts) for _ in range(2))
+    a.append(0.0, parse(body(0.0, ("m",))))
+    b.append(0.0, parse(body(0.0, ("m",))))
+    b.append(15.0, parse(body(15.0, ("m", "n"))))
+    assert a.samples()[0].layout is b.samples()[0].layout and len(layouts) == 2
+    assert b.samples()[1].layout is not a.samples()[0].layout and len(b.samples()[1].layout.keys) == 2
+    del a, b
+    gc.collect()
+    assert len(layouts) == 0
 
 
 def test_a_view_reads_as_the_samples_it_was_made_of():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, replace
+from weakref import WeakValueDictionary
 
 from ..alerting import analysis, causes, rollouts, router as routing
 from ..alerting.deploys import (
@@ -84,6 +85,7 @@ class Engine:
     def __init__(self, config: Config):
         self.config = config
         self.tracks: dict[str, Track] = {}
+        self.layouts: WeakValueDictionary = WeakValueDictionary()  # the histories' layouts: one for targets alike
         self.events: deque[DeployEvent] = deque(maxlen=_MAX_EVENTS)
         self.event_counts: dict[tuple[str, str], int] = {}
         self.last_deploy_t: dict[str, float] = {}  # target ('' for all) -> newest deploy-like event
@@ -94,10 +96,8 @@ class Engine:
         self.rollouts: dict[str, rollouts.Rollout] = {}  # model -> its newest rollout (exporter/alerting/rollouts.py)
         self.verdicts: dict[str, analysis.Verdict] = {}  # model -> the gate's verdict at the last evaluation, while versions are judged
         self.fleet_baselines: dict[tuple[str, str], tuple[float, float]] = {}  # (target, model) -> (ratio, pod start)
-        # (target, model) -> (last lookup hit, TTFT p50 before it) while its hits stand still
-        self.hits_references: dict[tuple[str, str], tuple[float, float]] = {}
-        # router target -> model -> window -> (predicted, delivered), as of the last evaluation
-        self.predictions: dict[str, dict[str, dict[str, tuple[routing.Prediction, routing.Delivered]]]] = {}
+        self.hits_references: dict[tuple[str, str], tuple[float, float]] = {}  # (target, model) -> (last lookup hit, TTFT p50 before it) while its hits stand still
+        self.predictions: dict[str, dict[str, dict[str, tuple[routing.Prediction, routing.Delivered]]]] = {}  # router target -> model -> window -> (predicted, delivered), as of the last evaluation
         # model -> its replica count as established, and a new count seen once (count, when) waiting to be confirmed
         self.replica_counts: dict[str, tuple[int | None, tuple[int, float] | None]] = {}
         self.reconfigure(config)
@@ -105,7 +105,7 @@ class Engine:
     # --- configuration ---------------------------------------------------------------
     def _new_history(self, config: Config) -> History:
         return History(self.keep_seconds(config), _FINE_SECONDS, windows=[s for _, s in config.global_.windows],
-                       mid_seconds=_MID_SECONDS, mid_step=_MID_STEP)
+                       mid_seconds=_MID_SECONDS, mid_step=_MID_STEP, layouts=self.layouts)
 
     @staticmethod
     def keep_seconds(config: Config) -> float:

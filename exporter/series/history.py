@@ -21,10 +21,11 @@ from __future__ import annotations
 import math
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from itertools import compress
 from operator import add as operator_add
 from operator import lt, ne, sub
+from weakref import WeakValueDictionary
 
 from ..parse.snapshot import Snapshot
 from .modellog import ModelLog, RunningSums, advance
@@ -90,8 +91,12 @@ class History:
     readers a view that later appends do not change."""
 
     def __init__(self, keep_seconds: float, fine_seconds: float | None = None, coarse_step: float = 60.0,
-                 windows: Sequence[float] = (), mid_seconds: float = 0.0, mid_step: float = 0.0):
+                 windows: Sequence[float] = (), mid_seconds: float = 0.0, mid_step: float = 0.0,
+                 layouts: MutableMapping | None = None):
         self.keep_seconds = keep_seconds
+        # (keys, units, bounds) -> its Layout, shared with the other histories given the same mapping: the
+        # pods of a fleet have one layout, and one a target was some 2 KB of dicts and tuples each
+        self.layouts = layouts if layouts is not None else WeakValueDictionary()
         self.fine_seconds = keep_seconds if fine_seconds is None else min(fine_seconds, keep_seconds)
         self.coarse_step = coarse_step
         self.mid_seconds, self.mid_step = mid_seconds, mid_step
@@ -133,7 +138,11 @@ class History:
         layout = self._layout
         if layout is None or layout.keys != tuple(keys) or layout.units != tuple(units) or layout.bounds != tuple(bounds):
             self._save_adjustments()
-            layout = self._layout = Layout.build(keys, units, bounds)
+            shape = (tuple(keys), tuple(units), tuple(bounds))
+            layout = self.layouts.get(shape)
+            if layout is None:
+                layout = self.layouts[shape] = Layout.build(*shape)
+            self._layout = layout
             self._load_adjustments(layout)
         raw = array("d")
         for values in rows:
