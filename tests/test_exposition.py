@@ -282,28 +282,54 @@ def test_a_histogram_keeps_its_label_text_once_whatever_its_buckets():
     target = Target("t", "http://127.0.0.1:1/metrics")
     kept = []
     for bounds in ((0.5, math.inf), tuple(0.01 * 2 ** k for k in range(30)) + (math.inf,)):
-        prefixes: dict = {}
-        families = TextFamilies("1m", ("team",), prefixes)
+        templates: tuple[dict, dict] = ({}, {})
+        families = TextFamilies("1m", ("team",), templates)
         families.histogram("prefixcache_vllm_time_to_first_token_seconds", ("m", "0"), tuple((le, 1.0) for le in bounds), 1.0, target)
         families.summary("prefixcache_ttft_seconds", ("m", "1m"), tuple((q, 0.1) for q in (0.5, 0.9, 0.99)), (3, 0.3), target)
         lines = b"".join(families.fragments().values()).decode().splitlines()
         assert f'prefixcache_vllm_time_to_first_token_seconds_bucket{{engine="0",le="{bounds[0]!r}",model_name="m",target="t",team=""}} 1.0' in lines
         assert 'prefixcache_ttft_seconds{model_name="m",quantile="0.99",target="t",team="",window="1m"} 0.1' in lines
-        kept.append(sum(map(len, flat(prefixes.values()))))
+        kept.append(sum(map(len, flat(templates[0].values()))))
     assert kept[0] == kept[1]
 
 
+def test_targets_share_label_text_patterns_and_print_what_a_text_built_anew_prints():
+    """Braces, quotes, backslashes, newlines and NUL in a target's labels and in a series'
+    own values: the lines with patterns are those built label by label, and a second
+    target adds no pattern."""
+    targets = [Target(name, "http://127.0.0.1:1/metrics", labels=(("team", team),))
+               for name, team in (('a{0}"\\\n}', "x{1}y"), ("b", "{}"))]
+    own = ("m{0}\x00", "0}")
+
+    def lines(templates, target) -> list[str]:
+        families = TextFamilies("1m", ("team",), templates)
+        families.add("prefixcache_target_up", (), 1.0, target)
+        families.histogram("prefixcache_vllm_time_to_first_token_seconds", own, ((0.5, 1.0), (math.inf, 2.0)), 1.0, target)
+        families.histogram("prefixcache_vllm_time_to_first_token_seconds", ("m{", "0"), ((math.inf, 2.0),), 1.0, target)
+        families.summary("prefixcache_ttft_seconds", ("m}", "1m"), ((0.5, 0.1), (0.9, 0.2)), (3, 0.3), target)
+        return b"".join(families.fragments().values()).decode().splitlines()
+
+    used: dict = {}
+    assert lines((used, {}), targets[0]) == lines(None, targets[0])
+    patterns = dict(used)
+    assert lines((used, {}), targets[1]) == lines(None, targets[1]) and used == patterns
+    assert len(patterns) == 7 and [k[2] for k, p in patterns.items() if p is False] == ["le", ""]  # NUL: built anew
+    assert 'team="x{1}y"' in lines((used, {}), targets[0])[0] and 'target="a{0}\\"' in lines((used, {}), targets[0])[0]
+
+
 def flat(values) -> list[str]:
-    return [text for v in values for text in ((v,) if isinstance(v, str) else flat(v))]
+    return [text for v in values for text in ((v,) if isinstance(v, str) else flat(v) if isinstance(v, tuple) else ())]
 
 
 def test_a_fragments_lines_follow_every_value_from_render_to_render():
-    """A target's fragment, rendered again with the prefixes it kept, prints every value
-    as prometheus_client does: a repeat, a signed zero, NaN, an int, Go's exponents."""
-    prefixes: dict = {}  # what FragmentRender keeps for a target between renders
+    """A target's fragment, rendered again with the label-text patterns the last render used,
+    prints every value as prometheus_client does: a repeat, a signed zero, NaN, an int, Go's
+    exponents."""
+    known: dict = {}  # what FragmentRender keeps between renders
     target = Target("t", "http://127.0.0.1:1/metrics")
     for value in (1.0, 1.0, 0.0, -0.0, -0.0, 0.0, 0, math.nan, math.nan, 5, 5.0, 1e7, 1e7, 12345678.9, math.inf, -math.inf, 2.5):
-        families = TextFamilies("1m", (), prefixes)
+        used: dict = {}
+        families = TextFamilies("1m", (), (used, known))
         families.add("prefixcache_target_up", (), value, target)
         families.histogram("prefixcache_vllm_time_to_first_token_seconds", ("m", "0"), ((0.5, value), (math.inf, value)), 1.0, target)
         lines = b"".join(families.fragments().values()).decode().splitlines()
@@ -311,6 +337,7 @@ def test_a_fragments_lines_follow_every_value_from_render_to_render():
         sum_line = [line for line in lines if line.startswith("prefixcache_vllm_time_to_first_token_seconds_sum")]
         assert sum_line == ['prefixcache_vllm_time_to_first_token_seconds_sum{engine="0",model_name="m",target="t"} 1.0']
         assert all(line.rpartition(" ")[2] == floatToGoString(value) for line in lines if line not in sum_line), (value, lines)
+        known = used
 
 
 def test_a_scrape_that_may_not_wait_hears_so_and_a_burst_shares_one_runtime_reading():
