@@ -1151,6 +1151,21 @@ def test_pods_of_one_name_in_two_namespaces_are_two_pods_the_first_keeping_the_n
     reader.close()
 
 
+def test_a_name_given_to_a_pod_never_read_goes_at_the_next_whole_read():
+    """A read that fails after its answers named their pods, and before it read them: a pod
+    not seen again would keep its name for ever (and a later pod of its name in another
+    namespace would be name@namespace). One in this read's answers keeps it."""
+    from exporter.poll.promread import PrometheusReader
+    reader = PrometheusReader(load(read_config("http://127.0.0.1:9")).discovery, 15.0)
+    assert reader.memo.names.name("vllm-9", "prod") == "vllm-9"  # named, never read
+    reader.memo.names.name("vllm-8", "prod")
+    reader.present.add("vllm-8")  # in this read's answers, no sample newer than those read
+    reader.update(1000.0, set())
+    assert reader.memo.names.owner == {"vllm-8": ("vllm-8", "prod")}
+    assert reader.memo.names.name("vllm-9", "staging") == "vllm-9"
+    reader.close()
+
+
 def test_pods_of_one_name_in_two_namespaces_are_read_polled_and_up_as_two_targets():
     """Through the reader and the poller, not only the answer: a review found vllm-0@staging
     made a target named `staging` (the name cut at its @ as an instance's user:pass@), whose

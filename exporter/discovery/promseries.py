@@ -189,7 +189,8 @@ class PodNames:
     pod, their samples mixed. The first namespace seen with a name keeps it plain, as
     discovery keeps the first of two targets' name; the same name in another is
     `name@namespace`. A name given stays while its pod is known (forget() drops it with
-    the pod), so a namespace that comes or goes renames no other's pod."""
+    the pod; the reader drops one whose pod was never read at its next whole read), so a
+    namespace that comes or goes renames no other's pod."""
 
     given: dict[tuple[str, str], str] = field(default_factory=dict)  # (label value, namespace) -> name
     owner: dict[str, tuple[str, str]] = field(default_factory=dict)  # the same, name -> (label value, namespace)

@@ -225,6 +225,9 @@ class PrometheusReader:
             for known in (self.newest, self.gap, self.targets, self.memo.pods, self.learnt):
                 known.pop(name, None)
             self.memo.names.forget(name)  # no layout settle() keeps has it: it had no series in this read
+        # a name given in a read that failed before its pod was read, to a pod not seen since
+        for name in [n for n in self.memo.names.owner if n not in self.newest and n not in self.present]:
+            self.memo.names.forget(name)
         self.memo.settle()  # the layouts of this read's answers, for the next
         self.last_read = now
         self.reselected = False
