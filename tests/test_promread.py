@@ -1151,6 +1151,27 @@ def test_pods_of_one_name_in_two_namespaces_are_two_pods_the_first_keeping_the_n
     reader.close()
 
 
+def test_a_pod_silent_through_more_outages_than_are_kept_is_not_judged_by_them():
+    """A Prometheus that failed 20 times in a row, answering 2 s between: a pod silent all
+    along was silent 40 s of the time it answered, under its 45 s. With the oldest
+    outages dropped it was stale (judged by 400 s the source failed); the closest merge."""
+    from exporter.poll.promread import MAX_OUTAGES, PrometheusReader, _with_outage
+    reader = PrometheusReader(load(read_config("http://127.0.0.1:9")).discovery, 15.0)
+    start = 10_000.0
+    reader.newest["vllm-0"], reader.gap["vllm-0"] = start, 15.0  # its stale_after: 3 intervals, 45 s
+    spans = [(start + 102 * k + 2, start + 102 * (k + 1)) for k in range(20)]
+    for span in spans:
+        reader.outages = _with_outage(reader.outages, span, span[1], 3600.0)
+    now = spans[-1][1]
+    assert len(reader.outages) == MAX_OUTAGES and reader.outages[0][0] == spans[0][0] and reader.outages[-1] == spans[-1]
+    assert reader.stale(now) == {} and reader.stale(now + 13) == {}
+    # 46 s of answered time without a sample, less the 8 s between the outages that became one
+    assert reader.stale(now + 14) == {"vllm-0": start}
+    # those that ended longer ago than kept go first
+    assert _with_outage([(0.0, 10.0), (20.0, 30.0)], (40.0, 50.0), 50.0, 25.0) == [(20.0, 30.0), (40.0, 50.0)]
+    reader.close()
+
+
 def test_a_name_given_to_a_pod_never_read_goes_at_the_next_whole_read():
     """A read that fails after its answers named their pods, and before it read them: a pod
     not seen again would keep its name for ever (and a later pod of its name in another

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 READ_PROMETHEUS = "read_prometheus"
 MARGIN = 30.0  # seconds a read reaches past the last one at least: scrapes that ended late are committed late
 MAX_RANGE = 300.0  # at most this far back (after a failure, or the first read)
-MAX_OUTAGES = 16  # failing stretches of the source kept (those within accept_empty_after)
+MAX_OUTAGES = 16  # failing stretches of the source kept (those within accept_empty_after; beyond, the closest merge)
 FULL_COLLECTION_EVERY = 40  # reads between two full collections, in a process that freezes each read (10 minutes at 15 s)
 
 
@@ -207,8 +207,7 @@ class PrometheusReader:
             dropped.update(of_pod)
         self.dropped = {}
         if self.last_read is not None and self.state.refreshed and not self.state.ok:  # answering again
-            self.outages = [o for o in self.outages if now - o[1] <= self.cfg.accept_empty_after][-MAX_OUTAGES + 1:]
-            self.outages.append((self.last_read, now))
+            self.outages = _with_outage(self.outages, (self.last_read, now), now, self.cfg.accept_empty_after)
         # after a reload that selects otherwise, a pod that was sending at the last read and of which
         # the answers had no series is not selected; one already silent ages as before (the
         # read reaches too little back to tell, and forgotten, its TargetDown would resolve)
@@ -295,6 +294,21 @@ class PrometheusReader:
 def _overlap(spans: list[tuple[float, float]], start: float, end: float) -> float:
     """Seconds of (start, end) that the spans cover (they do not overlap each other)."""
     return sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans)
+
+
+def _with_outage(outages: list[tuple[float, float]], outage: tuple[float, float], now: float,
+                 keep_seconds: float) -> list[tuple[float, float]]:
+    """The failing stretches with `outage` added, those that ended more than keep_seconds
+    ago gone, at most MAX_OUTAGES: beyond, the two with the least answered time between
+    them become one. The oldest dropped instead, a pod silent through them was judged
+    by the time the source failed (a false TargetDown); merged, the few seconds it
+    answered between two are not judged either (a pod that stopped then is judged a
+    little later)."""
+    kept = [o for o in outages if now - o[1] <= keep_seconds] + [outage]
+    while len(kept) > MAX_OUTAGES:
+        i = min(range(len(kept) - 1), key=lambda k: kept[k + 1][0] - kept[k][1])
+        kept[i:i + 2] = [(kept[i][0], kept[i + 1][1])]
+    return kept
 
 
 def _selection(read) -> tuple:
