@@ -297,15 +297,15 @@ def test_targets_share_label_text_patterns_and_print_what_a_text_built_anew_prin
     """Braces, quotes, backslashes, newlines and NUL in a target's labels and in a series'
     own values: the lines with patterns are those built label by label, and a second
     target adds no pattern."""
-    targets = [Target(name, "http://127.0.0.1:1/metrics", labels=(("team", team),))
+    targets = [Target(name, "http://127.0.0.1:1/metrics", labels=(("team", team), ("namespace", "%s%%")))
                for name, team in (('a{0}"\\\n}', "x{1}y"), ("b", "{}"))]
     own = ("m{0}\x00", "0}")
 
     def lines(templates, target) -> list[str]:
-        families = TextFamilies("1m", ("team",), templates)
+        families = TextFamilies("1m", ("namespace", "team"), templates)  # "target" sorts between them
         families.add("prefixcache_target_up", (), 1.0, target)
         families.histogram("prefixcache_vllm_time_to_first_token_seconds", own, ((0.5, 1.0), (math.inf, 2.0)), 1.0, target)
-        families.histogram("prefixcache_vllm_time_to_first_token_seconds", ("m{", "0"), ((math.inf, 2.0),), 1.0, target)
+        families.histogram("prefixcache_vllm_time_to_first_token_seconds", ("m{%s", "0"), ((math.inf, 2.0),), 1.0, target)
         families.summary("prefixcache_ttft_seconds", ("m}", "1m"), ((0.5, 0.1), (0.9, 0.2)), (3, 0.3), target)
         return b"".join(families.fragments().values()).decode().splitlines()
 
@@ -314,6 +314,7 @@ def test_targets_share_label_text_patterns_and_print_what_a_text_built_anew_prin
     patterns = dict(used)
     assert lines((used, {}), targets[1]) == lines(None, targets[1]) and used == patterns
     assert len(patterns) == 7 and [k[2] for k, p in patterns.items() if p is False] == ["le", ""]  # NUL: built anew
+    assert lines((used, {}), targets[1])[0] == 'prefixcache_target_up{namespace="%s%%",target="b",team="{}"} 1.0'
     assert 'team="x{1}y"' in lines((used, {}), targets[0])[0] and 'target="a{0}\\"' in lines((used, {}), targets[0])[0]
 
 
