@@ -84,8 +84,8 @@ class TextFamilies(Families):
     values), a series of a target has its label text from a pattern shared by the targets
     (only the target's own label values differ from one target to another) with its
     target's values formatted in: a text kept for each target held 9 KB a pod, 90 MB at
-    10,000. Without, and for the fleet's families (head
-    and tail, whose series name targets of their own: routers), every text is built."""
+    10,000. Without, and for the fleet's families (head and tail, whose series name
+    targets of their own: routers), every text is built."""
 
     def __init__(self, windows: str, extra_label_names: tuple[str, ...], templates: tuple[dict, dict] | None = None):
         super().__init__(windows, extra_label_names)
@@ -93,7 +93,7 @@ class TextFamilies(Families):
         self.templates = templates
         self._used = templates[0] if templates is not None else None
         self._target = None
-        self._target_values: tuple[str, ...] = ()  # the target's label values, escaped, in _labels' order
+        self._target_values: tuple[str, ...] = ()  # the target's label values, escaped, in the order of their names
 
     def _pairs(self, name: str, values: tuple, target) -> list[tuple[str, str]]:
         return list(zip(self.label_names(name), self._labels(name, values, target)))
@@ -145,6 +145,7 @@ class TextFamilies(Families):
         return tuple(sorted(range(len(names)), key=names.__getitem__))
 
     def _learn(self, name: str, own: list[str], cut: str):
+        """_pattern's pattern, from a text whose target values are marks that no label text holds."""
         if not METRICS[name].target_labels or any("\x00" in v for v in own):
             return False
         slots = [f"\x00{i}\x01" for i in range(1 + len(self.extra))]  # no text escapes or holds these
