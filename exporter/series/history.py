@@ -136,9 +136,9 @@ class History:
                 created[s.key] = s.created
         restarted = self._restarted(snapshot.process_start_time, created)
         layout = self._layout
-        if layout is None or layout.keys != tuple(keys) or layout.units != tuple(units) or layout.bounds != tuple(bounds):
+        shape = (tuple(keys), tuple(units), tuple(bounds))
+        if layout is None or (layout.keys, layout.units, layout.bounds) != shape:
             self._save_adjustments()
-            shape = (tuple(keys), tuple(units), tuple(bounds))
             layout = self.layouts.get(shape)
             if layout is None:
                 layout = self.layouts[shape] = Layout.build(*shape)
