@@ -90,8 +90,7 @@ class TextFamilies(Families):
     def __init__(self, windows: str, extra_label_names: tuple[str, ...], templates: tuple[dict, dict] | None = None):
         super().__init__(windows, extra_label_names)
         self.lines: defaultdict[str, list[str]] = defaultdict(list)  # METRICS name -> its sample lines
-        self.templates = templates
-        self._used = templates[0] if templates is not None else None
+        self._used, self._known = templates if templates is not None else (None, None)
         self._target = None
         self._target_values: tuple[str, ...] = ()  # the target's label values, escaped, in the order of their names
 
@@ -103,9 +102,10 @@ class TextFamilies(Families):
         label's value goes (_labels_around)."""
         used = self._used
         if used is not None and target is not None:
-            pattern = used.get((shape, values, cut))
+            key = (shape, values, cut)
+            pattern = used.get(key)
             if pattern is None:
-                pattern = self._pattern(name, shape, values, cut)
+                pattern = used[key] = self._pattern(name, key)
             if pattern is not False:
                 if target is not self._target:
                     self._take(target)
@@ -123,19 +123,15 @@ class TextFamilies(Families):
         escaped = (_value(target.name), *(_value(extra.get(k, "")) for k in self.extra))
         self._target, self._target_values = target, tuple(escaped[i] for i in self._slot_order)
 
-    def _pattern(self, name: str, shape: str, values: tuple, cut: str):
+    def _pattern(self, name: str, key: tuple):
         """The series' label text as a %-format of its target's label values in the order
         of their names (every pattern has them in that order: the text's labels are sorted
         by name), as (before, how many of the values it has, after) with `cut`; False
-        where a value of its own could be taken for a slot."""
-        used, known = self.templates
-        key = (shape, values, cut)
-        pattern = used.get(key)
+        where a value of its own could be taken for a slot. The last render's, if it had it."""
+        pattern = self._known.get(key)
         if pattern is None:
-            pattern = known.get(key)
-            if pattern is None:
-                pattern = self._learn(name, [str(v) for v in values], cut)
-            used[key] = pattern
+            _, values, cut = key
+            pattern = self._learn(name, [str(v) for v in values], cut)
         return pattern
 
     @functools.cached_property
