@@ -192,6 +192,11 @@ class Config:
     def longest_window(self) -> float:
         return max(s for _, s in self.global_.windows)
 
+    @property
+    def history_seconds(self) -> float:
+        """How far back a target's history reaches: the longest window and the poll before it."""
+        return self.longest_window + self.global_.poll_interval
+
 
 def _global(r: Reader, raw: Any) -> GlobalConfig:
     d = GlobalConfig()

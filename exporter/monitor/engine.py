@@ -96,20 +96,18 @@ class Engine:
         self.rollouts: dict[str, rollouts.Rollout] = {}  # model -> its newest rollout (exporter/alerting/rollouts.py)
         self.verdicts: dict[str, analysis.Verdict] = {}  # model -> the gate's verdict at the last evaluation, while versions are judged
         self.fleet_baselines: dict[tuple[str, str], tuple[float, float]] = {}  # (target, model) -> (ratio, pod start)
-        self.hits_references: dict[tuple[str, str], tuple[float, float]] = {}  # (target, model) -> (last lookup hit, TTFT p50 before it) while its hits stand still
-        self.predictions: dict[str, dict[str, dict[str, tuple[routing.Prediction, routing.Delivered]]]] = {}  # router target -> model -> window -> (predicted, delivered), as of the last evaluation
+        # (target, model) -> (last lookup hit, TTFT p50 before it) while its hits stand still
+        self.hits_references: dict[tuple[str, str], tuple[float, float]] = {}
+        # router target -> model -> window -> (predicted, delivered), as of the last evaluation
+        self.predictions: dict[str, dict[str, dict[str, tuple[routing.Prediction, routing.Delivered]]]] = {}
         # model -> its replica count as established, and a new count seen once (count, when) waiting to be confirmed
         self.replica_counts: dict[str, tuple[int | None, tuple[int, float] | None]] = {}
         self.reconfigure(config)
 
     # --- configuration ---------------------------------------------------------------
     def _new_history(self, config: Config) -> History:
-        return History(self.keep_seconds(config), _FINE_SECONDS, windows=[s for _, s in config.global_.windows],
+        return History(config.history_seconds, _FINE_SECONDS, windows=[s for _, s in config.global_.windows],
                        mid_seconds=_MID_SECONDS, mid_step=_MID_STEP, layouts=self.layouts)
-
-    @staticmethod
-    def keep_seconds(config: Config) -> float:
-        return config.longest_window + config.global_.poll_interval
 
     def reconfigure(self, config: Config) -> None:
         """New targets get an empty history; kept targets keep theirs (and their
@@ -129,7 +127,7 @@ class Engine:
             else:
                 track.target = t  # mutate: a poll in flight holds this object
                 track.view = replace(track.view, target=t)
-                track.history.retarget(self.keep_seconds(config), [s for _, s in config.global_.windows])
+                track.history.retarget(config.history_seconds, [s for _, s in config.global_.windows])
                 track.detector.grace = config.rules.cold_start_grace
             tracks[t.name] = track
         self.tracks = tracks
@@ -154,7 +152,7 @@ class Engine:
         track = self.tracks[target]
         if snapshot.router is not None:
             if track.router is None:
-                track.router = routing.RouterHistory(self.keep_seconds(self.config))
+                track.router = routing.RouterHistory(self.config.history_seconds)
             track.router.append(now, snapshot.router)
         if track.history.append(now, snapshot) is None:
             return []
