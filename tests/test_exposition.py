@@ -129,6 +129,39 @@ def test_a_target_whose_view_changes_at_every_render_keeps_no_text_between_rende
     assert "vllm-2" not in kept()
 
 
+def test_the_texts_kept_between_renders_stay_within_keep_bytes_the_first_targets_by_name():
+    """At 10,000 pods a scraper coming between two reads finds every view unchanged: their
+    150 MB of text stayed for the next renders, and took the process over 1 GiB beside a
+    read. Kept: at most `keep_bytes`, the first targets' by name, whose texts the next
+    render reuses; the others are rendered anew, and their answer is the same."""
+    state = fleet_state()
+    exposition = Exposition(state, CollectorRegistry(), min_interval=0.0, collector=PrefixCacheCollector(state, ["1m", "5m"]))
+    render = exposition.fragments
+
+    def kept():
+        return {name: sum(map(len, f[1].values())) for name, f in render._fragments.items() if f[1] is not None}
+
+    for i in range(2):  # the second render finds every view unchanged
+        state.update(skipped_polls={"vllm-down": 7 + i})
+        exposition.get(False)
+    sizes = kept()
+    names = sorted(sizes)
+    assert len(names) >= 3, sizes
+    render.keep_bytes = sizes[names[0]] + sizes[names[1]]  # room for the first two, not a third
+    state.update(skipped_polls={"vllm-down": 9})
+    exposition.get(False)
+    assert sorted(kept()) == names[:2] and sum(kept().values()) <= render.keep_bytes
+    before = render.rendered_targets
+    state.update(skipped_polls={"vllm-down": 10})
+    text = exposition.get(False).decode()
+    assert render.rendered_targets - before == len(render._fragments) - 2  # all but the two kept, anew
+    assert samples(text) == samples(whole(state))
+    render.keep_bytes = 0
+    state.update(skipped_polls={"vllm-down": 11})
+    exposition.get(False)
+    assert kept() == {}
+
+
 def test_the_runtime_collectors_are_read_on_every_scrape_while_ours_are_cached():
     """process_cpu_seconds_total used to stand still between two changes of the state:
     exactly when polling stalls it looked as if the process did nothing."""
