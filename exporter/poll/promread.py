@@ -392,7 +392,7 @@ def _read(poller) -> None:
         if view is not None and (view.up or not view.polled):  # said once, as it goes down
             # the time itself, not "Ns ago": this error stays on the status page while the pod is down
             target.mark_down(now, STALE, f"no sample in Prometheus since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(newest))} "
-                                         f"(stale after {reader.stale_after(pod_name):g}s)")
+                                         f"(stale after {round(reader.stale_after(pod_name), 1):g}s)")
 
 
 def _polled(poller) -> tuple[dict, dict[str, str]]:
