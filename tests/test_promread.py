@@ -824,7 +824,6 @@ def test_a_long_reads_slices_count_a_pods_dropped_labels_once():
     one dropped label, not 7. Answers in Prometheus's layout: the next read, whose pod
     labels the memo hands out again, counts the drop again; a pod whose labels changed
     gets the new ones."""
-    import json
     import re
     from urllib.parse import parse_qs, urlsplit
     from fakeserver import FakeServer, reply
