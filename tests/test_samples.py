@@ -126,35 +126,6 @@ def test_the_columns_keep_the_samples_the_thinning_kept_sample_by_sample(gaps, s
     assert [s.get(("m", "0"), "queries") for s in view] == [100.0 * x for x in expected]
 
 
-def test_a_coarse_step_of_none_is_a_thirtieth_of_the_next_window_and_follows_a_reload():
-    """The left edge of a window older than the mid tier moves by at most a thirtieth of
-    it, as the 15m window's does (30 s): 2 minutes of an hour, not one (22 samples of every
-    pod's values fewer), and a minute again once a 30m window is configured."""
-    def history(windows):
-        return History(3615.0, 300.0, None, windows=windows, mid_seconds=900.0, mid_step=30.0)
-
-    assert history((60.0, 300.0, 900.0, 3600.0)).coarse_step == 120.0
-    assert history((60.0, 300.0, 1200.0, 3600.0)).coarse_step == 40.0
-    assert history((60.0, 300.0)).coarse_step == 60.0  # no window reaches that far back
-    assert History(3615.0, 300.0, coarse_step=60.0, windows=(3600.0,), mid_seconds=900.0, mid_step=30.0).coarse_step == 60.0
-    hourly = history((60.0, 300.0, 900.0, 3600.0))
-    t = 0.0
-    for _ in range(int(4000 / 15)):
-        t += 15.0
-        hourly.append(t, parse(body(t)))
-    times = list(hourly.samples().times)
-    old = [b - a for a, b in zip(times, times[1:]) if t - b > 900.0 + 120.0]
-    assert old and min(old) >= 120.0 and max(old) <= 135.0, old  # one per 2 minutes, on the 15 s polls
-    assert 55 <= len(times) <= 70, len(times)  # 20 fine, 20 mid, 23 coarse (85 with a minute)
-    hourly.retarget(3615.0, (60.0, 300.0, 900.0, 1800.0, 3600.0))
-    assert hourly.coarse_step == 60.0
-    for _ in range(int(3600 / 15)):
-        t += 15.0
-        hourly.append(t, parse(body(t)))
-    times = list(hourly.samples().times)
-    assert max(b - a for a, b in zip(times, times[1:]) if t - b > 900.0 + 60.0) <= 75.0
-
-
 def test_a_target_sample_is_its_values_at_its_layout():
     history = History(60.0)
     sample = history.append(1.0, parse(body(1.0)))

@@ -43,8 +43,8 @@ from ..series.samples import Samples
 from ..series.window import WindowStats, interval_sums, recent_intervals, stats_between, summarize
 from .targetview import TargetView
 
-# every sample of the last 5 minutes, one per 30 s up to 15 minutes, one per thirtieth of the next window
-# beyond (History): windows up to 5m are exact, longer ones' left edges move by at most a thirtieth of them
+# every sample of the last 5 minutes, one per 30 s up to 15 minutes, one a minute beyond:
+# windows up to 5m are exact, longer ones' left edges move by at most 3% of their length
 _FINE_SECONDS, _MID_SECONDS, _MID_STEP = 300.0, 900.0, 30.0
 _MAX_EVENTS = 10000
 
@@ -106,7 +106,7 @@ class Engine:
 
     # --- configuration ---------------------------------------------------------------
     def _new_history(self, config: Config) -> History:
-        return History(config.history_seconds, _FINE_SECONDS, None, windows=[s for _, s in config.global_.windows],
+        return History(config.history_seconds, _FINE_SECONDS, windows=[s for _, s in config.global_.windows],
                        mid_seconds=_MID_SECONDS, mid_step=_MID_STEP, layouts=self.layouts)
 
     def reconfigure(self, config: Config) -> None:

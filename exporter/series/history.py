@@ -84,15 +84,13 @@ class History:
     Samples newer than `fine_seconds` are all kept; older ones are thinned to one per
     `mid_step` up to `mid_seconds` of age and to one per `coarse_step` beyond, which the
     adjusted counters allow without changing any increase: only the left edges of the
-    long windows become that coarse (30 s of 15 minutes). A `coarse_step` of None is a
-    thirtieth of the shortest window longer than `mid_seconds` (2 minutes of an hour; a
-    minute held 22 more samples a pod, 70 MB at 10,000 pods), and follows the windows.
+    long windows become that coarse (30 s of 15 minutes, 60 s of an hour).
     Per model, a ModelLog keeps what happened at each poll, with running sums for the
     `windows` given, so that a poll costs O(series x windows) whatever the history holds.
     Not thread-safe for writers: one poll job per target appends; `samples()` gives
     readers a view that later appends do not change."""
 
-    def __init__(self, keep_seconds: float, fine_seconds: float | None = None, coarse_step: float | None = 60.0,
+    def __init__(self, keep_seconds: float, fine_seconds: float | None = None, coarse_step: float = 60.0,
                  windows: Sequence[float] = (), mid_seconds: float = 0.0, mid_step: float = 0.0,
                  layouts: MutableMapping | None = None):
         self.keep_seconds = keep_seconds
@@ -100,10 +98,9 @@ class History:
         # pods of a fleet have one layout, and one a target was some 2 KB of dicts and tuples each
         self.layouts = layouts if layouts is not None else WeakValueDictionary()
         self.fine_seconds = keep_seconds if fine_seconds is None else min(fine_seconds, keep_seconds)
+        self.coarse_step = coarse_step
         self.mid_seconds, self.mid_step = mid_seconds, mid_step
         self.windows = tuple(sorted(set(windows)))
-        self._coarse_step = coarse_step
-        self.coarse_step = self._coarse_for(self.windows)
         self._times = array("d")
         # stretches of samples sharing a layout: [layout, values (layout.size a sample), first index, samples].
         # Values are only appended to; pruning builds new arrays, so a view's stay as they were
@@ -393,20 +390,12 @@ class History:
             self._offset.pop(slot, None)
         self._created = {k: v for k, v in self._created.items() if k in alive}
 
-    def _coarse_for(self, windows: tuple[float, ...]) -> float:
-        if self._coarse_step is not None:
-            return self._coarse_step
-        longer = [w for w in windows if w > self.mid_seconds]
-        return max(self.mid_step, longer[0] / 30) if longer else 60.0
-
     def retarget(self, keep_seconds: float, windows: Sequence[float]) -> None:
-        """A reload changed the windows: keep every sample, track the new windows (and
-        thin by them from now: samples thinned already stay as they are)."""
+        """A reload changed the windows: keep every sample, track the new windows."""
         self.keep_seconds = keep_seconds
         self.fine_seconds = min(self.fine_seconds, keep_seconds) if self.fine_seconds else keep_seconds
         self._pruned_at = None  # the next prune walks every sample again
         windows = tuple(sorted(set(windows)))
-        self.coarse_step = self._coarse_for(windows)
         if windows == self.windows:
             return
         self.windows = windows
