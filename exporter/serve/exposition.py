@@ -222,9 +222,10 @@ class FragmentRender:
     into the gzip of the answer (familyzip.py): the answer's text is never whole. A
     target's text is kept for the next render while its view was found unchanged at one
     of its last KEEP_AFTER renders: at 10,000 pods read from Prometheus every view changes
-    between two renders, and keeping their 150 MB of text bought nothing. At most
-    `keep_bytes` of text are kept, the first targets' by name (the same ones from render to
-    render, so those kept are those found again). The label-text
+    between two renders scraped every 15 s or more, and keeping their 150 MB of text bought
+    nothing; a scraper coming between two reads finds them unchanged. At most
+    `keep_bytes` of text are kept, the first targets' by name that fit (the same ones from
+    render to render, so those kept are those found again). The label-text
     patterns (TextFamilies) the last render used stay: they are what a render anew saves,
     and they are the fleet's, not a target's."""
 
