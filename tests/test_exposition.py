@@ -102,6 +102,11 @@ def test_a_render_renders_again_only_the_targets_that_changed():
     assert exposition.fragments.rendered_targets == 12
 
 
+def kept_texts(render) -> dict[str, int]:
+    """Target -> the bytes of its text kept for the next render."""
+    return {name: sum(map(len, f[1].values())) for name, f in render._fragments.items() if f[1] is not None}
+
+
 def test_a_target_whose_view_changes_at_every_render_keeps_no_text_between_renders():
     """At 10,000 pods read from Prometheus every view changes between two renders: their
     150 MB of text, kept for a next render that never used it, was the render's memory.
@@ -110,7 +115,7 @@ def test_a_target_whose_view_changes_at_every_render_keeps_no_text_between_rende
 
     state = fleet_state()
     exposition = Exposition(state, CollectorRegistry(), min_interval=0.0, collector=PrefixCacheCollector(state, ["1m", "5m"]))
-    kept = lambda: {name for name, fragment in exposition.fragments._fragments.items() if fragment[1] is not None}  # noqa: E731
+    kept = lambda: kept_texts(exposition.fragments)  # noqa: E731
     for i in range(KEEP_AFTER + 2):
         state.publish(replace(state.target("vllm-2"), scrapes=(("success", 500 + i),)))
         text = exposition.get(False).decode()
@@ -137,10 +142,7 @@ def test_the_texts_kept_between_renders_stay_within_keep_bytes_the_first_targets
     state = fleet_state()
     exposition = Exposition(state, CollectorRegistry(), min_interval=0.0, collector=PrefixCacheCollector(state, ["1m", "5m"]))
     render = exposition.fragments
-
-    def kept():
-        return {name: sum(map(len, f[1].values())) for name, f in render._fragments.items() if f[1] is not None}
-
+    kept = lambda: kept_texts(render)  # noqa: E731
     for i in range(2):  # the second render finds every view unchanged
         state.update(skipped_polls={"vllm-down": 7 + i})
         exposition.get(False)

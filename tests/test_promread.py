@@ -148,7 +148,7 @@ def test_read_from_prometheus_equals_promql_and_the_scrape_path_and_stale_pods_g
         fleet.remove("vllm-c")
         assert wait_for(lambda: not state.target("vllm-c").up, 20)
         assert state.target("vllm-c").last_result == "stale" and state.target("vllm-a").up
-        assert re.fullmatch(r"no sample in Prometheus since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(stale after \d+(\.\d+)?s\)",
+        assert re.fullmatch(r"no sample in Prometheus since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(stale after \d+(\.\d)?s\)",
                             state.target("vllm-c").last_error), state.target("vllm-c").last_error
         from exporter.serve.statuspage import StatusPage
         page = StatusPage(state).get([], "test").decode()
