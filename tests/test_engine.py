@@ -334,6 +334,22 @@ def test_a_rollout_judged_against_before_is_no_fail_when_only_the_traffic_mix_ch
     assert analysis.judge(diluted, "m", "v2", "v1", 0.9, 6500.0 * 300, 2, "", 20000.0, 0.25).verdict == analysis.FAIL
 
 
+@pytest.mark.parametrize("lookback, reach", [(None, 35 * 60), ("45m", 50 * 60)])
+def test_the_history_keeps_a_sample_a_minute_as_far_as_an_events_baseline_reaches_and_thins_the_hour_beyond(lookback, reach):
+    """A deploy the look-back still watches is judged against the 5 minutes before it: those
+    keep a sample a minute (two in 5 minutes left a quiet pod's deploy inconclusive); older
+    samples serve only the hour's left edge, one per thirtieth of it."""
+    replicas = [Replica("vllm-0", Scenario(), start=START - 900, seed=0, generation="v0.10")]
+    e = engine_for(1, **({"event_lookback": lookback} if lookback else {}))
+    drive(e, replicas, 3900, step=15.0)
+    now = START + 3900
+    times = list(e.tracks["vllm-0"].history.samples().times)
+    gaps = [(now - b, b - a) for a, b in zip(times, times[1:])]
+    assert max(gap for age, gap in gaps if age <= reach) <= 60.0
+    assert min(gap for age, gap in gaps if age > reach + 120.0) >= 120.0
+    assert now - times[0] >= 3600.0  # the hour's left edge is there
+
+
 def test_the_ttft_from_before_the_hits_stopped_is_kept_while_they_stand_still_and_goes_with_its_target():
     stuck = Scenario(events=(Event(900 + 60, "counter_bug", simulator.HITS_NOT_WIRED),))
     replicas = [Replica(f"vllm-{i}", stuck, start=START - 900, seed=i, generation="v0.10") for i in range(2)]

@@ -89,8 +89,9 @@ def test_a_view_reads_as_the_samples_it_was_made_of():
 
 
 def reference_thinning(times: list[float], now: float, keep: float, fine: float, mid: float, mid_step: float,
-                       coarse_step: float) -> list[float]:
-    """The thinning as it was written over a deque of sample objects, one append at a time."""
+                       coarse_step: float, far: float = math.inf, far_step: float = 0.0) -> list[float]:
+    """The thinning as it was written over a deque of sample objects, one append at a time
+    (and the far tier, beyond `far` seconds of age, in the same way)."""
     from collections import deque
 
     samples = deque(times)
@@ -102,7 +103,7 @@ def reference_thinning(times: list[float], now: float, keep: float, fine: float,
         kept: list[float] = []
         while len(samples) > 1 and samples[0] <= edge:
             s = samples.popleft()
-            step = mid_step if now - s <= mid else coarse_step
+            step = mid_step if now - s <= mid else coarse_step if now - s <= far else far_step
             if not kept or s - kept[-1] >= step or samples[0] > edge:
                 kept.append(s)
         samples.extendleft(reversed(kept))
@@ -110,17 +111,21 @@ def reference_thinning(times: list[float], now: float, keep: float, fine: float,
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.one_of(st.sampled_from([5.0, 15.0]), st.floats(min_value=0.5, max_value=40.0)), min_size=1, max_size=300),
-       st.sampled_from([(600.0, 120.0, 300.0, 20.0, 45.0), (3615.0, 300.0, 900.0, 30.0, 60.0), (300.0, 300.0, 0.0, 0.0, 60.0)]))
+@given(st.lists(st.one_of(st.sampled_from([5.0, 15.0, 0.7, 90.0]), st.floats(min_value=0.5, max_value=40.0)), min_size=1, max_size=300),
+       st.sampled_from([(600.0, 120.0, 300.0, 20.0, 45.0, math.inf, ()), (3615.0, 300.0, 900.0, 30.0, 60.0, math.inf, ()),
+                        (300.0, 300.0, 0.0, 0.0, 60.0, math.inf, ()), (3615.0, 300.0, 900.0, 30.0, 60.0, 2100.0, (300.0, 3600.0)),
+                        (1200.0, 60.0, 240.0, 10.0, 30.0, 400.0, (1200.0,)), (900.0, 100.0, 0.0, 0.0, 20.0, 200.0, (900.0,))]))
 def test_the_columns_keep_the_samples_the_thinning_kept_sample_by_sample(gaps, settings_):
-    keep, fine, mid, mid_step, coarse_step = settings_
-    history = History(keep, fine, coarse_step=coarse_step, mid_seconds=mid, mid_step=mid_step)
+    keep, fine, mid, mid_step, coarse_step, far, windows = settings_
+    history = History(keep, fine, coarse_step=coarse_step, mid_seconds=mid, mid_step=mid_step, windows=windows, far_seconds=far)
+    far_step = max(coarse_step, max(windows, default=0.0) / 30)
     expected: list[float] = []
     t = 0.0
     for gap in gaps:
         t += gap
         history.append(t, parse(body(t)))
-        expected = reference_thinning(expected + [t], t, keep, history.fine_seconds, mid, mid_step, coarse_step)
+        expected = reference_thinning(expected + [t], t, keep, history.fine_seconds, mid, mid_step, coarse_step,
+                                      max(mid, far + coarse_step), far_step)
         assert list(history.samples().times) == expected
     view = history.samples()
     assert [s.get(("m", "0"), "queries") for s in view] == [100.0 * x for x in expected]

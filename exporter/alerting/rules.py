@@ -72,6 +72,12 @@ class RulesConfig:
     def cause_settings(self) -> causes.Settings:
         return causes.Settings(event_lookback=self.event_lookback, cold_start_grace=self.cold_start_grace)
 
+    @property
+    def anchored_reach(self) -> float:
+        """How far back a read anchored at an event reaches: an event the look-back still
+        watches, and a baseline before it (the deploy rule's, the causes' evidence)."""
+        return self.event_lookback + max((s.baseline or 0.0 for s in self.rules.values()), default=0.0)
+
 
 # --- facts and conditions ----------------------------------------------------------------------
 @dataclass(frozen=True)

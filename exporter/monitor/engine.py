@@ -43,8 +43,8 @@ from ..series.samples import Samples
 from ..series.window import WindowStats, interval_sums, recent_intervals, stats_between, summarize
 from .targetview import TargetView
 
-# every sample of the last 5 minutes, one per 30 s up to 15 minutes, one a minute beyond:
-# windows up to 5m are exact, longer ones' left edges move by at most 3% of their length
+# every sample of the last 5 minutes, one per 30 s up to 15 minutes, one a minute as far as reads anchored at an
+# event reach, a thirtieth of the longest window beyond: longer windows' left edges move by at most 3% of their length
 _FINE_SECONDS, _MID_SECONDS, _MID_STEP = 300.0, 900.0, 30.0
 _MAX_EVENTS = 10000
 
@@ -107,7 +107,7 @@ class Engine:
     # --- configuration ---------------------------------------------------------------
     def _new_history(self, config: Config) -> History:
         return History(config.history_seconds, _FINE_SECONDS, windows=[s for _, s in config.global_.windows],
-                       mid_seconds=_MID_SECONDS, mid_step=_MID_STEP, layouts=self.layouts)
+                       mid_seconds=_MID_SECONDS, mid_step=_MID_STEP, layouts=self.layouts, far_seconds=config.rules.anchored_reach)
 
     def reconfigure(self, config: Config) -> None:
         """New targets get an empty history; kept targets keep theirs (and their
@@ -127,7 +127,7 @@ class Engine:
             else:
                 track.target = t  # mutate: a poll in flight holds this object
                 track.view = replace(track.view, target=t)
-                track.history.retarget(config.history_seconds, [s for _, s in config.global_.windows])
+                track.history.retarget(config.history_seconds, [s for _, s in config.global_.windows], config.rules.anchored_reach)
                 track.detector.grace = config.rules.cold_start_grace
             tracks[t.name] = track
         self.tracks = tracks

@@ -82,9 +82,13 @@ class History:
     """A target's samples, reset-adjusted, kept as far back as the longest window needs.
 
     Samples newer than `fine_seconds` are all kept; older ones are thinned to one per
-    `mid_step` up to `mid_seconds` of age and to one per `coarse_step` beyond, which the
-    adjusted counters allow without changing any increase: only the left edges of the
-    long windows become that coarse (30 s of 15 minutes, 60 s of an hour).
+    `mid_step` up to `mid_seconds` of age, to one per `coarse_step` up to `far_seconds`,
+    and beyond that to one per thirtieth of the longest window, which the adjusted
+    counters allow without changing any increase: only the left edges of the long windows
+    become that coarse (30 s of 15 minutes, 2 minutes of an hour). `far_seconds` is how far
+    back reads anchored at an event reach (a deploy's baseline before it): those keep one
+    sample per `coarse_step` (a 5-minute baseline of 2 samples left a quiet pod's deploy
+    inconclusive).
     Per model, a ModelLog keeps what happened at each poll, with running sums for the
     `windows` given, so that a poll costs O(series x windows) whatever the history holds.
     Not thread-safe for writers: one poll job per target appends; `samples()` gives
@@ -92,7 +96,7 @@ class History:
 
     def __init__(self, keep_seconds: float, fine_seconds: float | None = None, coarse_step: float = 60.0,
                  windows: Sequence[float] = (), mid_seconds: float = 0.0, mid_step: float = 0.0,
-                 layouts: MutableMapping | None = None):
+                 layouts: MutableMapping | None = None, far_seconds: float = math.inf):
         self.keep_seconds = keep_seconds
         # (keys, units, bounds) -> its Layout, shared with the other histories given the same mapping: the
         # pods of a fleet have one layout, and one a target was some 2 KB of dicts and tuples each
@@ -101,6 +105,7 @@ class History:
         self.coarse_step = coarse_step
         self.mid_seconds, self.mid_step = mid_seconds, mid_step
         self.windows = tuple(sorted(set(windows)))
+        self.far_seconds = far_seconds  # see far_edge
         self._times = array("d")
         # stretches of samples sharing a layout: [layout, values (layout.size a sample), first index, samples].
         # Values are only appended to; pruning builds new arrays, so a view's stay as they were
@@ -330,16 +335,21 @@ class History:
         if n - lo >= 3 and times[lo + 1] <= fine:
             i = lo
             before = self._pruned_at
+            mid, far, far_step = self.mid_seconds, self.far_edge, self.far_step
             if before is not None and before <= now:
                 # what the last prune kept stays kept up to the first sample whose step grew (it aged past
-                # mid_seconds since) or the last one it found past the fine horizon (kept for being the last)
-                grew = bisect_left(times, before - self.mid_seconds)
-                if grew < n and times[grew] >= now - self.mid_seconds:
-                    grew = n
+                # mid_seconds or far_edge since) or the last one it found past the fine horizon (kept for
+                # being the last)
+                grew = n
+                for boundary in (mid, far):
+                    aged = _first_within(times, before, boundary)
+                    if aged < n and now - times[aged] > boundary:
+                        grew = min(grew, aged)
                 i = max(lo, min(grew, bisect_right(times, before - self.fine_seconds) - 1))
             last = i - 1 if i > lo else -1
             while n - i > 1 and times[i] <= fine:
-                step = self.mid_step if now - times[i] <= self.mid_seconds else self.coarse_step
+                age = now - times[i]
+                step = self.mid_step if age <= mid else self.coarse_step if age <= far else far_step
                 if last < 0 or times[i] - times[last] >= step or times[i + 1] > fine:
                     last = i
                 else:
@@ -390,9 +400,22 @@ class History:
             self._offset.pop(slot, None)
         self._created = {k: v for k, v in self._created.items() if k in alive}
 
-    def retarget(self, keep_seconds: float, windows: Sequence[float]) -> None:
-        """A reload changed the windows: keep every sample, track the new windows."""
+    @property
+    def far_edge(self) -> float:
+        """The age from which samples are one per far_step: past the mid tier, and a coarse step
+        past `far_seconds`, so that the sample before an anchored window's left edge is there too."""
+        return max(self.mid_seconds, self.far_seconds + self.coarse_step)
+
+    @property
+    def far_step(self) -> float:
+        """The step beyond `far_seconds`: a thirtieth of the longest window, as the mid step is of 15 minutes."""
+        return max(self.coarse_step, max(self.windows, default=0.0) / 30)
+
+    def retarget(self, keep_seconds: float, windows: Sequence[float], far_seconds: float = math.inf) -> None:
+        """A reload changed the windows (or the reach of the reads anchored at an event):
+        keep every sample, track the new windows."""
         self.keep_seconds = keep_seconds
+        self.far_seconds = far_seconds
         self.fine_seconds = min(self.fine_seconds, keep_seconds) if self.fine_seconds else keep_seconds
         self._pruned_at = None  # the next prune walks every sample again
         windows = tuple(sorted(set(windows)))
@@ -415,6 +438,17 @@ class History:
 
     def __len__(self) -> int:
         return len(self._times)
+
+
+def _first_within(times: array, now: float, age: float) -> int:
+    """The first of the sorted `times` with `now - t <= age`: the test the thinning's steps
+    make, to the last bit (`t >= now - age` rounds differently at the edge)."""
+    i = bisect_left(times, now - age) if age < math.inf else 0
+    while i > 0 and now - times[i - 1] <= age:
+        i -= 1
+    while i < len(times) and now - times[i] > age:
+        i += 1
+    return i
 
 
 def _ranges(lo: int, dropped: list[int], n: int) -> list[tuple[int, int]]:
