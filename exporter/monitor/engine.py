@@ -397,8 +397,9 @@ class Engine:
         ws = view.stats.get(model, {}).get(shortest)
         if ws is None or ws.hit_increase != 0:
             return None  # hits are counted (or not known): nothing to remember
-        ref = hits_reference(view.samples, model, view.snapshot.block_size if view.snapshot else None) \
-            or self.hits_references.get((name, model))
+        # the one found first while they stand still: then the last hit was recent, its samples not thinned yet
+        ref = self.hits_references.get((name, model)) \
+            or hits_reference(view.samples, model, view.snapshot.block_size if view.snapshot else None)
         if ref is not None:
             references[(name, model)] = ref
         return ref
