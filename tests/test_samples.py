@@ -112,20 +112,22 @@ def reference_thinning(times: list[float], now: float, keep: float, fine: float,
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.one_of(st.sampled_from([5.0, 15.0, 0.7, 90.0]), st.floats(min_value=0.5, max_value=40.0)), min_size=1, max_size=300),
-       st.sampled_from([(600.0, 120.0, 300.0, 20.0, 45.0, math.inf, ()), (3615.0, 300.0, 900.0, 30.0, 60.0, math.inf, ()),
-                        (300.0, 300.0, 0.0, 0.0, 60.0, math.inf, ()), (3615.0, 300.0, 900.0, 30.0, 60.0, 2100.0, (300.0, 3600.0)),
-                        (1200.0, 60.0, 240.0, 10.0, 30.0, 400.0, (1200.0,)), (900.0, 100.0, 0.0, 0.0, 20.0, 200.0, (900.0,))]))
+       st.sampled_from([  # ..., far_seconds, windows: the far edge and step they give
+           (600.0, 120.0, 300.0, 20.0, 45.0, math.inf, (), math.inf, 0.0), (3615.0, 300.0, 900.0, 30.0, 60.0, math.inf, (), math.inf, 0.0),
+           (300.0, 300.0, 0.0, 0.0, 60.0, math.inf, (), math.inf, 0.0),
+           (3615.0, 300.0, 900.0, 30.0, 60.0, 2100.0, (300.0, 3600.0), 2160.0, 120.0),
+           (3615.0, 300.0, 900.0, 30.0, 60.0, 1200.0, (300.0, 2400.0, 3600.0), 1260.0, 80.0),
+           (1200.0, 60.0, 240.0, 10.0, 30.0, 400.0, (1200.0,), 430.0, 40.0), (900.0, 100.0, 0.0, 0.0, 20.0, 200.0, (900.0,), 220.0, 30.0)]))
 def test_the_columns_keep_the_samples_the_thinning_kept_sample_by_sample(gaps, settings_):
-    keep, fine, mid, mid_step, coarse_step, far, windows = settings_
+    keep, fine, mid, mid_step, coarse_step, far, windows, far_edge, far_step = settings_
     history = History(keep, fine, coarse_step=coarse_step, mid_seconds=mid, mid_step=mid_step, windows=windows, far_seconds=far)
-    far_step = max(coarse_step, max(windows, default=0.0) / 30)
     expected: list[float] = []
     t = 0.0
     for gap in gaps:
         t += gap
         history.append(t, parse(body(t)))
-        expected = reference_thinning(expected + [t], t, keep, history.fine_seconds, mid, mid_step, coarse_step,
-                                      max(mid, far + coarse_step), far_step)
+        expected = reference_thinning(expected + [t], t, keep, history.fine_seconds, mid, mid_step, coarse_step, far_edge,
+                                      far_step)
         assert list(history.samples().times) == expected
     view = history.samples()
     assert [s.get(("m", "0"), "queries") for s in view] == [100.0 * x for x in expected]

@@ -44,7 +44,7 @@ from ..series.window import WindowStats, interval_sums, recent_intervals, stats_
 from .targetview import TargetView
 
 # every sample of the last 5 minutes, one per 30 s up to 15 minutes, one a minute as far as reads anchored at an
-# event reach, a thirtieth of the longest window beyond: longer windows' left edges move by at most 3% of their length
+# event reach, a thirtieth of a window beyond (History.far_step): the default windows' left edges move by a thirtieth
 _FINE_SECONDS, _MID_SECONDS, _MID_STEP = 300.0, 900.0, 30.0
 _MAX_EVENTS = 10000
 

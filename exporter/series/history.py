@@ -83,7 +83,7 @@ class History:
 
     Samples newer than `fine_seconds` are all kept; older ones are thinned to one per
     `mid_step` up to `mid_seconds` of age, to one per `coarse_step` up to `far_seconds`,
-    and beyond that to one per thirtieth of the longest window, which the adjusted
+    and beyond that to one per thirtieth of the shortest window reaching there, which the adjusted
     counters allow without changing any increase: only the left edges of the long windows
     become that coarse (30 s of 15 minutes, 2 minutes of an hour). `far_seconds` is how far
     back reads anchored at an event reach (a deploy's baseline before it): those keep one
@@ -408,8 +408,10 @@ class History:
 
     @property
     def far_step(self) -> float:
-        """The step beyond `far_seconds`: a thirtieth of the longest window, as the mid step is of 15 minutes."""
-        return max(self.coarse_step, max(self.windows, default=0.0) / 30)
+        """The step beyond the far edge: a thirtieth of the shortest window whose left edge lies
+        there (as the mid step is of 15 minutes), so that no window's edge moves by more."""
+        edge = self.far_edge
+        return max(self.coarse_step, min((w for w in self.windows if w > edge), default=0.0) / 30)
 
     def retarget(self, keep_seconds: float, windows: Sequence[float], far_seconds: float = math.inf) -> None:
         """A reload changed the windows (or the reach of the reads anchored at an event):
