@@ -363,17 +363,20 @@ def test_the_ttft_from_before_the_hits_stopped_is_kept_while_they_stand_still_an
     assert set(e.hits_references) == {("vllm-0", "demo/llama-3-8b")}
 
 
-def test_the_ttft_from_before_the_hits_stopped_stays_the_one_found_first_as_its_samples_age_and_thin():
+def test_the_ttft_from_before_the_hits_stopped_stays_the_one_found_first_as_its_samples_age_thin_and_miss_polls():
     stuck = Scenario(events=(Event(900 + 60, "counter_bug", simulator.HITS_NOT_WIRED),))
-    replicas = [Replica("vllm-0", stuck, start=START - 900, seed=0, generation="v0.10")]
+    replica = Replica("vllm-0", stuck, start=START - 900, seed=0, generation="v0.10")
     e = engine_for(1)
-    drive(e, replicas, 600, step=15.0)
+    drive(e, [replica], 600, step=15.0)
     first = dict(e.hits_references)
     assert list(first) == [("vllm-0", "demo/llama-3-8b")]
     t = START + 615.0
-    while t <= START + 3000:  # the last hit is 49 minutes old: past an event's baseline, its samples thinned
-        replicas[0].advance(t)
-        e.ingest("vllm-0", t, parse(replicas[0].render()))
+    while t <= START + 3000:  # the last hit 49 minutes old: past an event's baseline, its samples thinned
+        replica.advance(t)
+        if START + 2700 <= t < START + 2820:
+            e.ingest_failure("vllm-0", t)  # 2 minutes without a poll: the shortest window knows no hits
+        else:
+            e.ingest("vllm-0", t, parse(replica.render()))
         e.evaluate(t)
         t += 15.0
     assert e.hits_references == first

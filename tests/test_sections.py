@@ -20,6 +20,17 @@ def test_good_config_loads_with_every_value():
     assert cfg.longest_window == 3600.0
 
 
+@pytest.mark.parametrize("raw, minutes", [
+    ({}, 35),  # the look-back's 30 minutes and the deploy rule's 5-minute baseline before an event
+    ({"rules": {"event_lookback": "45m"}}, 50),
+    ({"rules": {"hit_rate_drop_after_deploy": {"baseline": "10m"}}}, 40),
+    # the causes' earlier window: the 20 minutes before the last 20
+    ({"global": {"windows": ["20m", "1h"]}, "rules": {"hit_rate_low": {"window": "20m"}, "router_prediction_gap": {"window": "20m"}}}, 40),
+])
+def test_anchored_seconds_is_how_far_back_a_read_ending_before_now_reaches(raw, minutes):
+    assert load(raw).anchored_seconds == minutes * 60.0
+
+
 def test_defaults_live_in_one_place():
     cfg = load_file(str(FIXTURES / "config" / "minimal.yml"))
     assert cfg.global_ == config.GlobalConfig()

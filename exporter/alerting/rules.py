@@ -75,7 +75,10 @@ class RulesConfig:
     @property
     def anchored_reach(self) -> float:
         """How far back a read anchored at an event reaches: an event the look-back still
-        watches, and a baseline before it (the deploy rule's, the causes' evidence)."""
+        watches, and a baseline before it (the deploy rule's, the causes' evidence). Not
+        among them: the TTFT rule's reference, an hour-long window whose edges may move by
+        a thirtieth like the hour's, and the TTFT from before the hits stopped, which the
+        engine keeps from when the last hit was recent."""
         return self.event_lookback + max((s.baseline or 0.0 for s in self.rules.values()), default=0.0)
 
 

@@ -197,6 +197,13 @@ class Config:
         """How far back a target's history reaches: the longest window and the poll before it."""
         return self.longest_window + self.global_.poll_interval
 
+    @property
+    def anchored_seconds(self) -> float:
+        """How far back a read of the samples that ends before now reaches: an event's baseline
+        (RulesConfig.anchored_reach), and the causes' earlier window (the shortest window
+        before the shortest window). The history keeps a sample a minute that far."""
+        return max(self.rules.anchored_reach, 2 * min(s for _, s in self.global_.windows))
+
 
 def _global(r: Reader, raw: Any) -> GlobalConfig:
     d = GlobalConfig()

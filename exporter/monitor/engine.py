@@ -43,8 +43,7 @@ from ..series.samples import Samples
 from ..series.window import WindowStats, interval_sums, recent_intervals, stats_between, summarize
 from .targetview import TargetView
 
-# every sample of the last 5 minutes, one per 30 s up to 15 minutes, one a minute as far as reads anchored at an
-# event reach, a thirtieth of a window beyond (History.far_step): the default windows' left edges move by a thirtieth
+# every sample of the last 5 minutes, one per 30 s to 15 minutes, one a minute to Config.anchored_seconds, then History.far_step
 _FINE_SECONDS, _MID_SECONDS, _MID_STEP = 300.0, 900.0, 30.0
 _MAX_EVENTS = 10000
 
@@ -107,7 +106,7 @@ class Engine:
     # --- configuration ---------------------------------------------------------------
     def _new_history(self, config: Config) -> History:
         return History(config.history_seconds, _FINE_SECONDS, windows=[s for _, s in config.global_.windows],
-                       mid_seconds=_MID_SECONDS, mid_step=_MID_STEP, layouts=self.layouts, far_seconds=config.rules.anchored_reach)
+                       mid_seconds=_MID_SECONDS, mid_step=_MID_STEP, layouts=self.layouts, far_seconds=config.anchored_seconds)
 
     def reconfigure(self, config: Config) -> None:
         """New targets get an empty history; kept targets keep theirs (and their
@@ -127,7 +126,7 @@ class Engine:
             else:
                 track.target = t  # mutate: a poll in flight holds this object
                 track.view = replace(track.view, target=t)
-                track.history.retarget(config.history_seconds, [s for _, s in config.global_.windows], config.rules.anchored_reach)
+                track.history.retarget(config.history_seconds, [s for _, s in config.global_.windows], config.anchored_seconds)
                 track.detector.grace = config.rules.cold_start_grace
             tracks[t.name] = track
         self.tracks = tracks
@@ -391,15 +390,17 @@ class Engine:
 
     def _hits_reference(self, name: str, model: str, view: TargetView,
                         references: dict[tuple[str, str], tuple[float, float]]) -> tuple[float, float] | None:
-        """TTFT from before the lookup hits stopped, kept while they stand still: once the
-        last hit has left the history, the rules still know how fast a working cache was."""
-        shortest = min(self.config.global_.windows, key=lambda w: w[1])[0]
-        ws = view.stats.get(model, {}).get(shortest)
-        if ws is None or ws.hit_increase != 0:
-            return None  # hits are counted (or not known): nothing to remember
-        # the one found first while they stand still: then the last hit was recent, its samples not thinned yet
-        ref = self.hits_references.get((name, model)) \
-            or hits_reference(view.samples, model, view.snapshot.block_size if view.snapshot else None)
+        """TTFT from before the lookup hits stopped, kept while they stand still (or are not known:
+        a gap, a shortest window shorter than the polls): the one found first, when the last hit
+        was recent and its samples not thinned yet; once it has left the history, the rules
+        still know how fast a working cache was."""
+        stats = view.stats.get(model, {})
+        hits = next((ws.hit_increase for w, _ in sorted(self.config.global_.windows, key=lambda w: w[1])
+                     if (ws := stats.get(w)) is not None and ws.hit_increase is not None), None)  # the shortest known
+        if hits is not None and hits != 0:
+            return None  # hits are counted: nothing to remember
+        ref = self.hits_references.get((name, model)) or (None if hits is None else hits_reference(
+            view.samples, model, view.snapshot.block_size if view.snapshot else None))
         if ref is not None:
             references[(name, model)] = ref
         return ref

@@ -86,9 +86,9 @@ class History:
     and beyond that to one per thirtieth of the shortest window reaching there, which the adjusted
     counters allow without changing any increase: only the left edges of the long windows
     become that coarse (30 s of 15 minutes, 2 minutes of an hour). `far_seconds` is how far
-    back reads anchored at an event reach (a deploy's baseline before it): those keep one
-    sample per `coarse_step` (a 5-minute baseline of 2 samples left a quiet pod's deploy
-    inconclusive).
+    back reads that end before now reach (Config.anchored_seconds: a deploy's baseline before
+    it): those keep one sample per `coarse_step` (a 5-minute baseline of 2 samples left a
+    quiet pod's deploy inconclusive).
     Per model, a ModelLog keeps what happened at each poll, with running sums for the
     `windows` given, so that a poll costs O(series x windows) whatever the history holds.
     Not thread-safe for writers: one poll job per target appends; `samples()` gives
