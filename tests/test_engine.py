@@ -334,18 +334,32 @@ def test_a_rollout_judged_against_before_is_no_fail_when_only_the_traffic_mix_ch
     assert analysis.judge(diluted, "m", "v2", "v1", 0.9, 6500.0 * 300, 2, "", 20000.0, 0.25).verdict == analysis.FAIL
 
 
-@pytest.mark.parametrize("lookback, reach", [(None, 35 * 60), ("45m", 50 * 60)])
-def test_the_history_keeps_a_sample_a_minute_as_far_as_an_events_baseline_reaches_and_thins_the_hour_beyond(lookback, reach):
+@pytest.mark.parametrize("lookback, reach, step, reload, most", [
+    (None, 35 * 60, 15.0, False, 60.0), ("45m", 50 * 60, 15.0, False, 60.0), ("45m", 50 * 60, 15.0, True, 60.0),
+    (None, 35 * 60, 30.0, False, 60.0),
+    ("45m", 50 * 60, 20.0, True, 80.0),  # 20 s polls: the 30 s tier keeps every other (40 s), the minute one every third
+])
+def test_the_history_keeps_a_sample_a_minute_as_far_as_an_events_baseline_reaches_and_thins_the_hour_beyond(lookback, reach, step,
+                                                                                                            reload, most):
     """A deploy the look-back still watches is judged against the 5 minutes before it: those
     keep a sample a minute (two in 5 minutes left a quiet pod's deploy inconclusive); older
-    samples serve only the hour's left edge, one per thirtieth of it."""
-    replicas = [Replica("vllm-0", Scenario(), start=START - 900, seed=0, generation="v0.10")]
-    e = engine_for(1, **({"event_lookback": lookback} if lookback else {}))
-    drive(e, replicas, 3900, step=15.0)
-    now = START + 3900
+    samples serve only the hour's left edge, one per thirtieth of it. A reload that lengthens
+    the look-back moves the edge, as a fresh start with it would have it."""
+    replica = Replica("vllm-0", Scenario(), start=START - 900, seed=0, generation="v0.10")
+    rules = {"event_lookback": lookback} if lookback else {}
+    e = engine_for(1, **({} if reload else rules))
+    t = START
+    while t <= START + 3900:
+        if reload and t == START + 600:
+            e.reconfigure(load({"targets": [{"name": "vllm-0", "url": "http://127.0.0.1:1/0"}], "rules": rules}))
+        replica.advance(t)
+        e.ingest("vllm-0", t, parse(replica.render()))
+        e.evaluate(t)
+        t += step
+    now = t - step
     times = list(e.tracks["vllm-0"].history.samples().times)
     gaps = [(now - b, b - a) for a, b in zip(times, times[1:])]
-    assert max(gap for age, gap in gaps if age <= reach) <= 60.0
+    assert max(gap for age, gap in gaps if age <= reach) <= most
     assert min(gap for age, gap in gaps if age > reach + 120.0) >= 120.0
     assert now - times[0] >= 3600.0  # the hour's left edge is there
 
