@@ -82,10 +82,11 @@ class History:
     """A target's samples, reset-adjusted, kept as far back as the longest window needs.
 
     Samples newer than `fine_seconds` are all kept; older ones are thinned to one per
-    `mid_step` up to `mid_seconds` of age, to one per `coarse_step` up to `far_seconds`,
-    and beyond that to one per thirtieth of the shortest window reaching there, which the adjusted
-    counters allow without changing any increase: only the left edges of the long windows
-    become that coarse (30 s of 15 minutes, 2 minutes of an hour). `far_seconds` is how far
+    `mid_step` up to `mid_seconds` of age, to one per `coarse_step` up to a coarse step past
+    `far_seconds` (far_edge), and beyond that to one per thirtieth of the shortest window
+    reaching there (far_step), which the adjusted counters allow without changing any
+    increase: only the left edges of the long windows become that coarse (30 s of 15
+    minutes, 2 minutes of an hour). `far_seconds` is how far
     back reads that end before now reach (Config.anchored_seconds: a deploy's baseline before
     it): those keep one sample per `coarse_step` (a 5-minute baseline of 2 samples left a
     quiet pod's deploy inconclusive).
