@@ -88,6 +88,7 @@ import yaml  # noqa: E402
 from exporter.config import sections as config
 from exporter.alerting import rules  # noqa: E402
 from exporter.config.sections import ConfigError, load  # noqa: E402
+from exporter.alerting.warmth import WARM_SPAN  # noqa: E402
 from exporter.monitor.engine import Engine  # noqa: E402
 from exporter.series.hitratio import judged_ratio  # noqa: E402
 from exporter.parse.vllm_metrics import parse  # noqa: E402
@@ -266,9 +267,10 @@ def test_an_alert_name_has_one_severity_whatever_its_cause():
     assert rules.registered(rules.TRAFFIC_MIX_CHANGED) is drop
 
 
-def test_hits_stuck_at_zero_waits_out_a_cold_start_and_then_pages_at_its_own_severity():
+def test_hits_stuck_at_zero_waits_until_the_cold_cache_shows_it_will_not_refill_and_then_pages_at_its_own_severity():
     """It fired during the grace as `info` with cause cold_start, and, its labels fixed once
-    firing, never paged for a cache that stayed cold past it."""
+    firing, never paged for a cache that stayed cold past it. Now the grace ends once the
+    ratio sits flat (at zero) for two minutes of traffic, and it pages then, as critical."""
     engine = Engine(load({"targets": [{"name": "vllm-0", "url": "http://127.0.0.1:1/metrics"}]}))
     start = 10_000.0
     queries = 0.0
@@ -285,7 +287,7 @@ def test_hits_stuck_at_zero_waits_out_a_cold_start_and_then_pages_at_its_own_sev
                  if tr.alert.alertname == rules.HITS_STUCK_AT_ZERO and tr.state in ("firing", "resolved")]
     grace = load({}).rules.cold_start_grace
     assert [state for _, state, _ in seen] == ["firing", "resolved"]
-    assert seen[0][0] >= grace and seen[0][2]["cause"] != "cold_start" and seen[0][2]["severity"] == "critical"
+    assert 2 * WARM_SPAN <= seen[0][0] < grace and seen[0][2]["cause"] != "cold_start" and seen[0][2]["severity"] == "critical"
 
 
 def test_the_drop_after_a_deploy_is_not_judged_across_a_later_growth_of_the_fleet():

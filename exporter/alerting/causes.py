@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from .deploys import REPLICAS, WAKE, DeployEvent
+from .warmth import cold_restart, is_warm_after
 
 PROMPT_PREFIX_CHANGE = "prompt_prefix_change"
 COLD_START = "cold_start"
@@ -50,6 +51,7 @@ class Evidence:
     per_request: tuple[float, float] | None = None
     per_request_before_fleet: tuple[float, float] | None = None
     evicted_before_reuse: bool | None = None  # vLLM's KV residency: blocks evicted sooner than they are reused
+    warm_since: float | None = None  # the newest restart's cache seen warm from this time on (warmth.py)
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,18 @@ SCATTER_LOW, SCATTER_HIGH, SCATTER_SPREAD = 0.1, 0.65, 0.15
 # few hundred requests moves the hits by well under 20%)
 MIX_HITS_HELD, MIX_QUERIES_GREW = 0.8, 1.2
 MIX_MIN_REQUESTS = 100  # fewer requests in the window move the rates by chance as much
+# a restart whose cache refilled at least this far short of the ratio before it changed
+# what the new process is sent (warmth.py says when the refill is over)
+REFILLED_SHORT = 0.1
+
+
+def changes(events: tuple[DeployEvent, ...] | list[DeployEvent], warm_since: float | None) -> list[DeployEvent]:
+    """The events after which a fall is a change of what is served, oldest first: deploys,
+    and a restart (not a wake) whose cache refilled since, unless a deploy came with it."""
+    deploys = [ev for ev in events if ev.is_deploy]
+    refilled = [ev for ev in events if ev.is_restart and ev.source != WAKE and is_warm_after(ev, warm_since)
+                and not any(abs(d.t - ev.t) <= 1.0 for d in deploys)]
+    return sorted(deploys + refilled, key=lambda ev: ev.t)
 
 
 def classify(e: Evidence, s: Settings) -> tuple[str, str]:
@@ -84,17 +98,20 @@ def classify(e: Evidence, s: Settings) -> tuple[str, str]:
     if e.caching_enabled is False:
         return CACHING_DISABLED, "vLLM reports enable_prefix_caching=False (or a V0 hit-rate gauge of -1)"
     recent = [ev for ev in e.events if e.now - ev.t <= s.event_lookback]
-    restarts = [ev for ev in recent if ev.is_restart and e.now - ev.t <= s.cold_start_grace]
-    if restarts:
+    cold = cold_restart(recent, e.now, s.cold_start_grace, e.warm_since)
+    if cold is not None:
         climbing = e.ratio is not None and e.ratio_earlier is not None and e.ratio >= e.ratio_earlier
-        what = "wake from sleep mode" if restarts[-1].source == WAKE else "restart"
-        return COLD_START, (f"{what} {e.now - restarts[-1].t:.0f}s ago ({restarts[-1].description}); "
+        what = "wake from sleep mode" if cold.source == WAKE else "restart"
+        return COLD_START, (f"{what} {e.now - cold.t:.0f}s ago ({cold.description}); "
                             f"the cache is {'refilling' if climbing else 'still cold'}")
     lost = tier_lost(e)
     if lost is not None:
         return CACHE_TIER_LOST, lost.why
     kv_full = e.kv_usage_max is not None and e.kv_usage_max >= KV_USAGE_HIGH
-    deploys = [ev for ev in recent if ev.is_deploy]
+    deploys = changes(recent, e.warm_since)
+    drop = (e.baseline - e.ratio) if e.baseline is not None and e.ratio is not None else None
+    if deploys and deploys[-1].is_restart and (drop is None or drop < REFILLED_SHORT):
+        deploys = deploys[:-1]  # refilled to about its level before: the restart changed nothing
     # a grown fleet moves hits and queries per replica (its share of the traffic too):
     # where it explains the fall, the rates are no evidence of a new traffic mix
     fleet = replicas_changed(e, recent, deploys)
@@ -105,7 +122,6 @@ def classify(e: Evidence, s: Settings) -> tuple[str, str]:
         return TRAFFIC_MIX, mix
     preempted = _preempted_share(e)
     pressure = kv_full or preempted >= PREEMPTED_SHARE or e.evicted_before_reuse is True
-    drop = (e.baseline - e.ratio) if e.baseline is not None and e.ratio is not None else None
     # Weigh the explanations by how much of the drop each can account for: evicted
     # blocks cost at most the preempted requests' share of the hits, so a preemption
     # or two never outranks a deploy that the ratio fell right after; a full KV cache
@@ -114,6 +130,10 @@ def classify(e: Evidence, s: Settings) -> tuple[str, str]:
         pressure = False
     if deploys and not pressure:
         ev = deploys[-1]
+        if ev.is_restart:
+            return PROMPT_PREFIX_CHANGE, (f"the cache refilled after the restart {e.now - ev.t:.0f}s ago and stopped short of "
+                                          "its level before, KV usage normal: what the new process is sent probably changed "
+                                          "its prompt's start (a rollout brings its prompt along)")
         what = "a suspected unannounced change" if ev.source == "change_point" else f"deploy {ev.version} ({ev.source})"
         return PROMPT_PREFIX_CHANGE, (f"sharp drop right after {what} {e.now - ev.t:.0f}s ago, no restart, KV usage normal: "
                                       "the start of the prompt probably changed between requests")

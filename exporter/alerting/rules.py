@@ -21,6 +21,7 @@ from .analysis import token_rates
 from ..parse import tiers
 from .deploys import REPLICAS, ChangePointSettings, DeployEvent
 from .rules_state import FALSE, INCONCLUSIVE, Condition
+from .warmth import cold_restart, is_warm_after
 
 DROP_AFTER_DEPLOY = "PrefixCacheHitRateDropAfterDeploy"
 HIT_RATE_LOW = "PrefixCacheHitRateLow"
@@ -109,6 +110,7 @@ class Facts:
     # by the engine, so the evidence outlives the history it was read from
     hits_reference: tuple[float, float] | None = None
     last_error: str | None = None  # why the target's last poll failed (a pod read from Prometheus: its samples stopped)
+    warm_since: float | None = None  # the newest restart's cache seen warm from this time on (exporter/alerting/warmth.py)
 
     def window(self, seconds: float) -> WindowStats:
         name = self.windows.get(seconds)
@@ -121,8 +123,7 @@ class Facts:
 
 
 def _in_cold_start(f: Facts, grace: float) -> DeployEvent | None:
-    restarts = [e for e in f.events if e.is_restart and 0 <= f.now - e.t <= grace]
-    return restarts[-1] if restarts else None
+    return cold_restart(f.events, f.now, grace, f.warm_since)
 
 
 def rule_drop_after_deploy(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
@@ -135,14 +136,17 @@ def rule_drop_after_deploy(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condit
     # announced later must not become the baseline of the incident it ends
     anchored = [e for e in deploys if f.anchor is not None and e.t == f.anchor]
     ev = anchored[-1] if anchored else deploys[-1]
-    if any(e.is_restart and e.t >= ev.t - 1.0 for e in f.events) or _in_cold_start(f, rc.cold_start_grace):
-        return FALSE  # the cache was emptied: a cold start, not a prompt change
+    emptied = [e for e in f.events if e.is_restart and e.t >= ev.t - 1.0]
+    if _in_cold_start(f, rc.cold_start_grace) or (emptied and not is_warm_after(emptied[-1], f.warm_since)):
+        return FALSE  # the cache was emptied: a cold start, not (yet) a prompt change
     if not anchored and any(e.source == REPLICAS and e.replicas is not None and e.replicas[1] > e.replicas[0] and e.t >= ev.t
                             for e in f.events):
         return FALSE  # the fleet grew since: before and after straddle it (the low-ratio rules judge that, replicas_changed)
     baseline = stats_between(f.samples, f.model, ev.t - s.baseline, ev.t, 0.0, f.block_size)
     edge = max((x.t for x in f.samples if x.t <= ev.t), default=ev.t)
     start = max(edge - 1e-6, f.now - s.after)
+    if emptied:  # refilled since the restart the deploy brought: judged on the warm cache, not its refill
+        start = max(start, f.warm_since)
     after = stats_between(f.samples, f.model, start, f.now, 0.0, f.block_size)
     before_ratio, after_ratio = judged_ratio(baseline), judged_ratio(after)
     who = f"{ev.version} ({ev.source})"
@@ -188,6 +192,8 @@ def _against_fleet(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
     event_lookback after), its ratio against the fleet's for its model before it started."""
     before_ratio, started = f.fleet_baseline
     warm = started + rc.cold_start_grace
+    if f.warm_since is not None and f.warm_since >= started:
+        warm = min(warm, f.warm_since)  # its cache refilled before the grace ran out
     if f.now < warm or (f.now - warm > rc.event_lookback and f.anchor is None) or _in_cold_start(f, rc.cold_start_grace):
         return FALSE
     after = stats_between(f.samples, f.model, max(warm, f.now - s.after), f.now, 0.0, f.block_size)
@@ -472,7 +478,7 @@ def evidence(f: Facts, rc: RulesConfig) -> causes.Evidence:
     earlier = stats_between(f.samples, f.model, f.now - 2 * short, f.now - short, 0.0, f.block_size)
     long_ws = f.window(max(f.windows)) if f.windows else now_ws
     recent = [e for e in f.events if 0 <= f.now - e.t <= rc.event_lookback]
-    deploys = [e for e in recent if e.is_deploy]
+    deploys = causes.changes(recent, f.warm_since)
     baseline = None
     drop = rc.rules[DROP_AFTER_DEPLOY]
     rates, baseline_rates = token_rates(now_ws), token_rates(long_ws)
@@ -483,6 +489,8 @@ def evidence(f: Facts, rc: RulesConfig) -> causes.Evidence:
         baseline = judged_ratio(before)
         # the traffic since the event against the traffic before it, as the deploy rule compares
         edge = max((x.t for x in f.samples if x.t <= ev.t), default=ev.t)
+        if ev.is_restart:  # after the refill, not during it
+            edge = max(edge, f.warm_since)
         since = stats_between(f.samples, f.model, max(edge - 1e-6, f.now - drop.after), f.now, 0.0, f.block_size)
         rates, baseline_rates = token_rates(since), token_rates(before)
         after_tiers = since
@@ -503,6 +511,7 @@ def evidence(f: Facts, rc: RulesConfig) -> causes.Evidence:
         tiers=tuple(tier_shares(after_tiers).items()), baseline_tiers=tuple(tier_shares(before_tiers).items()),
         per_request=_per_request(now_ws), per_request_before_fleet=_per_request(before_fleet),
         evicted_before_reuse=_evicted_before_reuse(f),
+        warm_since=f.warm_since,
     )
 
 

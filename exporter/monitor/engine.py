@@ -33,6 +33,7 @@ from ..alerting.rules import (
     rules_to_run,
     runbook_anchor,
 )
+from ..alerting.warmth import warm_because, warmth_settings
 from ..alerting.rules_state import FIRING, INACTIVE, PENDING, RESOLVED, Alert, Condition, Transition, step
 from ..config.sections import Config, Target
 from ..parse import roles
@@ -41,6 +42,7 @@ from ..series.history import History
 from ..series.hitratio import judged_counts, shown_ratio
 from ..series.samples import Samples
 from ..series.window import WindowStats, interval_sums, recent_intervals, stats_between, summarize
+from .fleetsize import ReplicaCounts
 from .targetview import TargetView
 
 # every sample of the last 5 minutes, one per 30 s to 15 minutes, one a minute to Config.anchored_seconds, then History.far_step
@@ -99,8 +101,7 @@ class Engine:
         self.hits_references: dict[tuple[str, str], tuple[float, float]] = {}
         # router target -> model -> window -> (predicted, delivered), as of the last evaluation
         self.predictions: dict[str, dict[str, dict[str, tuple[routing.Prediction, routing.Delivered]]]] = {}
-        # model -> its replica count as established, and a new count seen once (count, when) waiting to be confirmed
-        self.replica_counts: dict[str, tuple[int | None, tuple[int, float] | None]] = {}
+        self.replicas = ReplicaCounts()  # of each model
         self.reconfigure(config)
 
     # --- configuration ---------------------------------------------------------------
@@ -117,6 +118,7 @@ class Engine:
         # two intervals, its reference three (at a 20 s poll 15 s would never hold two)
         cp, poll = config.rules.change_point, config.global_.poll_interval
         self._change_point_spans = replace(cp, recent=max(cp.recent, 2 * poll), reference=max(cp.reference, 4 * poll))
+        self._warmth = warmth_settings(config.rules.rules[DROP_AFTER_DEPLOY], poll)
         old = self.tracks
         tracks = {}
         for t in config.targets:
@@ -160,6 +162,7 @@ class Engine:
         view, samples = track.view, track.history.samples()
         track.view = view.evolve(samples=samples, stats=self._summarize(samples, snapshot, now), snapshot=snapshot,
                                  up=True, down_since=None, ever_up=True, last_t=now, since=now if view.since is None else view.since)
+        self._watch_warmth(track, now, found)
         point = self._change_point(track, now, found)
         if point is not None:
             found.append(point)
@@ -204,6 +207,21 @@ class Engine:
         g = self.config.global_
         return summarize(samples, now, g.windows, g.min_query_tokens, snapshot.block_size if snapshot else None)
 
+    def _newest_restart(self, target: str, found: list[DeployEvent]) -> float:
+        newest = max(self.last_restart_t.get(target, -math.inf), self.last_restart_t.get("", -math.inf))
+        return max(newest, max((e.t for e in found if e.is_restart), default=-math.inf))
+
+    def _watch_warmth(self, track: Track, now: float, found: list[DeployEvent]) -> None:
+        """Within the cold-start grace of the target's newest restart, and until its cache is
+        seen warm: is it warm now? The time is kept on the view, so the grace ends once."""
+        name, view, s = track.target.name, track.view, self._warmth
+        restart = self._newest_restart(name, found)
+        if not 0 <= now - restart <= self.config.rules.cold_start_grace or (view.warm_since or -math.inf) >= restart:
+            return
+        levels = {model: ratio for (target, model), (ratio, _) in self.fleet_baselines.items() if target == name}
+        if warm_because(view.samples, sorted(view.stats), restart, now, levels, s, view.snapshot.block_size if view.snapshot else None):
+            track.view = view.evolve(warm_since=now - s.span)
+
     def _change_point(self, track: Track, now: float, found: list[DeployEvent]) -> DeployEvent | None:
         rc = self.config.rules
         if not rc.change_point_enabled:
@@ -235,12 +253,15 @@ class Engine:
         cold-start grace, explains a fall. Dict lookups: this runs on every poll, without
         the shared lock, so it neither copies nor walks the event stream."""
         newest_event = max(self.last_event_t.get(target, -math.inf), self.last_event_t.get("", -math.inf))
-        newest_restart = max(self.last_restart_t.get(target, -math.inf), self.last_restart_t.get("", -math.inf))
+        newest_restart = self._newest_restart(target, found)
         if found:  # the poll's own events (rare)
             newest_event = max(newest_event, max(e.t for e in found))
-            newest_restart = max(newest_restart, max((e.t for e in found if e.is_restart), default=-math.inf))
         if self._flapping(target):
             newest_restart = -math.inf  # its "restarts" were processes taking turns: no grace
+        track = self.tracks.get(target)
+        warm_since = track.view.warm_since if track is not None else None
+        if warm_since is not None and warm_since >= newest_restart:
+            newest_restart = -math.inf  # its cache refilled: a fall since is judged as any fall
         return now - newest_event <= span or now - newest_restart <= self.config.rules.cold_start_grace
 
     def _flapping(self, target: str) -> bool:
@@ -312,6 +333,7 @@ class Engine:
                              peers_had_events=len(eventful) > (name in eventful),
                              block_size=view.snapshot.block_size if view.snapshot else None,
                              ever_up=view.ever_up, last_error=view.last_error, fleet_baseline=self.fleet_baselines.get((name, model)),
+                             warm_since=view.warm_since,
                              hits_reference=self._hits_reference(name, model, view, references) if model else None)
                 for rule, settings in model_rules if model else target_rules:
                     key = (rule.alertname, name, model, "")
@@ -342,51 +364,16 @@ class Engine:
     # --- the fleet of each model ----------------------------------------------------------
     def _fleet_changes(self, now: float) -> list[DeployEvent]:
         """An event of every replica of a model whose replica count changed: targets that
-        serve it appeared or went (configured or discovered). A count seen at two
-        evaluations in a row is established (a wobble of one poll is not an event); the
-        first count of a model, at a start, is no change. The event keeps the model's
-        judged ratio over its replicas before, which bounds what the change can explain."""
-        counts: dict[str, list[str]] = {}
+        serve it appeared or went (configured or discovered)."""
+        serving: dict[str, list[str]] = {}
+        views = {}
         for name, track in list(self.tracks.items()):
             if track.router is not None or self._decode(track):
                 continue
+            views[name] = track.view
             for model in track.view.stats:
-                counts.setdefault(model, []).append(name)
-        events = []
-        for model in sorted(set(counts) | set(self.replica_counts)):
-            n = len(counts.get(model, ()))
-            established, candidate = self.replica_counts.get(model, (None, None))
-            if n == 0:
-                self.replica_counts.pop(model, None)  # the model is gone: it starts afresh if it comes back
-                continue
-            if n == established:
-                self.replica_counts[model] = (established, None)
-            elif candidate is None or candidate[0] != n:
-                self.replica_counts[model] = (established, (n, now))
-            else:
-                if established is not None:
-                    events.append(self._replicas_event(model, established, n, candidate[1], counts[model]))
-                self.replica_counts[model] = (n, None)
-        return events
-
-    def _replicas_event(self, model: str, was: int, now_n: int, since: float, names: list[str]) -> DeployEvent:
-        rc = self.config.rules
-        hits = queries = 0.0
-        for name in names:  # the replicas that served before the change, over the hit-rate rule's window before it
-            view = self.tracks[name].view
-            if view.since is None or view.since >= since:
-                continue
-            block = view.snapshot.block_size if view.snapshot else None
-            h, q = judged_counts(stats_between(view.samples, model, since - rc.rules[HIT_RATE_LOW].window, since, 0.0, block))
-            hits, queries = hits + h, queries + q
-        ratio = min(1.0, hits / queries) if queries > 0 else None
-        more = now_n > was
-        why = (f"{now_n} replicas of {model} (was {was})"
-               + (": under routing without prefix or session affinity each replica sees 1/"
-                  f"{now_n} of a conversation's turns; prefix-hash or session-affinity routing keeps them together "
-                  "(`whatif --routing` quantifies it)" if more else ""))
-        return DeployEvent(since, None, f"replicas:{was}->{now_n}", REPLICAS, why, model=model, replicas=(was, now_n),
-                           ratio_before=ratio)
+                serving.setdefault(model, []).append(name)
+        return self.replicas.changes(now, serving, views, self.config.rules.rules[HIT_RATE_LOW].window)
 
     def _hits_reference(self, name: str, model: str, view: TargetView,
                         references: dict[tuple[str, str], tuple[float, float]]) -> tuple[float, float] | None:

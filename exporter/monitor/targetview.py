@@ -45,6 +45,7 @@ class TargetView:
     last_t: float | None = None  # the last poll that entered the history
     since: float | None = None  # the first successful poll
     samples_kept: int = 0
+    warm_since: float | None = None  # the newest restart's cache seen warm from this time on (alerting/warmth.py)
     # how the polls went (the poller's part)
     polled: bool = False
     last_result: str | None = None  # one of POLL_RESULTS
