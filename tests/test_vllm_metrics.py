@@ -53,6 +53,31 @@ def test_upstream_main_2026_reads_hits_and_external_hits():
     assert s.generation_tokens == 14588.0
 
 
+REAL_ENGINE = UPSTREAM / "v1-0.32.0-cpu_tiny-llama_after-incident.txt"
+
+
+def test_a_whole_scrape_of_the_real_cpu_engine_reads_its_counters_block_size_and_tiers():
+    snap = parse(read(REAL_ENGINE))
+    (s,) = snap.series
+    assert (s.model_name, s.engine) == ("tiny-llama", "0")
+    assert (s.prefix_cache.queries, s.prefix_cache.hits, s.prefix_cache.unit) == (2.1791613e07, 1.3828352e07, "tokens")
+    assert snap.block_size == 128 and snap.prefix_caching_enabled is True
+    assert s.external_prefix_cache.queries == 0.0
+    assert s.ttft.count is not None and s.ttft.count > 0
+    assert not snap.warnings
+
+
+def test_every_family_of_the_real_engine_scrape_is_read_or_knowingly_left_out():
+    """The recorded twin of tests/test_real_vllm.py's check on a live engine."""
+    from exporter.parse.names import IGNORED_FAMILIES, READ_FAMILIES, family_of
+
+    families = {family_of(line.split()[2]) for line in read(REAL_ENGINE).splitlines() if line.startswith("# TYPE vllm:")}
+    assert families - READ_FAMILIES - set(IGNORED_FAMILIES) == set()
+    assert not set(IGNORED_FAMILIES) & READ_FAMILIES  # one verdict a family
+    assert family_of("vllm:iteration_tokens_total_created") == "vllm:iteration_tokens"
+    assert family_of("vllm:prefix_cache_hits_total") == family_of("vllm:prefix_cache_hits_created") == "vllm:prefix_cache_hits"
+
+
 def test_parse_output_contract_keys():
     out = parse(read(UPSTREAM / "v1-0.10.0_production-stack-issue-617.txt")).to_json()
     assert {"prefix_caching_enabled", "block_size", "series", "warnings"} <= set(out)

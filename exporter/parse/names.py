@@ -181,8 +181,58 @@ SLEEP_STATES = {"awake": 0, "weights_offloaded": 1, "discard_all": 2}  # the sle
 # 0.9.x pair counts tokens, and HELP is the only place the text says which.
 UNIT_FROM_HELP = {GPU_PREFIX_QUERIES, GPU_PREFIX_HITS}
 
+# What a current vLLM (0.32) exposes that the parser knowingly leaves out, by family (the
+# name without _total, _bucket, _sum, _count, _created), each with why. tests/test_real_vllm.py
+# reads a real engine's /metrics and fails on a vLLM family neither read nor listed here:
+# a prefix or KV family a new release adds is a decision, never an oversight.
+IGNORED_FAMILIES: dict[str, str] = {
+    "vllm:admission_rejections": "requests refused before scheduling (a queue limit): load, not the cache",
+    "vllm:corrupted_requests": "requests with NaN logits: the model, not the cache",
+    "vllm:e2e_request_latency_seconds": "whole-request latency: TTFT is the prefill's, and the one read",
+    "vllm:inter_token_latency_seconds": "decode speed: the cache saves prefill, not decode",
+    "vllm:iteration_tokens": "the histogram vllm:iteration_tokens_total, tokens per engine step: batching, not reuse",
+    "vllm:kv_block_lifetime_seconds": "a sampled block's life from allocation to eviction: the idle and reuse-gap histograms "
+                                      "answer whether blocks go before their reuse",
+    "vllm:mm_cache_hits": "the multimodal processor's input cache (images, audio), not the prefix cache",
+    "vllm:mm_cache_queries": "the multimodal processor's input cache (images, audio), not the prefix cache",
+    "vllm:num_requests_kv_fetch_by_stage": "a KV connector's fetch stages (P/D): its hits are read from external_prefix_cache_*",
+    "vllm:num_requests_waiting_by_reason": "why requests wait (capacity, deferred): num_requests_waiting and preemptions "
+                                           "already say the KV cache is full",
+    "vllm:request_decode_time_seconds": "decode time: the cache saves prefill",
+    "vllm:request_generation_tokens": "output length per request",
+    "vllm:request_inference_time_seconds": "prefill plus decode per request: TTFT is read",
+    "vllm:request_max_num_generation_tokens": "a request parameter",
+    "vllm:request_num_preemptions": "per-request preemptions: num_preemptions_total is read",
+    "vllm:request_params_max_tokens": "a request parameter",
+    "vllm:request_params_n": "a request parameter",
+    "vllm:request_prefill_time_seconds": "prefill time after scheduling: TTFT, read, includes the queue a user waits in",
+    "vllm:request_prompt_tokens": "prompt length per request: prompt_tokens_total is read",
+    "vllm:request_queue_time_seconds": "queueing: load, not the cache",
+    "vllm:request_success": "finished requests by reason",
+    "vllm:request_time_per_output_token_seconds": "decode speed",
+    "vllm:spec_decode_num_accepted_tokens_per_pos": "speculative decoding",
+    "vllm:watermark_requests": "requests held at the KV watermark: preemptions and waiting already show the pressure",
+    "vllm:estimated_flops_per_gpu": "a model-FLOPs estimate (--enable-mfu-metrics)",
+    "vllm:estimated_read_bytes_per_gpu": "a memory-traffic estimate (--enable-mfu-metrics)",
+    "vllm:estimated_write_bytes_per_gpu": "a memory-traffic estimate (--enable-mfu-metrics)",
+}
+FAMILY_SUFFIXES = ("_total", "_bucket", "_sum", "_count")
+
+
+def family_of(name: str) -> str:
+    """A sample's or `# TYPE` line's name without the suffixes its type adds (a counter's
+    or histogram's `_created` beside one of the others)."""
+    name = name.removesuffix("_created")
+    for suffix in FAMILY_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
 # Every sample name the parser reads: what the Prometheus source asks Prometheus for
 # (exporter/discovery/promseries.py), so that both paths read the same table.
 SAMPLE_NAMES: tuple[str, ...] = tuple(sorted(ROLE_BY_NAME))
 # each name's engine, looked up once per sample instead of testing every prefix
 ENGINE_OF = {name: next((kind for prefix, kind in ENGINE_PREFIXES.items() if name.startswith(prefix)), None) for name in ROLE_BY_NAME}
+# the families those names belong to: what IGNORED_FAMILIES is checked against
+READ_FAMILIES = frozenset(family_of(name) for name in ROLE_BY_NAME)
