@@ -332,6 +332,8 @@ def status_json(state: State, ready: tuple[bool, str] | None = None) -> dict:
             "last_scrape_time": v.last_scrape_time,
             "prefix_caching_enabled": snap.prefix_caching_enabled if snap else None,
             "block_size": snap.block_size if snap else None,
+            # since when the cache of its newest restart counts as warm again: the cold-start grace ended by the data
+            "warm_since": v.warm_since,
             "warnings": list(snap.warnings) if snap else [],
             "models": models,
         })
