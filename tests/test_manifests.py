@@ -237,9 +237,10 @@ def test_crd_objects_have_their_required_fields(variant):
     kinds = {d["kind"]: d for d in docs}
     groups = [g for d in docs if d["kind"] == "PrometheusRule" for g in d["spec"]["groups"]]
     source = yaml.safe_load((ROOT / "alerts" / "prefix-cache.rules.yml").read_text())
-    # every group of the source, the relay only where the variant needs it (see the test below)
-    assert [g for g in source["groups"] if g["name"] != "vllm-prefix-cache-relay.alerts"] == \
-        [g for g in groups if g["name"] != "vllm-prefix-cache-relay.alerts"]
+    # every group of the source, the relay only where the variant needs it, the alerts on the
+    # engines' series in none of them (see the tests below)
+    elsewhere = ("vllm-prefix-cache-relay.alerts", ENGINE_ALERTS_GROUP)
+    assert [g for g in source["groups"] if g["name"] not in elsewhere] == [g for g in groups if g["name"] not in elsewhere]
     for group in groups:
         assert group["name"] and group["rules"]
         for r in group["rules"]:
@@ -304,6 +305,24 @@ def test_central_config_is_valid(tmp_path):
 
 def _rule_exprs(docs):
     return [r["expr"] for d in docs if d["kind"] == "PrometheusRule" for g in d["spec"]["groups"] for r in g["rules"]]
+
+
+ENGINE_ALERTS_GROUP = "vllm-prefix-cache.alerts"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_no_variant_pages_twice_for_one_incident(variant):
+    """Every variant's exporter pages (delivering to Alertmanager or relayed): the alerts
+    Prometheus raises on the engines' own series (VLLMPrefixCacheHitRateDropped beside
+    PrefixCacheHitRateDropAfterDeploy) would page a second time, minutes later, for the same
+    incident, so no variant loads them; the prometheus-alerts component carries them for
+    teams that alert in Prometheus alone, whole."""
+    docs = build(variant)
+    groups = {g["name"] for d in docs if d["kind"] == "PrometheusRule" for g in d["spec"]["groups"]}
+    assert ENGINE_ALERTS_GROUP not in groups
+    component = yaml.safe_load((ROOT / "deploy/kubernetes/components/prometheus-alerts/prometheusrule-alerts.yaml").read_text())
+    source = yaml.safe_load((ROOT / "alerts" / "prefix-cache.rules.yml").read_text())
+    assert component["spec"]["groups"] == [g for g in source["groups"] if g["name"] == ENGINE_ALERTS_GROUP]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
