@@ -1009,6 +1009,16 @@ def test_a_reload_that_selects_other_pods_forgets_those_left_out_at_once_and_kee
             poller.read()
             assert len(state.target("vllm-b").samples) == len(samples_of_b) + 1
             assert all(v.up for v in state.read().targets if v.target.name != "vllm-d")
+            # a URL where nothing answers: the source fails, and never says it matches nothing
+            good_url = cfg["discovery"]["read_prometheus"]["url"]
+            cfg["discovery"]["read_prometheus"]["url"] = "http://127.0.0.1:9/"
+            poller.reload(load(cfg))
+            clock[0] += 15
+            poller.read()
+            (source,) = [s for s in state.read().published.discovery if s.name == "read_prometheus"]
+            assert not source.ok and not source.answered and not source.matched_ever
+            assert "prefixcache_discovery_matched_nothing" not in generate_latest(registry_of(state)).decode()
+            cfg["discovery"]["read_prometheus"]["url"] = good_url
             # a selector that matches nothing: the pods that were sending leave, and the source says it matches nothing
             cfg["discovery"]["read_prometheus"]["match_labels"] = {"team": "nobody"}
             poller.reload(load(cfg))
@@ -1016,7 +1026,8 @@ def test_a_reload_that_selects_other_pods_forgets_those_left_out_at_once_and_kee
             poller.read()
             assert {v.target.name for v in state.read().targets} == {"vllm-d"}  # down before, ageing as before
             (source,) = [s for s in state.read().published.discovery if s.name == "read_prometheus"]
-            assert source.ok and not source.matched_ever
+            assert source.ok and source.answered and not source.matched_ever
+            assert 'prefixcache_discovery_matched_nothing{source="read_prometheus"} 1.0' in generate_latest(registry_of(state)).decode()
         finally:
             poller.stop(0.5)
 

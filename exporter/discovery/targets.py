@@ -307,6 +307,9 @@ class SourceState:
     targets: tuple[Target, ...] = ()
     ok: bool = False  # the last refresh succeeded
     refreshed: bool = False  # it ever succeeded
+    # a refresh of what it selects now succeeded (a reload to a wrong URL has not): only then
+    # can "it matches nothing" be said
+    answered: bool = False
     last_success: float | None = None
     failures: int = 0
     error: str = ""
@@ -323,9 +326,9 @@ def settle(old: SourceState, now: float, found: Sequence[Target] | None, error: 
     if not found and old.targets:
         since = old.empty_since if old.empty_since is not None else now
         if now - since < accept_empty_after:
-            return replace(old, ok=True, refreshed=True, last_success=now, empty_since=since,
+            return replace(old, ok=True, refreshed=True, answered=True, last_success=now, empty_since=since,
                            error=f"answered no targets; keeping the last {len(old.targets)} until it does for {accept_empty_after:g}s")
-    return replace(old, targets=tuple(found), ok=True, refreshed=True, last_success=now, error="", empty_since=None)
+    return replace(old, targets=tuple(found), ok=True, refreshed=True, answered=True, last_success=now, error="", empty_since=None)
 
 
 def _text(value: Any) -> str:

@@ -86,7 +86,7 @@ class PrometheusReader:
         self.reselected = old.reselected or reselected
         # how its reads went (a reload during an outage still knows it failed: judged by the
         # wall clock, every pod went down once it answered); what it matched, for its selection
-        self.state = replace(old.state, targets=(), matched_ever=False, empty_since=None) if reselected else old.state
+        self.state = replace(old.state, targets=(), matched_ever=False, answered=False, empty_since=None) if reselected else old.state
         if not reselected:
             self._empty_since, self._hinted, self._unnamed_said = old._empty_since, old._hinted, old._unnamed_said
 

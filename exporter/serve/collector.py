@@ -254,7 +254,7 @@ class PrefixCacheCollector(Collector):
             f.add("prefixcache_discovery_targets", (src.name,), len(src.targets), target=None)
             f.add("prefixcache_discovery_last_refresh_successful", (src.name,), 1.0 if src.ok else 0.0, target=None)
             f.add("prefixcache_discovery_refresh_failures", (src.name,), src.failures, target=None)
-            if src.refreshed:
+            if src.answered:  # of its current selection: a reload to a wrong URL has not answered yet
                 f.add("prefixcache_discovery_matched_nothing", (src.name,), 0.0 if src.matched_ever else 1.0, target=None)
             for reason, n in src.dropped:
                 f.add("prefixcache_discovery_dropped", (src.name, reason), n, target=None)
