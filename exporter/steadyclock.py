@@ -25,6 +25,10 @@ class SteadyClock:
         self._last_mono = monotonic()
         self._last = wall()
 
+    def wall(self) -> float:
+        """The wall clock it follows: the clock of samples stamped elsewhere (Prometheus's)."""
+        return self._wall()
+
     def __call__(self) -> float:
         with self._lock:
             mono, wall = self._monotonic(), self._wall()

@@ -1229,3 +1229,47 @@ def test_pods_of_one_name_in_two_namespaces_are_read_polled_and_up_as_two_target
             assert dict(views["vllm-0"].target.labels)["namespace"] == "prod"
         finally:
             poller.stop(0.5)
+
+
+def test_reads_staleness_and_windows_follow_prometheuss_time_not_a_steady_clock_ahead_of_it():
+    """The wall clock stepped 600 s forward and NTP stepped it back: the sidecar's steady
+    clock stays ahead for hours (it slews at 1%). Samples carry Prometheus's time, so the
+    reads ask the wall clock's instant, no pod goes stale and the windows hold the samples."""
+    from urllib.parse import parse_qs, urlsplit
+    from exporter.steadyclock import SteadyClock
+    from fakeserver import FakeServer, reply
+    wall, mono = [30_000.0], [0.0]
+    asked = []
+    replica = simulator.Replica("vllm-a", simulator.Scenario(request_rate=4.0), start=wall[0] - 900, seed=3, model_names=[MODEL])
+
+    def query(h):  # a Prometheus on another host: its clock never stepped
+        asked.append(float(parse_qs(urlsplit(h.path).query)["time"][0]))
+        scraped = 30_000.0 + mono[0] - 1
+        replica.advance(scraped)
+        reply(h, 200, _compact(answer_of({scraped: replica.render()}, {"job": "vllm", "pod": "vllm-a"})))
+
+    with FakeServer({"/api/v1/query": query}) as prom:
+        state = State()
+        clock = SteadyClock(wall=lambda: wall[0], monotonic=lambda: mono[0])
+        poller = Poller(load(read_config(prom.base)), state, clock=clock)
+        try:
+            def tick(step=15.0, jump=0.0):
+                wall[0] += step + jump
+                mono[0] += step
+                clock()  # the notifier and the HTTP side read it every few seconds
+                poller.read()
+                poller.evaluate()
+            for _ in range(4):
+                tick()
+            tick(jump=600.0)  # the step forward...
+            tick(jump=-600.0)  # ...and NTP's correction: the steady clock is 600 s ahead now
+            assert clock() - wall[0] > 500
+            for _ in range(8):
+                tick()
+            assert asked[-1] == pytest.approx(wall[0], abs=1e-3)
+            view = state.target("vllm-a")
+            assert view.up, view.last_error
+            assert view.stats[MODEL]["1m"].query_increase
+            assert not [a for a in poller.engine.alerts.values() if a.alertname == "PrefixCacheTargetDown"]
+        finally:
+            poller.stop(0.5)

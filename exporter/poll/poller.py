@@ -473,9 +473,16 @@ class Poller:
             self.engine.add_event(event)
         self._publish_engine()
 
+    def samples_now(self) -> float:
+        """The time to compare samples with. Read from Prometheus, they carry its wall-clock
+        time, so reads, staleness and the rules' windows take the wall clock: the steady
+        clock, ahead of it for hours after a step forward that NTP slews back, asked a future
+        instant and found every pod stale. Scraped, the steady clock stamps them itself."""
+        return getattr(self.clock, "wall", self.clock)() if self.reader is not None else self.clock()
+
     def evaluate(self) -> None:
         try:
-            now = self.clock()
+            now = self.samples_now()
             found = [ev for source in self.sources for ev in source(now)]  # a source may read a file: under no lock
             for ev in found:
                 log.info("event source=%s target=%s version=%s %s", ev.source, ev.target, ev.version, ev.description)

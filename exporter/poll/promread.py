@@ -352,7 +352,7 @@ def _read(poller) -> None:
     reader = poller.reader
     if reader is None:
         return
-    now = poller.clock()
+    now = poller.samples_now()
     reach, seen = reader.reach(now), set()
     reader.dropped.clear()
     reader.present.clear()
