@@ -1,7 +1,9 @@
 """Log lines that log pipelines parse: logfmt as go-logfmt writes it, or JSON, with the
 field names of the Prometheus ecosystem's go-kit style (prometheus/common promslog):
 `ts` (RFC 3339, UTC, milliseconds), `level` (debug, info, warn, error), `caller`
-(file:line), `msg`, then ours (`logger`, `err` for a traceback).
+(file:line), `msg`, then what the line is about as keys of their own (`alert`, `state`,
+`target`, `namespace`, `model`, `cause`, ...: `fields()`, so that Loki's `| logfmt |
+cause="..."` finds them; never inside `msg`), then ours (`logger`, `err` for a traceback).
 
 Every record is one line whatever it holds: a newline or an escape sequence from a request
 (a deploy version) or a target is escaped inside a quoted value, never written raw, so no
@@ -14,6 +16,8 @@ import logging
 import os
 import sys
 from datetime import datetime, timezone
+
+from .logfields import FIELD_KEYS
 
 FORMATS = ("logfmt", "json")
 LEVELS = ("debug", "info", "warn", "warning", "error")
@@ -79,8 +83,11 @@ class StructuredFormatter(logging.Formatter):
         fields = [("ts", timestamp(record.created)),
                   ("level", _LEVEL_NAMES.get(record.levelno, record.levelname.lower())),
                   ("caller", f"{os.path.basename(record.pathname)}:{record.lineno}"),
-                  ("msg", record.getMessage()),
-                  ("logger", record.name)]
+                  ("msg", record.getMessage())]
+        about = getattr(record, "fields", None)
+        if isinstance(about, dict):
+            fields += [(key, about[key]) for key in FIELD_KEYS if key in about]
+        fields.append(("logger", record.name))
         if record.exc_info:
             fields.append(("err", self.formatException(record.exc_info)))
         return fields

@@ -79,7 +79,7 @@ def test_run_serves_metrics_and_stops_on_sigterm(tmp_path):
         proc.terminate()
         _, err = proc.communicate(timeout=20)
     assert proc.returncode == 0
-    assert "target=dead is down" in err
+    assert "msg=\"down: connection_error" in err and "target=dead" in err
 
 
 @pytest.mark.slow  # the demo plays its 120 s story in real time

@@ -24,7 +24,7 @@ MAX_LINES = 600
 # layer above nor a sibling group of its own layer. Each subpackage's __init__.py says the same
 # in words; docs/development.md draws it.
 LAYERS = (
-    (("exporter.peers",),),
+    (("exporter.peers", "exporter.logfields"),),
     (("exporter.parse",),),
     (("exporter.series",),),
     (("exporter.alerting",),),
@@ -47,7 +47,7 @@ TESTED_THROUGH = {
     "exporter.config.reader": "test_sections.py", "exporter.stopping": "test_signals.py",
     "exporter.sim.tokenizer": "test_simulator.py", "exporter.sim.console": "test_cli.py", "exporter.sim.demo": "test_cli.py",
     "exporter.sim.serve": "test_simulator.py", "exporter.sim.metrics_text": "test_simulator.py", "exporter.sidecar": "test_signals.py",
-    "exporter.exitcodes": "test_cli.py",
+    "exporter.exitcodes": "test_cli.py", "exporter.logfields": "test_logs.py",
     "exporter.alerting.rules_state": "test_rules.py", "exporter.alerting.rollouts": "test_analysis.py",
     "exporter.monitor.recording": "test_replay.py", "exporter.monitor.targetview": "test_poller.py",
     "exporter.tools.whatif_command": "test_whatif.py", "exporter.tools.parse": "test_cli.py", "exporter.tools.diagnose": "test_divergence.py",

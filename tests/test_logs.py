@@ -78,6 +78,27 @@ def test_a_traceback_is_one_quoted_err_field():
     assert "\n" not in line and "RuntimeError: boom" in fields["err"] and fields["err"].startswith("Traceback")
 
 
+def test_what_a_line_is_about_are_keys_of_their_own_after_msg_in_logfmt_and_json():
+    from exporter.logfields import fields, namespace_of
+    from exporter.config.sections import Target
+
+    r = record("alert firing")
+    about = fields(alert="PrefixCacheHitRateDropAfterDeploy", state="firing", target="vllm-0",
+                   namespace=namespace_of(Target("vllm-0", "http://x", (("namespace", "llm"),))), model="m",
+                   cause="prompt_prefix_change", version=None)
+    r.__dict__.update(about)
+    line = logs.StructuredFormatter("logfmt").format(r)
+    assert list(dict(logfmt.parse(line))) == ["ts", "level", "caller", "msg", "alert", "state", "target", "namespace", "model", "cause",
+                                              "logger"]
+    assert dict(logfmt.parse(line))["cause"] == "prompt_prefix_change"
+    assert json.loads(logs.StructuredFormatter("json").format(r))["namespace"] == "llm"
+    forged = record("x")
+    forged.__dict__.update(fields(target="t\nlevel=error msg=FORGED"))
+    assert len(logs.StructuredFormatter("logfmt").format(forged).splitlines()) == 1
+    with pytest.raises(ValueError):
+        fields(msg="a key of the line itself")
+
+
 def test_json_carries_the_same_fields_on_one_line():
     line = logs.StructuredFormatter("json").format(record("a\nb \u2028 %s", "x"))
     assert "\n" not in line and "\u2028" not in line
@@ -163,7 +184,7 @@ def test_every_line_of_a_sidecar_run_with_reloads_failures_and_alerts_reads_back
                              "--log.format=logfmt"], cwd=root, stderr=open(log, "w"), stdout=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
-        assert wait_for(lambda: "alert PrefixCacheTargetDown firing" in log.read_text(), 30), log.read_text()[-2000:]
+        assert wait_for(lambda: "msg=\"alert firing\" alert=PrefixCacheTargetDown" in log.read_text(), 30), log.read_text()[-2000:]
         assert wait_for(lambda: "alertmanager http://127.0.0.1" in log.read_text(), 30), log.read_text()[-2000:]
         r = requests.post(base + "/api/v1/deploys", json={"version": "v42 \"quoted\" = x", "description": "prompt v2"},
                           headers={"Authorization": "Bearer s3cret"}, timeout=5)
@@ -188,6 +209,10 @@ def test_every_line_of_a_sidecar_run_with_reloads_failures_and_alerts_reads_back
     assert any(level == "error" and m.startswith("reload failed, keeping the old config:") for level, m in messages)
     assert any(level == "info" and m.startswith("reloaded config from") for level, m in messages)
     assert any(level == "warn" and m.startswith("alertmanager http://127.0.0.1:") for level, m in messages)
-    assert any(m.startswith("alert PrefixCacheTargetDown firing target=gone \"pod\"") for _, m in messages)
-    assert ("info", 'deploy announced: version=v42 "quoted" = x target=all') in messages
+    # what a line is about, as keys of its own: Loki's `| logfmt | cause="..."` finds them
+    firing = [f for f in records if f["msg"] == "alert firing" and f.get("alert") == "PrefixCacheTargetDown"]
+    assert firing and firing[0]["target"] == 'gone "pod"' and firing[0]["state"] == "firing" and firing[0]["cause"] == "unknown"
+    assert any(f["msg"] == "deploy announced" and f.get("version") == 'v42 "quoted" = x' and f.get("target") == "all" for f in records)
+    assert not any("target=" in f["msg"] or "cause=" in f["msg"] for f in records)  # never inside the message
+    assert not any(f["msg"] in ("up", "up again") and f.get("target") == "vllm-0" for f in records)  # a pod's first answer: debug
     assert messages[-1] == ("info", "shutting down") or any(m == "shutting down" for _, m in messages)

@@ -15,6 +15,7 @@ import threading
 from typing import Callable, Sequence
 
 from ..config.sections import FleetBaselineConfig
+from ..logfields import fields
 from ..peers.promapi import PrometheusAPI, PrometheusAPIError
 from ..peers.urls import redact_url
 
@@ -84,17 +85,17 @@ class FleetBaselineReader:
             try:
                 ratio = self.read(model, at)
             except BaselineError as exc:
-                log.warning("target=%s fleet baseline for %s: %s; no comparison with the fleet", name, model, exc)
+                log.warning("fleet baseline: %s; no comparison with the fleet", exc, extra=fields(target=name, model=model))
                 continue
             except Exception:  # noqa: BLE001 - the thread must say why it gave up, not die silently
-                log.exception("target=%s fleet baseline for %s failed", name, model)
+                log.exception("fleet baseline failed", extra=fields(target=name, model=model))
                 continue
             if self._closed:
                 return  # the target went while Prometheus answered: nothing to keep for it
             if ratio is None:
-                log.info("target=%s fleet baseline for %s: Prometheus has no ratio before %.0f", name, model, at)
+                log.info("fleet baseline: Prometheus has no ratio before %.0f", at, extra=fields(target=name, model=model))
                 continue
-            log.info("target=%s fleet baseline for %s: %.1f%% before the pod started", name, model, ratio * 100)
+            log.info("fleet baseline: %.1f%% before the pod started", ratio * 100, extra=fields(target=name, model=model))
             deliver(model, ratio, at)
 
     def close(self) -> None:

@@ -16,7 +16,6 @@ from weakref import WeakValueDictionary
 from ..alerting import analysis, causes, rollouts, router as routing
 from ..alerting.deploys import (
     CHANGE_POINT,
-    REPLICAS,
     DeployEvent,
     SnapshotChangeDetector,
     change_point_has_traffic,
@@ -39,7 +38,7 @@ from ..config.sections import Config, Target
 from ..parse import roles
 from ..parse.snapshot import Snapshot
 from ..series.history import History
-from ..series.hitratio import judged_counts, shown_ratio
+from ..series.hitratio import shown_ratio
 from ..series.samples import Samples
 from ..series.window import WindowStats, interval_sums, recent_intervals, stats_between, summarize
 from .fleetsize import ReplicaCounts

@@ -29,6 +29,8 @@ import time
 from collections import deque
 from typing import Callable
 
+from ..logfields import fields
+
 log = logging.getLogger(__name__)
 
 STEADY, PROBATION = "steady", "probation"
@@ -201,15 +203,15 @@ class Dispatcher:
                     skips[name] = entry.skipped
                     if not entry.skipping and (entry.polled or entry.running):  # one still queued at start: counted only
                         entry.skipping = True
-                        log.warning("target=%s polls are skipped: %s (counted in prefixcache_skipped_polls_total; "
-                                    "said again once it polls on time)", name,
+                        log.warning("polls are skipped: %s (counted in prefixcache_skipped_polls_total; "
+                                    "said again once it polls on time)",
                                     "its last poll is still running" if entry.in_flight else
-                                    "every worker for slow and new targets is busy")
+                                    "every worker for slow and new targets is busy", extra=fields(target=name))
                     continue
                 entry.on_time += 1
                 if entry.skipping and entry.on_time >= ON_TIME_AGAIN:  # not at every flap of a target on the edge
                     entry.skipping = False
-                    log.info("target=%s polls on time again", name)
+                    log.info("polls on time again", extra=fields(target=name))
                 entry.in_flight = True
                 lane.submit(entry)
             following = self.heap[0][0] if self.heap else None
@@ -224,7 +226,7 @@ class Dispatcher:
         try:
             took, slow = entry.poll()
         except Exception:  # noqa: BLE001 - TargetPoller.poll never raises; a bug here must not kill the worker
-            log.exception("target=%s poll failed", entry.name)
+            log.exception("poll failed", extra=fields(target=entry.name))
             took, slow = 0.0, True
         finally:
             with self.idle:
@@ -246,3 +248,8 @@ class Dispatcher:
     def close(self) -> None:
         for lane in self.lanes.values():
             lane.close()
+
+
+def dispatch_tick(poll_interval: float) -> float:
+    """How often the dispatching job looks for due polls: a poll starts at most this late."""
+    return max(0.01, min(0.1, poll_interval / 20))

@@ -23,6 +23,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from ..alerting.deploys import DeployEvent
 from ..alerting.rules_state import INACTIVE
+from ..logfields import fields, namespace_of
 from ..config.sections import Config, Target
 from ..discovery.prombaseline import FleetBaselineReader
 from ..discovery.sources import Discovery
@@ -31,7 +32,7 @@ from ..monitor.engine import Engine, Track
 from ..monitor.targetview import INTERNAL_ERROR, LIMIT_EXCEEDED, NO_VLLM_METRICS, SUCCESS, TIMEOUT, add, count
 from ..parse.vllm_metrics import parse
 from ..serve.state import Deploys, State
-from .dispatch import Dispatcher
+from .dispatch import Dispatcher, dispatch_tick
 from .promread import PrometheusReader, read_once
 from .scrape import Scraper
 from .taskwatch import TaskWatch
@@ -109,11 +110,11 @@ class TargetPoller:
             slow = self._poll(number)
             return time.monotonic() - began - self._paused, slow  # a wait for scrapes is not the target's slowness
         except Exception:  # noqa: BLE001 - the loop must survive any bug in one cycle
-            log.exception("target=%s poll failed", self.target.name)
+            log.exception("poll failed", extra=self._about())
             try:
                 self._publish_failure(number, self.clock(), INTERNAL_ERROR, "internal error; see log", None)
             except Exception:  # noqa: BLE001
-                log.exception("target=%s publishing the failure failed", self.target.name)
+                log.exception("publishing the failure failed", extra=self._about())
             return time.monotonic() - began - self._paused, False
 
     def _newest(self, number: int) -> bool:
@@ -127,11 +128,14 @@ class TargetPoller:
     def _clock(self) -> float:
         now = self.clock()
         if self._last_now is not None and now < self._last_now:
-            log.warning("target=%s the wall clock stepped back %.3fs; this poll is not used for windows",
-                        self.target.name, self._last_now - now)
+            log.warning("the wall clock stepped back %.3fs; this poll is not used for windows", self._last_now - now,
+                        extra=self._about())
             self.state.count(clock_steps_back=1)
         self._last_now = now if self._last_now is None else max(now, self._last_now)
         return now
+
+    def _about(self, **more) -> dict:
+        return fields(target=self.target.name, namespace=namespace_of(self.target), **more)
 
     def _track(self) -> Track | None:
         """This target's Track, read once under its lock (held by the caller); None once a
@@ -157,7 +161,7 @@ class TargetPoller:
         try:
             self._accept(number, now, snapshot, None)
         except Exception:  # noqa: BLE001 - one bad sample must not end the read of every other
-            log.exception("target=%s ingest failed", self.target.name)
+            log.exception("ingest failed", extra=self._about())
             self._publish_failure(number, now, INTERNAL_ERROR, "internal error; see log", None)
 
     def mark_down(self, now: float, result: str, error: str) -> None:
@@ -167,7 +171,7 @@ class TargetPoller:
     def _accept(self, number: int, now: float, snapshot, duration: float | None) -> None:
         if snapshot.warnings != self._warned:
             for w in snapshot.warnings[:10]:
-                log.warning("target=%s parse: %s", self.target.name, w)
+                log.warning("parse: %s", w, extra=self._about())
             self._warned = snapshot.warnings
         if not snapshot.series and snapshot.router is None:  # a router target has predictions, no series
             self._publish_failure(number, now, NO_VLLM_METRICS, "no vLLM prefix-cache series in the body", duration, snapshot)
@@ -190,7 +194,7 @@ class TargetPoller:
             if noted is not None and noted.warning_count > snapshot.warning_count:
                 # what ingesting it refused (a counter stepping back, start times flapping)
                 for w in noted.warnings[len(snapshot.warnings):][:10]:
-                    log.warning("target=%s ingest: %s", self.target.name, w)
+                    log.warning("ingest: %s", w, extra=self._about())
                 snapshot = noted
             track.view = view = track.view.evolve(
                 snapshot=snapshot, up=True, down_since=None, samples_kept=len(track.history),
@@ -198,9 +202,9 @@ class TargetPoller:
                 scrape_duration=duration, scrapes=count(before.scrapes, SUCCESS), rejected=add(before.rejected, snapshot.rejected))
             self.state.publish(view)
         for ev in events:
-            log.info("target=%s event source=%s version=%s %s", self.target.name, ev.source, ev.version, ev.description)
-        if not before.up:
-            log.info("target=%s is up", self.target.name)
+            log.info("event: %s", ev.description, extra=self._about(source=ev.source, version=ev.version))
+        if not before.up:  # at every start of ours, once a pod: said for each only at debug
+            log.log(logging.INFO if before.polled else logging.DEBUG, "up" if not before.polled else "up again", extra=self._about())
         # only a real start of vLLM empties its cache: the first answer since we
         # started, or a restart (process start time, counters reset), never a
         # transient scrape failure
@@ -238,7 +242,7 @@ class TargetPoller:
                 return
             before = track.view
             if before.up or not before.polled:
-                log.warning("target=%s is down: %s", self.target.name, error)
+                log.warning("down: %s", error, extra=self._about(error=result))
             self.engine.ingest_failure(self.target.name, now)
             track.view = view = replace(
                 track.view, samples_kept=len(track.history), polled=True, last_result=result, last_error=error,
@@ -474,10 +478,8 @@ class Poller:
         self._publish_engine()
 
     def samples_now(self) -> float:
-        """The time to compare samples with. Read from Prometheus, they carry its wall-clock
-        time, so reads, staleness and the rules' windows take the wall clock: the steady
-        clock, ahead of it for hours after a step forward that NTP slews back, asked a future
-        instant and found every pod stale. Scraped, the steady clock stamps them itself."""
+        """The time to compare samples with: read from Prometheus they carry its wall-clock time
+        (a steady clock ahead of it after a step NTP slews back found every pod stale)."""
         return getattr(self.clock, "wall", self.clock)() if self.reader is not None else self.clock()
 
     def evaluate(self) -> None:
@@ -485,7 +487,7 @@ class Poller:
             now = self.samples_now()
             found = [ev for source in self.sources for ev in source(now)]  # a source may read a file: under no lock
             for ev in found:
-                log.info("event source=%s target=%s version=%s %s", ev.source, ev.target, ev.version, ev.description)
+                log.info("event: %s", ev.description, extra=fields(source=ev.source, target=ev.target, version=ev.version))
             with self.engine_lock:
                 for ev in found:
                     self.engine.add_event(ev)
@@ -493,12 +495,10 @@ class Poller:
                 firing = self.engine.firing()
             for tr in transitions:
                 a = tr.alert
-                if tr.state == INACTIVE:
-                    log.info("alert %s pending ended without firing target=%s model=%s%s", a.alertname, a.target, a.model,
-                             f" version={a.version}" if a.version else "")
-                else:
-                    log.info("alert %s %s target=%s model=%s%s cause=%s", a.alertname, tr.state, a.target, a.model,
-                             f" version={a.version}" if a.version else "", dict(a.labels).get("cause"))
+                labels = dict(a.labels)
+                log.info("alert pending ended without firing" if tr.state == INACTIVE else f"alert {tr.state}", extra=fields(
+                    alert=a.alertname, state=tr.state, target=a.target, namespace=labels.get("namespace"), model=a.model,
+                    cause=labels.get("cause"), version=a.version))
             self._publish_engine()
             if self.after_evaluate is not None:
                 self.after_evaluate(transitions, firing)
@@ -587,11 +587,6 @@ class Poller:
         if self.discovery is not None:
             self.discovery.close()
         return idle
-
-
-def dispatch_tick(poll_interval: float) -> float:
-    """How often the dispatching job looks for due polls: a poll starts at most this late."""
-    return max(0.01, min(0.1, poll_interval / 20))
 
 
 def _now_datetime() -> datetime:

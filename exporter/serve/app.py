@@ -14,6 +14,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from .. import __version__
 from ..alerting import analysis
 from ..alerting.deploys import API, DeployEvent
+from ..logfields import fields
 from ..peers.urls import redact_url
 from ..series import hitratio
 from .collector import PrefixCacheCollector
@@ -239,7 +240,7 @@ def deploy_handlers(state: State, add_event: Callable[[DeployEvent], None], toke
             return json_response(400, {"error": "; ".join(errors)})
         event = DeployEvent(clock(), data.get("target"), data["version"], API, data.get("description") or "")
         add_event(event)
-        log.info("deploy announced: version=%s target=%s", event.version, event.target or "all")
+        log.info("deploy announced", extra=fields(version=event.version, target=event.target or "all"))
         return json_response(202, {"status": "accepted", "event": event.to_json()})
 
     def get(environ) -> tuple[int, str, bytes]:
