@@ -616,6 +616,8 @@ def test_a_long_read_is_asked_in_slices_of_a_regular_reads_reach_and_feeds_every
         raw["global"]["poll_interval"] = "15s"
         state = State()
         poller = Poller(load(raw), state, clock=lambda: clock[0])
+        assert poller.reader.read_back == load(raw).anchored_seconds + 60  # what the rules look back on (read back on a restart)
+        poller.reader.read_back = 300.0  # 5 minutes here: the slicing is what this test is about
         try:
             poller.read()
             assert len(asked) == 7 and [a for a, _ in asked] == sorted(a for a, _ in asked) and asked[-1][0] == now
@@ -849,6 +851,7 @@ def test_a_long_reads_slices_count_a_pods_dropped_labels_once():
         raw["global"]["poll_interval"] = "15s"
         state = State()
         poller = Poller(load(raw), state, clock=lambda: clock[0])
+        poller.reader.read_back = 300.0  # 5 minutes: 7 slices
         try:
             poller.read()
             (source,) = [s for s in state.published.discovery if s.name == "read_prometheus"]
@@ -1271,5 +1274,56 @@ def test_reads_staleness_and_windows_follow_prometheuss_time_not_a_steady_clock_
             assert view.up, view.last_error
             assert view.stats[MODEL]["1m"].query_increase
             assert not [a for a in poller.engine.alerts.values() if a.alertname == "PrefixCacheTargetDown"]
+        finally:
+            poller.stop(0.5)
+
+
+def _history_prometheus(bodies: dict[float, str], pod_labels: dict[str, str]):
+    """A Prometheus that holds `bodies` (scrape time -> text) and answers any range of them."""
+    import re
+    from urllib.parse import parse_qs, urlsplit
+    from fakeserver import FakeServer, reply
+
+    def query(h):
+        q = parse_qs(urlsplit(h.path).query)
+        at, span = float(q["time"][0]), float(re.search(r"\[(\d+)s\]$", q["query"][0]).group(1))
+        inside = {t: b for t, b in bodies.items() if at - span < t <= at}
+        reply(h, 200, _compact(answer_of(inside, pod_labels)))
+    return FakeServer({"/api/v1/query": query})
+
+
+@pytest.mark.parametrize("read_back, pages", [(None, True), (300.0, False)])
+def test_a_restart_of_ours_mid_incident_reads_back_the_baseline_and_the_page_is_firing_at_the_first_evaluation(read_back, pages):
+    """The prompt got its timestamp 10 minutes before our process started; Prometheus holds
+    the 40 minutes before. The first read reads back what the rules look back on and steps
+    the rules through it, so the drop alert is firing at once, anchored before the
+    incident, its cause the prompt. Reading back 5 minutes (as before) it never came back:
+    no baseline, and Alertmanager resolved the page at its endsAt while the ratio was 3%."""
+    start = 50_000.0  # our process starts here
+    replica = simulator.Replica("vllm-a", simulator.incident(3000.0, request_rate=5.0), start=start - 3600, seed=5, model_names=[MODEL])
+    bodies = {}
+    for k in range(161):  # every 15 s of the 40 minutes before our start
+        t = start - 2400 + 15 * k
+        replica.advance(t)
+        bodies[t] = replica.render()
+    with _history_prometheus(bodies, {"job": "vllm", "pod": "vllm-a"}) as prom:
+        raw = read_config(prom.base)
+        raw["global"].update(poll_interval="15s", min_query_tokens=1000)
+        state = State()
+        poller = Poller(load(raw), state, clock=lambda: start)
+        if read_back is not None:
+            poller.reader.read_back = read_back
+        try:
+            poller.read()
+            poller.evaluate()
+            drops = [a for a in poller.engine.alerts.values() if a.alertname == "PrefixCacheHitRateDropAfterDeploy"]
+            if not pages:
+                assert not [a for a in drops if a.state == "firing"]
+                return
+            assert [a.state for a in drops] == ["firing"]
+            (alert,) = drops
+            assert dict(alert.labels)["cause"] == "prompt_prefix_change"
+            assert alert.active_at < start - 300  # raised when it happened, not at our start
+            assert alert.baseline is not None and alert.baseline > 0.6 and alert.value < 0.2
         finally:
             poller.stop(0.5)

@@ -33,7 +33,7 @@ from ..monitor.targetview import INTERNAL_ERROR, LIMIT_EXCEEDED, NO_VLLM_METRICS
 from ..parse.vllm_metrics import parse
 from ..serve.state import Deploys, State
 from .dispatch import Dispatcher, dispatch_tick
-from .promread import PrometheusReader, read_once
+from .promread import PrometheusReader, how_read, read_once
 from .scrape import Scraper
 from .taskwatch import TaskWatch
 
@@ -398,15 +398,15 @@ class Poller:
 
     def _install_reader(self, config: Config) -> None:
         """discovery.read_prometheus: its reader and its job, anew when its settings changed."""
-        wanted = (_how_read(config.discovery.read_prometheus), config.discovery.target_limit, config.global_.poll_interval)
-        if self.reader is not None and (_how_read(self.reader.read), self.reader.cfg.target_limit, self.reader.poll_interval) == wanted:
+        wanted = (how_read(config.discovery.read_prometheus), config.discovery.target_limit, config.global_.poll_interval)
+        if self.reader is not None and (how_read(self.reader.read), self.reader.cfg.target_limit, self.reader.poll_interval) == wanted:
             return
-        old = self.reader
-        if old is not None:
+        if (old := self.reader) is not None:
             old.close()
         if self.scheduler.get_job("read"):
             self.scheduler.remove_job("read")
-        self.reader = PrometheusReader(config.discovery, config.global_.poll_interval) if config.discovery.read_prometheus else None
+        self.reader = PrometheusReader(config.discovery, config.global_.poll_interval, config.anchored_seconds + 60.0) if \
+            config.discovery.read_prometheus else None
         if self.reader is not None and old is not None:
             self.reader.carry_over(old)  # what was read stays read: a reload never feeds a pod's samples twice
         if self.reader is None:
@@ -483,6 +483,8 @@ class Poller:
         return getattr(self.clock, "wall", self.clock)() if self.reader is not None else self.clock()
 
     def evaluate(self) -> None:
+        if self.reader is not None and self.reader.backfilling:  # stepping the rules through the past: now waits
+            return
         try:
             now = self.samples_now()
             found = [ev for source in self.sources for ev in source(now)]  # a source may read a file: under no lock
@@ -592,8 +594,3 @@ class Poller:
 def _now_datetime() -> datetime:
     return datetime.now(timezone.utc)
 
-
-def _how_read(read):
-    """What a reader reads by: whether our /metrics exports what it read is not, and a reload
-    that changes only that keeps the reader and its state."""
-    return replace(read, reexport_engine_series=False) if read is not None else None

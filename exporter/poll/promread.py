@@ -36,18 +36,24 @@ log = logging.getLogger(__name__)
 
 READ_PROMETHEUS = "read_prometheus"
 MARGIN = 30.0  # seconds a read reaches past the last one at least: scrapes that ended late are committed late
-MAX_RANGE = 300.0  # at most this far back (after a failure, or the first read)
+MAX_RANGE = 300.0  # at most this far back after a failure (the first read reaches back what the rules need)
 MAX_OUTAGES = 16  # failing stretches of the source kept (those within accept_empty_after; beyond, the closest merge)
 FULL_COLLECTION_EVERY = 40  # reads between two full collections, in a process that freezes each read (10 minutes at 15 s)
 
 
 class PrometheusReader:
-    def __init__(self, cfg: DiscoveryConfig, poll_interval: float):
+    def __init__(self, cfg: DiscoveryConfig, poll_interval: float, read_back: float = MAX_RANGE):
         read = cfg.read_prometheus
         assert read is not None
         self.cfg = cfg
         self.read = read
         self.poll_interval = poll_interval
+        # how far the first read (and the first after a reload that selects otherwise) reaches:
+        # what the rules look back on (Config.anchored_seconds), so that a restart of ours in
+        # the middle of an incident judges it against the baseline from before it, from the
+        # history Prometheus holds, instead of resolving the page
+        self.read_back = max(read_back, MAX_RANGE)
+        self.backfilling = False  # a read back is being stepped through: the live evaluation waits
         self.limits = Limits(cfg.target_limit, cfg.label_limit, cfg.label_value_length_limit)
         self.api = PrometheusAPI(read.url, read.timeout, read.bearer_token, read.username, read.password,
                                  max_answer=read.max_answer, compressed=read.compression == "gzip")
@@ -107,8 +113,8 @@ class PrometheusReader:
         noise live), but lost for good the pods of a store lagging 15-30 s behind a
         Querier whose other stores did not, and every pod after a stall longer than
         stale_after: what is not followed keeps the margin."""
-        if self.last_read is None:
-            return max(MAX_RANGE, 2 * self.poll_interval)
+        if self.reading_back():
+            return max(self.read_back, 2 * self.poll_interval)
         last = self.last_read
         ages = [last - t for name, t in self.newest.items() if self.sending(name, t, last)]
         behind = 0.0  # how far before the last read the lagging fleet's next scrapes may lie
@@ -122,6 +128,10 @@ class PrometheusReader:
             behind = oldest_age - scrape_interval / 2
         reach = now - last + max(behind, MARGIN)
         return max(min(MAX_RANGE, reach), 2 * self.poll_interval)
+
+    def reading_back(self) -> bool:
+        """The next read is the first (or the first of a new selection): it reads back."""
+        return self.last_read is None or self.reselected
 
     def slices(self, now: float, reach: float) -> list[tuple[float, float]]:
         """(evaluation time, range) of the queries a read asks of each part, oldest first. A
@@ -353,28 +363,47 @@ def _read(poller) -> None:
     if reader is None:
         return
     now = poller.samples_now()
-    reach, seen = reader.reach(now), set()
+    reach = reader.reach(now)
+    reading_back = reader.backfilling = reader.reading_back()
+    try:
+        _read_slices(poller, reader, now, reach, reading_back)
+    finally:
+        reader.backfilling = False
+    if reading_back and reader.last_read == now:  # the whole read went through
+        log.info("read_prometheus: read back %.0fs of %d pod(s)' samples, the rules stepped through them: what was under way "
+                 "before this start (an incident and its baseline) is judged as before", reach, len(reader.state.targets))
+
+
+def _read_slices(poller, reader: PrometheusReader, now: float, reach: float, reading_back: bool) -> None:
+    seen = set()
     reader.dropped.clear()
     reader.present.clear()
     polled = None  # (the poller.current it was taken at, ours, by_pod): 10,000 pods' maps, made again only on a change
-    for (at, span), part in ((cut, part) for cut in reader.slices(now, reach) for part in reader.parts()):
-        try:
-            pods = reader.fetch(at, span, part)
-        except DiscoveryError as exc:
-            reader.failed(now, str(exc))
-            poller.publish_discovery()
-            return
-        seen.update(pods)
-        with poller.reload_lock:
-            if reader is not poller.reader:
-                return  # a reload replaced it while Prometheus answered
-            if reader.learn(pods) or polled is None:
-                _install(poller, reader.found())  # a part's new pods are polled before their samples come
-            if polled is None or polled[0] is not poller.current:  # what is polled changed (a discovery refresh too)
-                polled = (poller.current, *_polled(poller))
-            _, ours, by_pod = polled
-        _ingest(reader, pods, ours, by_pod)
-        del pods  # this part's samples, before the next part is asked
+    cuts = reader.slices(now, reach)
+    for k, (at, span) in enumerate(cuts):
+        for part in reader.parts():
+            try:
+                pods = reader.fetch(at, span, part)
+            except DiscoveryError as exc:
+                reader.failed(now, str(exc))
+                poller.publish_discovery()
+                return
+            seen.update(pods)
+            with poller.reload_lock:
+                if reader is not poller.reader:
+                    return  # a reload replaced it while Prometheus answered
+                if reader.learn(pods) or polled is None:
+                    _install(poller, reader.found())  # a part's new pods are polled before their samples come
+                if polled is None or polled[0] is not poller.current:  # what is polled changed (a discovery refresh too)
+                    polled = (poller.current, *_polled(poller))
+                _, ours, by_pod = polled
+            _ingest(reader, pods, ours, by_pod)
+            del pods  # this part's samples, before the next part is asked
+        if reading_back and k < len(cuts) - 1:
+            # the rules step through the history read back as they did live, so an alert that
+            # was firing before our restart is firing again at the first evaluation (its `for`
+            # met long ago), never resolved for want of a baseline
+            _evaluate_at(poller, at)
     with poller.reload_lock:
         if reader is not poller.reader:
             return
@@ -393,6 +422,13 @@ def _read(poller) -> None:
             # the time itself, not "Ns ago": this error stays on the status page while the pod is down
             target.mark_down(now, STALE, f"no sample in Prometheus since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(newest))} "
                                          f"(stale after {round(reader.stale_after(pod_name), 1):g}s)")
+
+
+def _evaluate_at(poller, at: float) -> None:
+    """The rules at a past time of a history being read back: alerts step as they did then;
+    nothing is logged or sent (the next evaluation sends what is active)."""
+    with poller.engine_lock:
+        poller.engine.evaluate(at, poller.engine.take_events(at))
 
 
 def _polled(poller) -> tuple[dict, dict[str, str]]:
@@ -417,3 +453,9 @@ def _ingest(reader: PrometheusReader, pods: dict[str, promseries.Pod], ours: dic
             continue  # another shard's
         for t in times:
             target.ingest(t, pod.snapshot(t, target.series_limit))
+
+
+def how_read(read):
+    """What a reader reads by: whether our /metrics exports what it read is not, and a reload
+    that changes only that keeps the reader and its state."""
+    return replace(read, reexport_engine_series=False) if read is not None else None
