@@ -34,7 +34,7 @@ from .serve.server import Server
 from .serve.state import State
 from .serve.webconfig import WebSecurity, load_web_config
 from .steadyclock import SteadyClock
-from .stopping import on_signals, stop_event
+from .stopping import ignore_signals, on_signals, stop_event
 
 log = logging.getLogger("exporter")
 
@@ -266,6 +266,8 @@ def run(args) -> int:
     if hasattr(signal, "SIGHUP"):
         # one reload at a time; signals that come during one make one more, which reads the file as the last left it
         on_signals((signal.SIGHUP,), lambda: sidecar.reload(args.config_file), "reload")
+    # no meaning here, and their default ends the process; Go exporters ignore them too
+    ignore_signals(tuple(s for s in (getattr(signal, "SIGUSR1", None), getattr(signal, "SIGUSR2", None)) if s is not None))
     sidecar.start()
     pacer = gcpacer.CollectionPacer(sidecar.app.exposition.quiet_for)  # this process's collector is ours (tune_gc)
     if gcpacer.supported():
