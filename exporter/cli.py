@@ -211,6 +211,6 @@ def report_config_errors(args, exc: ConfigError) -> None:
         if args.command == "run":
             log.error("%s: %s", exc.source, err)
         else:
-            print(f"error: {err}", file=sys.stderr)
+            print(f"error: {logs.one_line(err)}", file=sys.stderr)  # a key or name from the file: one line whatever it holds
     if args.command == "check-config":
         print(f"{args.file}: {len(exc.errors)} error(s)", file=sys.stderr)

@@ -22,6 +22,7 @@ from .config.reader import parse_listen_address
 from .config.sections import Config, ConfigError
 from .discovery.annotations import AnnotationsWatcher
 from .exitcodes import EXIT_ERROR, EXIT_OK
+from .logs import one_line
 from .notify.alertmanager import Notifier
 from .peers.urls import redact_url
 from .poll.poller import Poller
@@ -308,7 +309,7 @@ def check_config(args) -> int:
     """`check-config FILE`: what `run` would start with, or every error at once (ConfigError, which main reports)."""
     cfg = load_file(args.file)
     for warning in config_warnings(cfg):
-        print(f"warning: {warning}", file=sys.stderr)
+        print(f"warning: {one_line(warning)}", file=sys.stderr)
     sources = [name for name, on in (("prometheus", cfg.discovery.prometheus), ("file_sd", cfg.discovery.file_sd),
                                      ("read_prometheus", cfg.discovery.read_prometheus)) if on]
     print(f"{args.file}: OK, {len(cfg.targets)} target(s)" + (f", discovery: {', '.join(sources)}" if sources else ""))

@@ -305,6 +305,32 @@ def test_whatif_stops_at_the_ids_a_file_may_hold_with_one_error(tmp_path, capsys
                                 "in memory; analyse a part of it (fewer requests, a shorter time)"] and not out
 
 
+FORGED = "t\nlevel=error msg=FORGED"
+
+
+@pytest.mark.parametrize("log_format", ["logfmt", "json"])
+def test_backtest_and_check_config_never_print_a_name_raw(tmp_path, capsys, log_format):
+    """A target named with a newline wrote a line of its own on stderr, one a log pipeline
+    reads as a record (`level=error msg=FORGED`): names and keys from a recording or a config
+    are escaped, whatever --log.format says."""
+    import yaml
+    body = 'vllm:prefix_cache_queries_total{model_name="m"} 100\nvllm:prefix_cache_hits_total{model_name="m"} 50\n'
+    recording = tmp_path / "rec.jsonl"
+    recording.write_text("".join(json.dumps({"t": 1000 + 20 * k, "target": FORGED, "body": body}) + "\n" for k in range(6))
+                         + json.dumps({"t": 1200, "target": FORGED, "body": "no metrics"}) + "\n")
+    config = tmp_path / "config.yml"
+    config.write_text(yaml.safe_dump({"targets": [{"name": FORGED, "url": "http://127.0.0.1:1/metrics"}] * 2,
+                                      "rules": {"x\nlevel=error msg=FORGED": {}}}))
+    assert main([f"--log.format={log_format}", "backtest", str(recording)]) == 0
+    backtest_err = capsys.readouterr().err
+    assert main([f"--log.format={log_format}", "check-config", str(config)]) == 2
+    check_err = capsys.readouterr().err
+    for err in (backtest_err, check_err):
+        assert "FORGED" in err and not any(line.startswith("level=") for line in err.splitlines()), err
+        assert all(line.startswith(("note: ", "warning: ", "error: ", "backtest: ", f"{config}: ")) for line in err.splitlines()), err
+    assert "note: target t\\nlevel=error msg=FORGED was recorded every 20s" in backtest_err
+
+
 @pytest.mark.parametrize("command", [["parse"], ["backtest"], ["whatif"]])
 def test_a_fifo_or_a_device_is_refused_not_waited_on_or_read_forever(tmp_path, capsys, command):
     fifo = tmp_path / "fifo"

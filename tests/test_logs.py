@@ -191,3 +191,12 @@ def test_every_line_of_a_sidecar_run_with_reloads_failures_and_alerts_reads_back
     assert any(m.startswith("alert PrefixCacheTargetDown firing target=gone \"pod\"") for _, m in messages)
     assert ("info", 'deploy announced: version=v42 "quoted" = x target=all') in messages
     assert messages[-1] == ("info", "shutting down") or any(m == "shutting down" for _, m in messages)
+
+
+@pytest.mark.parametrize("text, line", [
+    ("plain name, café 東京", "plain name, café 東京"),
+    ("t\nlevel=error msg=FORGED", "t\\nlevel=error msg=FORGED"),
+    ("a\r\tb\x1b[31mred\u2028c\u202ed", "a\\r\\tb\\u001b[31mred\\u2028c\\u202ed"),
+])
+def test_one_line_escapes_what_would_end_or_disguise_a_line_and_keeps_the_rest(text, line):
+    assert logs.one_line(text) == line
