@@ -8,7 +8,7 @@ import math
 import sys
 from typing import Sequence
 
-from . import __version__, healthcheck, logs, sidecar
+from . import __version__, healthcheck, logs, sidecar, stopping
 from .config import sections as config_mod
 from .config.sections import ConfigError
 from .exitcodes import EXIT_USAGE
@@ -196,6 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_file = getattr(args, "log_file", None)
     level = args.log_level or ("error" if args.command == "demo" and not log_file else "info")
     logs.setup(level, args.log_format, log_file)
+    if args.command != "run":  # only the sidecar reloads on SIGHUP and ignores SIGUSR1/2; the rest end on them as before
+        stopping.release_startup_signals()
     try:
         return args.func(args)
     except ConfigError as exc:
@@ -209,6 +211,6 @@ def report_config_errors(args, exc: ConfigError) -> None:
         if args.command == "run":
             log.error("%s: %s", exc.source, err)
         else:
-            print(f"error: {err}", file=sys.stderr)
+            print(f"error: {logs.one_line(err)}", file=sys.stderr)  # a key or name from the file: one line whatever it holds
     if args.command == "check-config":
         print(f"{args.file}: {len(exc.errors)} error(s)", file=sys.stderr)

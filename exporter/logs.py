@@ -66,6 +66,16 @@ def _unicode_escape(code: int) -> str:
     return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
+def one_line(text: str) -> str:
+    """`text` for a line of its own on stderr, as the offline commands print what they found:
+    every character that is not printable (a newline, an escape sequence, a line separator,
+    a bidi control) escaped as logfmt escapes it, so a target or key named in a recording or
+    a config cannot end the line and forge the next one."""
+    if text.isprintable():
+        return text
+    return "".join(_ESCAPES.get(c, c) if c in "\n\r\t" else c if c.isprintable() else _unicode_escape(ord(c)) for c in text)
+
+
 def logfmt_line(fields: list[tuple[str, str]]) -> str:
     return " ".join(f"{key}={logfmt_value(value)}" for key, value in fields)
 

@@ -22,6 +22,7 @@ from .config.reader import parse_listen_address
 from .config.sections import Config, ConfigError
 from .discovery.annotations import AnnotationsWatcher
 from .exitcodes import EXIT_ERROR, EXIT_OK
+from .logs import one_line
 from .notify.alertmanager import Notifier
 from .peers.urls import redact_url
 from .poll.poller import Poller
@@ -34,7 +35,7 @@ from .serve.server import Server
 from .serve.state import State
 from .serve.webconfig import WebSecurity, load_web_config
 from .steadyclock import SteadyClock
-from .stopping import on_signals, stop_event
+from .stopping import ignore_signals, on_signals, stop_event
 
 log = logging.getLogger("exporter")
 
@@ -266,6 +267,8 @@ def run(args) -> int:
     if hasattr(signal, "SIGHUP"):
         # one reload at a time; signals that come during one make one more, which reads the file as the last left it
         on_signals((signal.SIGHUP,), lambda: sidecar.reload(args.config_file), "reload")
+    # no meaning here, and their default ends the process; Go exporters ignore them too
+    ignore_signals(tuple(s for s in (getattr(signal, "SIGUSR1", None), getattr(signal, "SIGUSR2", None)) if s is not None))
     sidecar.start()
     pacer = gcpacer.CollectionPacer(sidecar.app.exposition.quiet_for)  # this process's collector is ours (tune_gc)
     if gcpacer.supported():
@@ -306,7 +309,7 @@ def check_config(args) -> int:
     """`check-config FILE`: what `run` would start with, or every error at once (ConfigError, which main reports)."""
     cfg = load_file(args.file)
     for warning in config_warnings(cfg):
-        print(f"warning: {warning}", file=sys.stderr)
+        print(f"warning: {one_line(warning)}", file=sys.stderr)
     sources = [name for name, on in (("prometheus", cfg.discovery.prometheus), ("file_sd", cfg.discovery.file_sd),
                                      ("read_prometheus", cfg.discovery.read_prometheus)) if on]
     print(f"{args.file}: OK, {len(cfg.targets)} target(s)" + (f", discovery: {', '.join(sources)}" if sources else ""))

@@ -12,7 +12,13 @@ a Python handler runs only when the main thread next runs bytecode: one handed t
 thread while the main thread waits on an event ran at the next SIGTERM, so a SIGHUP could
 reload nothing until the process stopped. The byte is therefore written by the
 interpreter's C-level handler, on whichever thread took the signal, to the process's
-wakeup fd (signal.set_wakeup_fd); a relay thread reads the signal numbers there."""
+wakeup fd (signal.set_wakeup_fd); a relay thread reads the signal numbers there.
+
+Before `run` gets to install its handlers (imports, config, bind: about 0.35 s), SIGHUP's
+default action ended the process (exit 129, no log line), and SIGUSR1 and SIGUSR2 always
+did: the entry point holds them from its first line (hold_startup_signals), a SIGHUP held
+makes one reload once the reload handler is in place, and the sidecar ignores SIGUSR1 and
+SIGUSR2 with a log line, as Go exporters do."""
 from __future__ import annotations
 
 import functools
@@ -25,6 +31,44 @@ from typing import Callable
 log = logging.getLogger(__name__)
 
 
+# SIGHUP asks a reload, SIGUSR1 and SIGUSR2 nothing: neither may end the process as it starts
+STARTUP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGHUP", "SIGUSR1", "SIGUSR2") if hasattr(signal, name))
+_held: set[int] = set()  # the signals hold_startup_signals took over and no handler has claimed since
+_came_early: set[int] = set()  # of those, the ones that came; set.add in a handler takes no lock
+
+
+def _note_early(signum, _frame) -> None:
+    _came_early.add(signum)
+
+
+def hold_startup_signals() -> None:
+    """The entry point's first call, before the imports: STARTUP_SIGNALS are noted instead
+    of ending the process, until on_signals or ignore_signals claims them (the sidecar) or
+    release_startup_signals gives them back their default (the other commands)."""
+    for signum in STARTUP_SIGNALS:
+        signal.signal(signum, _note_early)
+        _held.add(signum)
+
+
+def release_startup_signals() -> None:
+    """The default actions back for the signals still held, and one that came while they
+    were held is delivered now: a command with no use for them ends on them as it did."""
+    for signum in sorted(_held):
+        signal.signal(signum, signal.SIG_DFL)
+        _held.discard(signum)
+        if signum in _came_early:
+            _came_early.discard(signum)
+            os.kill(os.getpid(), signum)
+
+
+def _claim(signum: int) -> bool:
+    """Takes `signum` out of the held ones (its handler is set already): whether it came while held."""
+    _held.discard(signum)
+    came = signum in _came_early
+    _came_early.discard(signum)
+    return came
+
+
 class _Relay:
     """The process's wakeup fd and the thread that hands each signal number written to it
     to the pipes of the actions that wait for it (non-blocking: a full pipe already asks
@@ -32,6 +76,7 @@ class _Relay:
 
     def __init__(self) -> None:
         self.wakes: dict[int, tuple[int, ...]] = {}  # replaced whole: the relay thread reads it unlocked
+        self.ignored: frozenset[int] = frozenset()  # replaced whole, as wakes
         read, write = os.pipe()
         os.set_blocking(write, False)
         signal.set_wakeup_fd(write, warn_on_full_buffer=False)  # the main thread's call; raises elsewhere
@@ -43,6 +88,8 @@ class _Relay:
     def _relay(self, read: int) -> None:
         while True:
             for signum in set(os.read(read, 65536)):
+                if signum in self.ignored:  # a thread of its own, not a handler: it may log
+                    log.info("ignoring %s", signal.Signals(signum).name)
                 for wake in self.wakes.get(signum, ()):
                     try:
                         os.write(wake, b"\0")
@@ -81,6 +128,20 @@ def on_signals(signums: tuple[int, ...], action: Callable[[], None], name: str) 
     for signum in signums:
         relay.add(signum, wake_write)
         signal.signal(signum, _ignore)
+        if _claim(signum):  # it came while the process started: its run is owed
+            log.info("%s came while starting: %s runs now", signal.Signals(signum).name, name)
+            os.write(wake_write, b"\0")
+
+
+def ignore_signals(signums: tuple[int, ...]) -> None:
+    """Each of `signums` logs a line and does nothing else (their default ends the process);
+    called from the main thread, as on_signals."""
+    relay = _process_relay()
+    relay.ignored = relay.ignored | frozenset(signums)
+    for signum in signums:
+        signal.signal(signum, _ignore)
+        if _claim(signum):
+            log.info("ignoring %s (it came while starting)", signal.Signals(signum).name)
 
 
 def stop_event(on_signal: Callable[[], None] | None = None) -> threading.Event:

@@ -208,22 +208,31 @@ def test_the_queue_is_keyed_by_the_label_set(am):
 
 
 def test_stop_and_the_delivery_thread_never_post_one_batch_twice():
+    """stop()'s flush starts while the delivery thread's POST of the same batch is in flight
+    (the fake Alertmanager holds the answer until then): the batch is posted once."""
     import threading
-    import time
     seen = []
+    in_flight, release = threading.Event(), threading.Event()
 
-    def slow(h):
+    def held(h):
         seen.append(json.loads(h.body)[0]["labels"]["alertname"])
-        time.sleep(0.5)
+        in_flight.set()
+        release.wait(10)
         reply(h, 200, b"{}")
 
-    with FakeServer({"/api/v2/alerts": slow}) as server:
+    flushing = lambda: any(t.name == "alertmanager flush" and t.is_alive() for t in threading.enumerate())  # noqa: E731
+    with FakeServer({"/api/v2/alerts": held}) as server:
         n = notifier(server.base, Clock()).start()
         n.transitions([Transition(1000.0, alert(), FIRING)])
-        time.sleep(0.1)  # the delivery thread is mid-POST
-        stopper = threading.Thread(target=n.stop, kwargs={"timeout": 3.0})
-        stopper.start()
+        try:
+            assert in_flight.wait(5), "the delivery thread never posted"
+            stopper = threading.Thread(target=n.stop, kwargs={"timeout": 3.0})
+            stopper.start()
+            assert wait_for(flushing, timeout=5, step=0.01), "stop() never began its flush"
+        finally:
+            release.set()
         stopper.join(5.0)
+        assert not stopper.is_alive()
     assert seen == ["PrefixCacheHitRateLow"]
 
 

@@ -265,6 +265,72 @@ def test_diagnose_of_a_request_whose_tools_are_no_list_is_a_clear_error(tmp_path
     assert "`tools` must be a list" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("command", [["diagnose", "--offline", "{a}", "{a}"], ["lint", "{a}"], ["whatif", "{sample}"]])
+def test_a_content_part_whose_text_is_no_string_is_a_usage_error_not_a_traceback(tmp_path, capsys, command):
+    """`{"type": "text", "text": 5}` was a TypeError where the parts are joined, in all three."""
+    request = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}
+    (tmp_path / "a.json").write_text(json.dumps(request))
+    (tmp_path / "sample.jsonl").write_text(json.dumps({"body": request}) + "\n")
+    argv = [arg.format(a=tmp_path / "a.json", sample=tmp_path / "sample.jsonl") for arg in command]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "`messages[0].content[0].text` must be a string, not int" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("record, complaint", [
+    pytest.param({"hash_ids": [1, 2], "input_length": 10 ** 400}, "`input_length` must be a positive integer of at most", id="input-length"),
+    pytest.param({"hash_ids": [1, 2], "input_length": 32, "timestamp": 10 ** 400}, "`timestamp` must be a number (milliseconds), and finite", id="timestamp"),
+    pytest.param({"hash_ids": list(range((1 << 20) + 1)), "input_length": 32}, "more than the 1,048,576 a prompt can have", id="ids-in-a-line"),
+    pytest.param({"prompt_token_ids": [1] * ((1 << 20) + 1)}, "more than the 1,048,576 a prompt can have", id="tokens-in-a-line"),
+])
+def test_whatif_of_a_trace_line_beyond_any_prompt_is_a_usage_error(tmp_path, capsys, record, complaint):
+    """10^400 tokens was an OverflowError in the report; a line of millions of ids a few GB."""
+    sample = tmp_path / "trace.jsonl"
+    sample.write_text(json.dumps(record) + "\n")
+    assert main(["whatif", "--block-size=16", str(sample)]) == 2
+    err = capsys.readouterr().err
+    assert complaint in err and "holds no request to analyse" in err and "Traceback" not in err
+
+
+def test_whatif_stops_at_the_ids_a_file_may_hold_with_one_error(tmp_path, capsys, monkeypatch):
+    """Lines are bounded and so is the file: whatif keeps the whole sample, and a few lines
+    of millions of ids each went past 4 GB. The bound is lowered here, the check is the same."""
+    from exporter.tools import hashtrace
+    monkeypatch.setattr(hashtrace, "MAX_IDS_PER_FILE", 1000)
+    sample = tmp_path / "trace.jsonl"
+    sample.write_text("".join(json.dumps({"hash_ids": list(range(k, k + 600)), "input_length": 600 * 16}) + "\n" for k in (0, 1)))
+    assert main(["whatif", "--block-size=16", str(sample)]) == 2
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [f"error: {sample} holds more than 1,000 hash or token ids (line 2): whatif keeps the whole sample "
+                                "in memory; analyse a part of it (fewer requests, a shorter time)"] and not out
+
+
+FORGED = "t\nlevel=error msg=FORGED"
+
+
+@pytest.mark.parametrize("log_format", ["logfmt", "json"])
+def test_backtest_and_check_config_never_print_a_name_raw(tmp_path, capsys, log_format):
+    """A target named with a newline wrote a line of its own on stderr, one a log pipeline
+    reads as a record (`level=error msg=FORGED`): names and keys from a recording or a config
+    are escaped, whatever --log.format says."""
+    import yaml
+    body = 'vllm:prefix_cache_queries_total{model_name="m"} 100\nvllm:prefix_cache_hits_total{model_name="m"} 50\n'
+    recording = tmp_path / "rec.jsonl"
+    recording.write_text("".join(json.dumps({"t": 1000 + 20 * k, "target": FORGED, "body": body}) + "\n" for k in range(6))
+                         + json.dumps({"t": 1200, "target": FORGED, "body": "no metrics"}) + "\n")
+    config = tmp_path / "config.yml"
+    config.write_text(yaml.safe_dump({"targets": [{"name": FORGED, "url": "http://127.0.0.1:1/metrics"}] * 2,
+                                      "rules": {"x\nlevel=error msg=FORGED": {}}}))
+    assert main([f"--log.format={log_format}", "backtest", str(recording)]) == 0
+    backtest_err = capsys.readouterr().err
+    assert main([f"--log.format={log_format}", "check-config", str(config)]) == 2
+    check_err = capsys.readouterr().err
+    for err in (backtest_err, check_err):
+        assert "FORGED" in err and not any(line.startswith("level=") for line in err.splitlines()), err
+        assert all(line.startswith(("note: ", "warning: ", "error: ", "backtest: ", f"{config}: ")) for line in err.splitlines()), err
+    assert "note: target t\\nlevel=error msg=FORGED was recorded every 20s" in backtest_err
+
+
 @pytest.mark.parametrize("command", [["parse"], ["backtest"], ["whatif"]])
 def test_a_fifo_or_a_device_is_refused_not_waited_on_or_read_forever(tmp_path, capsys, command):
     fifo = tmp_path / "fifo"

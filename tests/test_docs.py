@@ -75,7 +75,7 @@ def test_ci_runs_the_readme_test_command():
 
 def test_the_readme_demo_command_runs_our_console_script():
     pyproject = text(ROOT / "pyproject.toml")
-    script = re.search(r"^\[project\.scripts\]\n(\S+) = \"exporter\.cli:main\"", pyproject, flags=re.M)
+    script = re.search(r"^\[project\.scripts\]\n(\S+) = \"exporter\.__main__:entry\"", pyproject, flags=re.M)
     assert script and FRONT_DOOR_COMMANDS[0] == f"pip install . && {script.group(1)} demo"
     assert "demo" in subcommands(cli.build_parser())
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 import shutil
 from pathlib import Path
 
@@ -56,6 +57,8 @@ TESTED_THROUGH = {
     "exporter.parse.cacheconfig": "test_vllm_metrics.py", "exporter.parse.snapshot": "test_vllm_metrics.py",
     "exporter.parse.filing": "test_vllm_metrics.py",
     "exporter.discovery.promseries": "test_promread.py", "exporter.poll.dispatch": "test_poller.py",
+    # two modules named server: neither owns tests/test_server.py by its short name
+    "exporter.serve.server": "test_server.py", "exporter.sim.server": "test_simulator.py",
 }
 
 # The pure core takes data and `now` and returns plain values: whole folders (parsing, window math, the rules and
@@ -261,19 +264,58 @@ def test_no_module_is_over_600_lines():
     assert not long, f"split these by noun (at most {MAX_LINES} lines each): {long}"
 
 
-def test_every_module_has_its_tests_where_a_newcomer_looks_for_them():
-    tests = Path(__file__).resolve().parent
-    missing = []
-    for name, path in modules().items():
-        short = name.rpartition(".")[2]
-        if path.name in ("__init__.py", "__main__.py"):  # a package's paragraph, the entry point
+def _imports(test_file: Path, module: str) -> bool:
+    """Whether `test_file` imports `module` by its full name (`import a.b.c`, `from a.b.c
+    import x` or `from a.b import c`)."""
+    package, _, name = module.rpartition(".")
+    text = test_file.read_text(encoding="utf-8")
+    return bool(re.search(rf"^\s*(from|import) {re.escape(module)}\b", text, flags=re.M)
+                or re.search(rf"^\s*from {re.escape(package)} import [^\n]*\b{re.escape(name)}\b", text, flags=re.M))
+
+
+def untested(found: dict[str, Path], tests: Path, through: dict[str, str]) -> tuple[list[str], list[str]]:
+    """(modules without their tests where a newcomer looks, modules named in `through` that
+    have their own file). tests/test_<short>.py is a module's own file only when no other
+    module has that short name: exporter/sim/server.py passed on tests/test_server.py, which
+    tests serve/server.py. Modules that share a short name are each named in `through`,
+    with a file that imports them."""
+    names = {name: name.rpartition(".")[2] for name, path in found.items() if path.name not in ("__init__.py", "__main__.py")}
+    shared = {short for short in names.values() if list(names.values()).count(short) > 1}
+    missing, redundant = [], []
+    for name, short in names.items():
+        own, named = tests / f"test_{short}.py", through.get(name)
+        if short in shared:
+            if not (named and (tests / named).exists() and _imports(tests / named, name)):
+                missing.append(name)
             continue
-        own = tests / f"test_{short}.py"
-        through = TESTED_THROUGH.get(name)
-        if not own.exists() and not (through and (tests / through).exists()):
+        if not own.exists() and not (named and (tests / named).exists()):
             missing.append(name)
-        assert not (own.exists() and through), f"{name} has tests/test_{short}.py: drop it from TESTED_THROUGH"
-    assert not missing, f"give these a tests/test_<module>.py or name the file that tests them in TESTED_THROUGH: {missing}"
+        if own.exists() and named:
+            redundant.append(name)
+    return missing, redundant
+
+
+def test_every_module_has_its_tests_where_a_newcomer_looks_for_them():
+    missing, redundant = untested(modules(), Path(__file__).resolve().parent, TESTED_THROUGH)
+    assert not redundant, f"these have a tests/test_<module>.py: drop them from TESTED_THROUGH: {redundant}"
+    assert not missing, ("give these a tests/test_<module>.py or name the file that tests them in TESTED_THROUGH "
+                         f"(a short name two modules share: in TESTED_THROUGH, a file that imports it): {missing}")
+
+
+def test_a_short_name_two_modules_share_is_no_test_file_of_either(tmp_path):
+    package, tests = tmp_path / "pkg", tmp_path / "tests"
+    for path in (package / "serve" / "server.py", package / "sim" / "server.py", package / "parse.py"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+    tests.mkdir()
+    (tests / "test_server.py").write_text("from pkg.serve.server import Server\n")
+    (tests / "test_parse.py").write_text("")
+    (tests / "test_simulator.py").write_text("from pkg.sim.server import Fleet\n")
+    found = modules(package)
+    assert untested(found, tests, {}) == (["pkg.serve.server", "pkg.sim.server"], [])
+    # named, but in a file that does not import it: still not found
+    assert untested(found, tests, {"pkg.serve.server": "test_server.py", "pkg.sim.server": "test_server.py"})[0] == ["pkg.sim.server"]
+    assert untested(found, tests, {"pkg.serve.server": "test_server.py", "pkg.sim.server": "test_simulator.py"}) == ([], [])
 
 
 def test_every_module_has_its_layer():

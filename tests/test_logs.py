@@ -216,3 +216,12 @@ def test_every_line_of_a_sidecar_run_with_reloads_failures_and_alerts_reads_back
     assert not any("target=" in f["msg"] or "cause=" in f["msg"] for f in records)  # never inside the message
     assert not any(f["msg"] in ("up", "up again") and f.get("target") == "vllm-0" for f in records)  # a pod's first answer: debug
     assert messages[-1] == ("info", "shutting down") or any(m == "shutting down" for _, m in messages)
+
+
+@pytest.mark.parametrize("text, line", [
+    ("plain name, café 東京", "plain name, café 東京"),
+    ("t\nlevel=error msg=FORGED", "t\\nlevel=error msg=FORGED"),
+    ("a\r\tb\x1b[31mred\u2028c\u202ed", "a\\r\\tb\\u001b[31mred\\u2028c\\u202ed"),
+])
+def test_one_line_escapes_what_would_end_or_disguise_a_line_and_keeps_the_rest(text, line):
+    assert logs.one_line(text) == line

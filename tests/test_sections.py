@@ -234,11 +234,16 @@ def test_a_rule_window_the_windows_do_not_keep_is_refused_with_its_key_path(rule
 
 
 def test_a_rule_window_among_the_windows_or_a_disabled_rule_loads():
-    load({"global": {"windows": ["1m", "2m", "1h"]}, "rules": {"router_prediction_gap": {"window": "2m"},
-                                                                "hit_rate_low": {"window": "2m"}}})
-    load({"rules": {"router_prediction_gap": {"window": "2m", "enabled": False}}})
+    among = load({"global": {"windows": ["1m", "2m", "1h"]}, "rules": {"router_prediction_gap": {"window": "2m"},
+                                                                        "hit_rate_low": {"window": "2m"}}})
+    assert among.global_.windows == (("1m", 60.0), ("2m", 120.0), ("1h", 3600.0))
+    gap, low = among.rules.rules["PrefixCacheRouterPredictionGap"], among.rules.rules["PrefixCacheHitRateLow"]
+    assert (gap.enabled, gap.window) == (True, 120.0) and (low.enabled, low.window) == (True, 120.0)
+    disabled = load({"rules": {"router_prediction_gap": {"window": "2m", "enabled": False}}}).rules.rules["PrefixCacheRouterPredictionGap"]
+    assert (disabled.enabled, disabled.window) == (False, 120.0)
     # the other rules compute their windows from the history: any span it keeps
-    load({"rules": {"hits_stuck_at_zero": {"window": "90s"}, "counters_disagree": {"window": "7m"}}})
+    rules = load({"rules": {"hits_stuck_at_zero": {"window": "90s"}, "counters_disagree": {"window": "7m"}}}).rules.rules
+    assert rules["PrefixCacheHitsStuckAtZero"].window == 90.0 and rules["PrefixCacheCountersDisagree"].window == 420.0
 
 
 @pytest.mark.slow

@@ -315,6 +315,63 @@ def test_a_storm_of_sighups_is_one_pending_reload_and_the_last_config_wins(tmp_p
     assert proc.returncode == 0, err[-2000:]
 
 
+def _caught(pid: int) -> set[int]:
+    """The signals `pid` has a handler for (SigCgt of /proc/PID/status, bit n-1 for signal n)."""
+    with open(f"/proc/{pid}/status") as fh:
+        mask = int(next(line.split()[1] for line in fh if line.startswith("SigCgt:")), 16)
+    return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+
+
+@pytest.mark.slow
+def test_sighup_sigusr1_and_sigusr2_right_after_start_neither_kill_nor_go_unsaid(tmp_path):
+    """The signals come as soon as the process has a handler for them, before the imports,
+    the config and the bind are done (about 0.35 s): SIGHUP's default action used to end it
+    with 129 and no log line, SIGUSR1 and SIGUSR2 ended it at any time. Now the SIGHUP makes
+    a reload once the sidecar runs (the config written before it is in force), SIGUSR1 and
+    SIGUSR2 are ignored with a line each, and SIGTERM still stops it cleanly."""
+    cfg = tmp_path / "config.yml"
+    settings = {"global": {"poll_interval": "500ms", "read_timeout": "500ms", "connect_timeout": "200ms"}}
+    cfg.write_text(yaml.safe_dump({**settings, "targets": [{"name": "a", "url": f"http://127.0.0.1:{free_port()}/metrics"}]}))
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = start(cfg, port)
+    try:
+        wanted = {signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2}
+        deadline = time.monotonic() + 10
+        while not wanted <= _caught(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert wanted <= _caught(proc.pid), "the process never took SIGHUP, SIGUSR1 and SIGUSR2 over"
+        cfg.write_text(yaml.safe_dump({**settings, "targets": [{"name": "b", "url": f"http://127.0.0.1:{free_port()}/metrics"}]}))
+        for signum in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+            proc.send_signal(signum)
+        names = lambda: {t["name"] for t in requests.get(base + "/api/v1/status", timeout=2).json()["targets"]}
+        assert wait_for(lambda: names() == {"b"}), proc.poll()
+        proc.send_signal(signal.SIGUSR1)  # and once it runs
+        assert wait_for(lambda: requests.get(base + "/-/healthy", timeout=2).status_code == 200)
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err[-2000:]
+    assert "ignoring SIGUSR1" in err and "ignoring SIGUSR2" in err and "Traceback" not in err, err[-2000:]
+
+
+def test_a_command_other_than_run_ends_on_a_sighup_that_came_while_it_started():
+    """Only the sidecar reloads: the other commands get the signals' defaults back, and a
+    SIGHUP held while they started ends them then, as it would have."""
+    code = ("import os, signal, time\n"
+            "from exporter.stopping import hold_startup_signals, release_startup_signals\n"
+            "hold_startup_signals()\n"
+            "os.kill(os.getpid(), signal.SIGHUP)\n"
+            "time.sleep(0.1)\n"
+            "print('held', flush=True)\n"
+            "release_startup_signals()\n"
+            "time.sleep(5)\n"
+            "print('never', flush=True)\n")
+    out = run_python(code)
+    assert out.returncode == -signal.SIGHUP and out.stdout.split() == ["held"], out
+
+
 def test_the_sidecar_raises_its_open_files_limit_to_the_hard_one_as_go_programs_do():
     """In a process of its own: the limit is the process's."""
     code = ("import resource\n"

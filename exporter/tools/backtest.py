@@ -7,6 +7,7 @@ import sys
 from ..config.load import load_file
 from ..config.sections import Config
 from ..exitcodes import EXIT_ERROR, EXIT_OK
+from ..logs import one_line
 from ..monitor.recording import write_line
 from ..monitor.replay import backtest
 from ..peers import files
@@ -27,13 +28,13 @@ def command(args) -> int:
     def warn(msg: str) -> None:
         tally["bad"] += 1
         if tally["bad"] <= MAX_WARNED_LINES:
-            print(f"warning: {msg}", file=sys.stderr)
+            print(f"warning: {one_line(msg)}", file=sys.stderr)  # a target's name is the recording's: one line whatever it holds
 
     def record_read() -> None:
         tally["records"] += 1
 
     def note(msg: str) -> None:  # what the replay read from the recording (its cadence): no bad line
-        print(f"note: {msg}", file=sys.stderr)
+        print(f"note: {one_line(msg)}", file=sys.stderr)
 
     count = 0
     try:

@@ -23,6 +23,8 @@ def read_request(path: str) -> dict:
         raise ValueError(f"{path}: not an OpenAI chat-completions request (needs a non-empty `messages` list)")
     if not isinstance(data.get("tools") or [], list):
         raise ValueError(f"{path}: `tools` must be a list")
+    if problem := divergence.content_problem(data):
+        raise ValueError(f"{path}: {problem}")
     return data
 
 

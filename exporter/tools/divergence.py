@@ -96,6 +96,17 @@ def _tools_reordered(a: dict, b: dict) -> bool:
     return bool(na) and na != nb and sorted(na) == sorted(nb)
 
 
+def content_problem(request: dict) -> str | None:
+    """What in the messages' content no rendering can read, or None: a content part's
+    `text` that is not a string (`{"type": "text", "text": 5}` was a TypeError)."""
+    for i, m in enumerate(request.get("messages") or []):
+        content = m.get("content") if isinstance(m, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            if isinstance(part, dict) and "text" in part and not isinstance(part["text"], str):
+                return f"`messages[{i}].content[{j}].text` must be a string, not {type(part['text']).__name__}"
+    return None
+
+
 def _contents(request: dict) -> list[str]:
     out = []
     for m in request.get("messages") or []:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Hashable, Sequence
 
+from ..peers.jsonlines import finite_number
+
 MOONCAKE_BLOCK_SIZE = 512  # the FAST'25 release's README: "The block size is 512 tokens"
 BAILIAN_BLOCK_SIZE = 16  # the Qwen-Bailian README: "Salted SipHash blocks (16 tokens per block)"
 MOONCAKE, BAILIAN = "mooncake", "qwen_bailian"
@@ -27,6 +29,14 @@ FORMAT_NAMES = {MOONCAKE: "Mooncake's FAST'25 format", BAILIAN: "the Qwen-Bailia
 KEYS = ("hash_ids", "input_length")
 BAILIAN_KEYS = ("chat_id", "parent_chat_id")
 _INT64 = 1 << 63  # routing packs a hash into 8 bytes
+# A prompt of 10^400 tokens (an OverflowError in the report's arithmetic) or a line of ten
+# million ids (some 100 bytes each in the replay: a few such lines went past 4 GB) is no
+# trace: a line holds at most a 16M-token prompt at 16 tokens a hash id, a file (whatif
+# keeps the whole sample) some 20 million ids, about 2 GB; Qwen-Bailian's 100,000
+# requests hold some 12 million.
+MAX_INPUT_LENGTH = 10 ** 12
+MAX_IDS_PER_LINE = 1 << 20
+MAX_IDS_PER_FILE = 20_000_000
 _ROOT = 1 << 64  # the parent of a first block: no id (they are 64-bit) is, and hash() of it is the same in every run
 
 
@@ -41,15 +51,17 @@ def fields(obj: dict, unit: str = "milliseconds") -> tuple[float | None, tuple[i
     if missing:
         raise ValueError(f"a block-hash record needs both `hash_ids` and `input_length` (`{missing[0]}` is missing)")
     length = obj["input_length"]
-    if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
-        raise ValueError("`input_length` must be a positive integer")
+    if isinstance(length, bool) or not isinstance(length, int) or not 0 < length <= MAX_INPUT_LENGTH:
+        raise ValueError(f"`input_length` must be a positive integer of at most {MAX_INPUT_LENGTH:.0e} tokens")
     ids = obj["hash_ids"]
+    if isinstance(ids, list) and len(ids) > MAX_IDS_PER_LINE:
+        raise ValueError(f"`hash_ids` holds {len(ids):,} ids, more than the {MAX_IDS_PER_LINE:,} a prompt can have")
     # type() is int for no bool; the set, min and max run in C, over ~100 ids a line
     if not isinstance(ids, list) or (ids and (set(map(type, ids)) != {int} or min(ids) < -_INT64 or max(ids) >= _INT64)):
         raise ValueError("`hash_ids` must be a list of 64-bit integers")
     stamp = obj.get("timestamp")
-    if stamp is not None and (isinstance(stamp, bool) or not isinstance(stamp, (int, float))):
-        raise ValueError(f"`timestamp` must be a number ({unit})")
+    if stamp is not None and finite_number(stamp) is None:
+        raise ValueError(f"`timestamp` must be a number ({unit}), and finite")
     return (None if stamp is None else float(stamp)), tuple(ids), length
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..peers import jsonlines
-from .divergence import PATTERNS, REQUEST_ID, TIMESTAMP, TOOLS_ORDER, USER, UUID, render, tool_names
+from .divergence import PATTERNS, REQUEST_ID, TIMESTAMP, TOOLS_ORDER, USER, UUID, content_problem, render, tool_names
 
 # About one 16-token block of static text: less than that after the volatile part
 # costs at most one block, so it is not worth a finding.
@@ -131,6 +131,8 @@ def lint(path: str, text: str) -> list[LintFinding]:
             raise ValueError(f"{path}: not a chat-completions request (no `messages` list)")
         if not isinstance(data.get("tools") or [], list):
             raise ValueError(f"{path}: `tools` must be a list")
+        if problem := content_problem(data):
+            raise ValueError(f"{path}: {problem}")
         return lint_request(path, text, data)
     return lint_template(path, text)
 

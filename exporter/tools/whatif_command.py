@@ -12,7 +12,7 @@ import sys
 from ..exitcodes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from ..peers import files
 from ..peers.urls import redact_url
-from . import divergence, whatif
+from . import divergence, hashtrace, whatif
 from .cachemodel import OBSERVED, POLICIES, SESSION
 from .capacitycurve import svg
 from .vllm_client import VLLMClient, VLLMError
@@ -78,14 +78,20 @@ def _command(args) -> int:
     except OSError as exc:
         print(f"error: cannot read {args.requests}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_ERROR
-    requests_, bad = [], 0
+    requests_, bad, ids = [], 0, 0
     with source:
         for item in whatif.read_requests(source):
             if isinstance(item, whatif.SampleError):
                 bad += 1
                 print(f"warning: {item}; skipped", file=sys.stderr)
-            else:
-                requests_.append(item)
+                continue
+            # the whole sample is kept, at some 100 bytes an id: the file is bounded, not only its lines
+            ids += len(item.hash_ids or ()) + len(item.tokens or ())
+            if ids > hashtrace.MAX_IDS_PER_FILE:
+                print(f"error: {args.requests} holds more than {hashtrace.MAX_IDS_PER_FILE:,} hash or token ids (line {item.line}): "
+                      "whatif keeps the whole sample in memory; analyse a part of it (fewer requests, a shorter time)", file=sys.stderr)
+                return EXIT_USAGE
+            requests_.append(item)
     if not requests_:
         print(f"error: {args.requests} holds no request to analyse ({bad} bad line(s))", file=sys.stderr)
         return EXIT_USAGE

@@ -12,6 +12,7 @@ from typing import Iterable, Iterator
 
 from ..peers import jsonlines
 from . import hashtrace
+from .divergence import content_problem
 
 
 class SampleError(ValueError):
@@ -111,11 +112,15 @@ def _from_json(n: int, text: str) -> Request | SampleError:
         ids = obj["prompt_token_ids"]
         if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             return SampleError(f"line {n}: `prompt_token_ids` must be a non-empty list of integers")
+        if len(ids) > hashtrace.MAX_IDS_PER_LINE:
+            return SampleError(f"line {n}: `prompt_token_ids` holds {len(ids):,} tokens, more than the {hashtrace.MAX_IDS_PER_LINE:,} a prompt can have")
         return Request(tokens=tuple(ids), **common)
     if "body" in obj:
         body = obj["body"]
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
             return SampleError(f"line {n}: `body` must be a chat-completions request with a non-empty `messages` list")
+        if problem := content_problem(body):
+            return SampleError(f"line {n}: `body`: {problem}")
         salt = common.pop("salt") or _text(body.get("cache_salt"))
         return Request(body=body, salt=salt, **common)
     if "prompt" in obj:
@@ -145,6 +150,8 @@ def _from_log(n: int, text: str) -> Request | SampleError:
         if isinstance(raw, list) and raw:
             if not all(isinstance(i, int) and not isinstance(i, bool) for i in raw):
                 return SampleError(f"line {n}: prompt_token_ids must be a list of integers")
+            if len(raw) > hashtrace.MAX_IDS_PER_LINE:
+                return SampleError(f"line {n}: prompt_token_ids holds {len(raw):,} tokens, more than the {hashtrace.MAX_IDS_PER_LINE:,} a prompt can have")
             ids = tuple(raw)
     lora = _LORA_NAME.search(rest)
     if ids is None and not isinstance(prompt, str):
