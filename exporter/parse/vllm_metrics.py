@@ -23,9 +23,12 @@ from .snapshot import Snapshot
 # Why a sample is refused (counted per target): the parser refuses counters of +Inf, NaN
 # or below zero, and start times (process_start_time_seconds, `_created`) that are not a
 # finite time; the window refuses a counter that steps back a little without a restart,
-# and the restart detector start times that flap between processes behind one URL.
+# and the restart detector start times that flap between processes behind one URL. The
+# Prometheus source refuses a sample at no finite time or after its query's time: a range
+# selector answers none there, and one read became the pod's newest for good.
+FUTURE_TIMESTAMP, NON_FINITE_TIMESTAMP = "future_timestamp", "non_finite_timestamp"
 REJECT_REASONS = ("non_finite_counter", "negative_counter", "non_finite_start_time", "counter_step_back", "flapping_start_time",
-                  "label_value_too_long")
+                  "label_value_too_long", FUTURE_TIMESTAMP, NON_FINITE_TIMESTAMP)
 # A label value we key on and export (a model name, an engine, a cache setting) longer than
 # this is refused with its sample: four 1.9 MB model names made our /metrics 144 MB.
 MAX_LABEL_VALUE = 1024
