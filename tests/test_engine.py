@@ -545,3 +545,26 @@ def test_a_lull_shorter_than_the_look_back_keeps_the_drop_alert_firing():
     """Six minutes without a request (a short night), then the same low ratio: held throughout."""
     seen = _drop_then(lambda s: 0.0 if 500 <= s < 860 else 10000.0, 1300)
     assert [state for _, state, _ in seen if state in ("firing", "resolved")] == ["firing"]
+
+
+def test_a_four_second_spike_of_a_counter_to_1e20_leaves_the_ratios_after_it_true():
+    """A pod at 80%, 2,000 query tokens a second, polled every second; for 4 s its
+    counters read 1e20, then normal again. Taken, the fall back was a reset adding 1e20
+    to every later sample as an offset, where a float's step is 16,384: the ratios read
+    0.67 or 1.0 for 0.8 for good. Refused as counter_too_large, they stay true."""
+    from exporter.alerting.rules import judged_ratio
+    engine = engine_for(1)
+    queries = hits = 0.0
+    t = START
+    while t <= START + 600:
+        queries, hits = queries + 2000.0, hits + 1600.0
+        spike = START + 200 <= t < START + 204
+        q, h = (1e20, 1e20) if spike else (queries, hits)
+        engine.ingest("vllm-0", t, parse(f"process_start_time_seconds {START - 3600}\n"
+                                         f'vllm:prefix_cache_queries_total{{model_name="m",engine="0"}} {q}\n'
+                                         f'vllm:prefix_cache_hits_total{{model_name="m",engine="0"}} {h}\n'))
+        engine.evaluate(t)
+        if t >= START + 300:  # past the 1 minute window that held the spike
+            ratio = judged_ratio(engine.tracks["vllm-0"].view.stats["m"]["1m"])
+            assert ratio is not None and abs(ratio - 0.8) < 0.001, (t - START, ratio)
+        t += 1.0
