@@ -494,3 +494,77 @@ def test_a_poll_interval_of_20s_still_finds_a_change_point():
     transitions = drive(e, [replica(0, simulator.incident(900 + 300))], 600, step=20.0)
     assert [ev.source for ev in e.events] == ["change_point"]
     assert firing(transitions, "PrefixCacheHitRateDropAfterDeploy")
+
+
+# --- a firing alert whose traffic went away -------------------------------------------------
+class _Counters:
+    """A vLLM process's prefix-cache counters, advanced poll by poll."""
+
+    def __init__(self, started: float):
+        self.started, self.queries, self.hits = started, 0.0, 0.0
+
+    def body(self, ratio: float, tokens: float) -> str:
+        self.queries += tokens
+        self.hits += tokens * ratio
+        return (f"process_start_time_seconds {self.started}\n"
+                f'vllm:prefix_cache_queries_total{{model_name="m",engine="0"}} {self.queries}\n'
+                f'vllm:prefix_cache_hits_total{{model_name="m",engine="0"}} {self.hits}\n')
+
+
+def _drop_then(tokens_at, until: float):
+    """A pod at 85% that falls to 3% 150 s after its start (a prompt change: the drop rule
+    pages), its traffic `tokens_at(seconds)` query tokens a 5 s poll. -> transitions of the
+    drop alert as (seconds after the start, state, annotations)."""
+    from exporter.alerting.rules import DROP_AFTER_DEPLOY
+    engine = engine_for(1)
+    pod, seen, t = _Counters(START - 1.0), [], START
+    while t <= START + until:
+        engine.ingest("vllm-0", t, parse(pod.body(0.85 if t - START < 150 else 0.03, tokens_at(t - START))))
+        seen += [(tr.t - START, tr.state, dict(tr.alert.annotations)) for tr in engine.evaluate(t)
+                 if tr.alert.alertname == DROP_AFTER_DEPLOY]
+        t += 5.0
+    return seen
+
+
+def test_a_firing_drop_alert_resolves_once_its_traffic_has_been_gone_for_the_rules_look_back():
+    """Traffic moves away at 500 s: the rule turns inconclusive once its 5 minute window
+    holds too few tokens, and the alert, held meanwhile, resolves within the rule's
+    look-back (baseline + after: 10 minutes) of its last true evaluation, saying why."""
+    from exporter.alerting.rules_state import NO_TRAFFIC
+    stop = 500.0
+    seen = _drop_then(lambda s: 10000.0 if s < stop else 0.0, stop + 1000)
+    states = [(t, state) for t, state, _ in seen]
+    fired = next(t for t, state in states if state == "firing")
+    assert fired < stop
+    (resolved,) = [(t, a) for t, state, a in seen if state == "resolved"]
+    assert stop + 600 <= resolved[0] <= stop + 300 + 600 + 5  # last true at most its window after the stop
+    assert "no traffic to judge" in resolved[1][NO_TRAFFIC]
+
+
+def test_a_lull_shorter_than_the_look_back_keeps_the_drop_alert_firing():
+    """Six minutes without a request (a short night), then the same low ratio: held throughout."""
+    seen = _drop_then(lambda s: 0.0 if 500 <= s < 860 else 10000.0, 1300)
+    assert [state for _, state, _ in seen if state in ("firing", "resolved")] == ["firing"]
+
+
+def test_a_four_second_spike_of_a_counter_to_1e20_leaves_the_ratios_after_it_true():
+    """A pod at 80%, 2,000 query tokens a second, polled every second; for 4 s its
+    counters read 1e20, then normal again. Taken, the fall back was a reset adding 1e20
+    to every later sample as an offset, where a float's step is 16,384: the ratios read
+    0.67 or 1.0 for 0.8 for good. Refused as counter_too_large, they stay true."""
+    from exporter.alerting.rules import judged_ratio
+    engine = engine_for(1)
+    queries = hits = 0.0
+    t = START
+    while t <= START + 600:
+        queries, hits = queries + 2000.0, hits + 1600.0
+        spike = START + 200 <= t < START + 204
+        q, h = (1e20, 1e20) if spike else (queries, hits)
+        engine.ingest("vllm-0", t, parse(f"process_start_time_seconds {START - 3600}\n"
+                                         f'vllm:prefix_cache_queries_total{{model_name="m",engine="0"}} {q}\n'
+                                         f'vllm:prefix_cache_hits_total{{model_name="m",engine="0"}} {h}\n'))
+        engine.evaluate(t)
+        if t >= START + 300:  # past the 1 minute window that held the spike
+            ratio = judged_ratio(engine.tracks["vllm-0"].view.stats["m"]["1m"])
+            assert ratio is not None and abs(ratio - 0.8) < 0.001, (t - START, ratio)
+        t += 1.0

@@ -395,9 +395,7 @@ PROLOGUE = '{"status":"success","data":{"resultType":"matrix","result":['
 def test_a_text_that_only_looks_like_prometheus_layout_reads_as_the_decoder_reads_it(result):
     """Bodies a review built to tell the two readings apart: each gives what pods() gives
     the decoded answer (or the same error), and the memo learns nothing from one that is
-    not read whole from its text. (Not among them: a series' samples older than those
-    already read are not read from the text at all, so a broken one there goes unnoticed
-    where the decoder would refuse the answer.)"""
+    not read whole from its text."""
     import json
     from exporter.discovery.targets import DiscoveryError
     body = (PROLOGUE + result + "]}}").encode()
@@ -415,13 +413,13 @@ def test_a_text_that_only_looks_like_prometheus_layout_reads_as_the_decoder_read
 def test_series_of_one_pod_with_uneven_samples_are_not_read_as_columns():
     """Two series of one and three samples hold four in all, as two of two would, and their
     times read as one row repeated: a review's body, valid JSON, that the columns filed as
-    two scrapes of both series. Read sample by sample, as the decoder reads it."""
+    two scrapes of both series. Read sample by sample, as the decoder reads it, in the answer's order."""
     import json
     body = (PROLOGUE + '{"metric":{"__name__":"x","pod":"a"},"values":[[1,"a"]]},'
             '{"metric":{"__name__":"y","pod":"a"},"values":[[2,"b"],[1,"c"],[2,"d"]]}]}}').encode()
     ours = promseries.pods_of_answer(body, "pod", "test", {}, promseries.PodMemo())
     assert ours == promseries.pods(json.loads(body), "pod", "test")
-    assert [(name, value) for name, _, value, _ in ours["a"].times[2.0]] == [("y", "d"), ("y", "b")]
+    assert [(name, value) for name, _, value, _ in ours["a"].times[2.0]] == [("y", "b"), ("y", "d")]
 
 
 def test_a_known_answer_read_by_another_target_label_names_its_pods_by_that_label():
@@ -490,11 +488,6 @@ def test_a_pod_the_scrape_reading_does_not_judge_is_read_as_the_decoder_reads_it
     import json
     from exporter.discovery.targets import DiscoveryError
     body = _regular(series)
-    if "nan" in series[0] and newer["a"] == 40.0:
-        # the broken time is older than every sample read before: not read from the text at all
-        # (test_a_text_that_only_looks_like_prometheus_layout_reads_as_the_decoder_reads_it says so)
-        assert promseries.pods_of_answer(body, "pod", "test", newer, promseries.PodMemo()) == {}
-        return
     try:
         expected = promseries.pods(json.loads(body), "pod", "test", newer)
     except (ValueError, DiscoveryError):
@@ -554,11 +547,13 @@ def test_a_read_goes_part_by_part_and_a_failed_part_waits_for_the_next_read():
     failing = {"on": True}
 
     def query(h):
-        q = parse_qs(urlsplit(h.path).query)["query"][0]
+        asked = parse_qs(urlsplit(h.path).query)
+        q, at = asked["query"][0], float(asked["time"][0])
         name = "vllm-z" if "!~" in q else "vllm-a"  # the last part takes the names the others do not
-        if name == "vllm-z" and failing["on"]:
+        if name == "vllm-z" and failing["on"] and at >= now - 20:  # the first read's slice that holds its samples
             return reply(h, 500, b'{"status":"error","error":"overloaded"}')
-        reply(h, 200, json.dumps(answer_of(bodies[name], {"job": "vllm", "pod": name})).encode())
+        # as Prometheus answers a range selector: nothing after the query's time
+        reply(h, 200, json.dumps(answer_of({t: b for t, b in bodies[name].items() if t <= at}, {"job": "vllm", "pod": name})).encode())
 
     with FakeServer({"/api/v1/query": query}) as prom:
         raw = read_config(prom.base)
@@ -1325,5 +1320,141 @@ def test_a_restart_of_ours_mid_incident_reads_back_the_baseline_and_the_page_is_
             assert dict(alert.labels)["cause"] == "prompt_prefix_change"
             assert alert.active_at < start - 300  # raised when it happened, not at our start
             assert alert.baseline is not None and alert.baseline > 0.6 and alert.value < 0.2
+        finally:
+            poller.stop(0.5)
+
+
+# --- samples at times a range selector never answers, values out of order -----------------------
+def _prometheus_of(replicas, clock, edit=lambda name, result: result, pod_labels=lambda name: {"job": "vllm", "pod": name}):
+    """A fake Prometheus over `replicas`, each scraped a second before every query while it
+    is in the returned `scraping`; the answer holds each pod's last two scrapes, as a
+    read reaching 30 s back at a 15 s interval does. `edit(pod, its series)` makes the
+    answer hostile."""
+    from fakeserver import reply
+    held: dict[str, dict[float, str]] = {}
+    scraping = set(replicas)
+
+    def query(h):
+        import json
+        result = []
+        for name in sorted(replicas):
+            if name in scraping:
+                replicas[name].advance(clock[0] - 1)
+                held.setdefault(name, {})[clock[0] - 1] = replicas[name].render()
+            recent = dict(sorted(held.get(name, {}).items())[-2:])
+            if recent:
+                result += edit(name, answer_of(recent, pod_labels(name))["data"]["result"])
+        reply(h, 200, json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}}).encode())
+    return query, scraping
+
+
+def _fleet(names, clock):
+    return {name: simulator.Replica(name, simulator.Scenario(request_rate=4.0), start=clock[0] - 900, seed=i, model_names=[MODEL])
+            for i, name in enumerate(names)}
+
+
+@pytest.mark.parametrize("bad_time", [3600.0, math.inf, math.nan], ids=["an-hour-ahead", "infinity", "nan"])
+def test_a_sample_after_the_querys_time_is_refused_counted_and_the_pod_still_goes_stale_when_it_stops(bad_time, caplog):
+    """One sample of vllm-a an hour ahead of the query (or at JSON's Infinity, NaN): a
+    range selector answers none there. Read, it was the pod's newest for good: every real
+    sample after it "already read", the pod never stale. Refused and counted (by reason,
+    said once in the log), the pod is fed every later scrape and goes down once stopped."""
+    from fakeserver import FakeServer
+    clock = [20_000.0]
+    replicas = _fleet(("vllm-a",), clock)
+    hostile = {"on": False}
+
+    def edit(name, result):
+        if hostile["on"]:
+            for series in result:
+                series["values"].append([clock[0] + bad_time, series["values"][-1][1]])
+        return result
+    query, scraping = _prometheus_of(replicas, clock, edit)
+    with FakeServer({"/api/v1/query": query}) as prom, caplog.at_level(logging.WARNING, "exporter.poll.promread"):
+        state = State()
+        cfg = read_config(prom.base)
+        cfg["global"]["poll_interval"] = "15s"
+        poller = Poller(load(cfg), state, clock=lambda: clock[0])
+        try:
+            for k in range(6):
+                hostile["on"] = k in (2, 3)
+                poller.read()
+                clock[0] += 15
+            view = state.target("vllm-a")
+            assert view.up and dict(view.scrapes)["success"] == 6  # every real scrape fed, none taken for read
+            assert math.isfinite(poller.reader.newest["vllm-a"]) and poller.reader.newest["vllm-a"] < clock[0]
+            reason = "future_timestamp" if math.isfinite(bad_time) else "non_finite_timestamp"
+            assert dict(view.rejected)[reason] > 0
+            assert len([r for r in caplog.records if "after the query's time" in r.getMessage()]) == 1
+            scraping.clear()  # the pod stops
+            for _ in range(5):
+                poller.read()
+                clock[0] += 15
+            assert not state.target("vllm-a").up
+            registry_of(state)  # our /metrics renders, no time that is not one in it
+        finally:
+            poller.stop(0.5)
+
+
+def test_series_whose_values_come_newest_first_are_read_whole_and_the_pod_stays_up():
+    """A store that answers each series' values in reverse time order: the reading
+    stopped at the first sample already read, which was now the oldest, took nothing, and
+    marked the pod down while every answer had fresh samples."""
+    from fakeserver import FakeServer
+    clock = [20_000.0]
+    replicas = _fleet(("vllm-a",), clock)
+
+    def reverse(name, result):
+        for series in result:
+            series["values"].reverse()
+        return result
+    query, _ = _prometheus_of(replicas, clock, reverse)
+    with FakeServer({"/api/v1/query": query}) as prom:
+        state = State()
+        cfg = read_config(prom.base)
+        cfg["global"]["poll_interval"] = "15s"
+        poller = Poller(load(cfg), state, clock=lambda: clock[0])
+        try:
+            for _ in range(8):
+                poller.read()
+                clock[0] += 15
+                assert state.target("vllm-a").up
+            assert dict(state.target("vllm-a").scrapes)["success"] == 8
+        finally:
+            poller.stop(0.5)
+
+
+@pytest.mark.parametrize("honor_labels", [False, True])
+def test_a_pod_label_named_model_name_is_the_targets_exported_model_name_and_the_engines_model_stays(honor_labels):
+    """A PodMonitor relabelling that adds `model_name` to the pod: Prometheus keeps it under
+    the name and the engine's as exported_model_name (honor_labels: false; true keeps the
+    engine's under the name). Taken for a pod label and stripped from every series, it
+    left no series of vLLM: the pod was down for good. As the scrape path has it: the
+    engine's model, the pod's label as the target's exported_model_name."""
+    from fakeserver import FakeServer
+    clock = [20_000.0]
+    replicas = _fleet(("vllm-a",), clock)
+
+    def relabelled(name, result):
+        for series in result:
+            metric = series["metric"]
+            if "model_name" in metric and not honor_labels:
+                metric["exported_model_name"] = metric["model_name"]
+            if "model_name" not in metric or not honor_labels:
+                metric["model_name"] = "from-the-podmonitor"
+        return result
+    query, _ = _prometheus_of(replicas, clock, relabelled)
+    with FakeServer({"/api/v1/query": query}) as prom:
+        state = State()
+        cfg = read_config(prom.base)
+        cfg["global"]["poll_interval"] = "15s"
+        poller = Poller(load(cfg), state, clock=lambda: clock[0])
+        try:
+            for _ in range(3):
+                poller.read()
+                clock[0] += 15
+            view = state.target("vllm-a")
+            assert view.up and {s.model_name for s in view.snapshot.series} == {MODEL}
+            assert dict(view.target.labels)["exported_model_name"] == "from-the-podmonitor"
         finally:
             poller.stop(0.5)

@@ -2,7 +2,7 @@
 import pytest
 
 from exporter.alerting.rules import RuleSettings
-from exporter.alerting.rules_state import FIRING, INACTIVE, INCONCLUSIVE, PENDING, RESOLVED, Alert, Condition, step
+from exporter.alerting.rules_state import FIRING, INACTIVE, INCONCLUSIVE, NO_TRAFFIC, PENDING, RESOLVED, Alert, Condition, step
 
 TRUE, FALSE, INCON = Condition("true", 0.1, "s", "d"), Condition("false"), Condition(INCONCLUSIVE, None, "s", "d")
 
@@ -16,13 +16,13 @@ def describe(alert, cond):
     return replace(alert, labels=alert.labels or (("alertname", alert.alertname),), annotations=(("summary", cond.summary),))
 
 
-def run(conds, for_=10.0, keep=0.0, step_s=5.0):
+def run(conds, for_=10.0, keep=0.0, step_s=5.0, bound=600.0):
     """Feed conditions at t=0, 5, 10, ...; returns [(t, state, transition or None)]."""
     alert = Alert("A", "t", "m")
     out = []
     for i, cond in enumerate(conds):
         t = i * step_s
-        alert, tr = step(alert, cond, t, settings(for_, keep), describe)
+        alert, tr = step(alert, cond, t, settings(for_, keep), describe, inconclusive_bound=bound)
         out.append((t, alert.state, tr.state if tr else None))
     return out
 
@@ -53,10 +53,33 @@ def test_transitions_are_pending_firing_resolved_only():
 
 def test_labels_stay_while_annotations_follow():
     alert = Alert("A", "t", "m")
-    alert, _ = step(alert, Condition("true", 1.0, "first"), 0.0, settings(0), describe)
-    alert, _ = step(alert, Condition("true", 2.0, "second"), 5.0, settings(0), describe)
+    alert, _ = step(alert, Condition("true", 1.0, "first"), 0.0, settings(0), describe, inconclusive_bound=600.0)
+    alert, _ = step(alert, Condition("true", 2.0, "second"), 5.0, settings(0), describe, inconclusive_bound=600.0)
     assert alert.labels == (("alertname", "A"),) and dict(alert.annotations)["summary"] == "second"
     assert alert.value == 2.0 and alert.fired_at == 0.0
+
+
+def test_a_firing_alert_inconclusive_past_its_bound_resolves_saying_there_was_no_traffic_to_judge():
+    """Prometheus resolves an alert whose expression has no result: a pod whose traffic
+    went away must not page for ever. Last true at 10, inconclusive from 15: held while
+    under the bound of 20 s, resolved at 30 with the reason; inconclusive after, never firing."""
+    out = run([TRUE, TRUE, TRUE, INCON, INCON, INCON, INCON, INCON], bound=20.0)
+    assert [s for _, s, _ in out] == [PENDING, PENDING, FIRING, FIRING, FIRING, FIRING, INACTIVE, INCONCLUSIVE]
+    assert [tr for _, _, tr in out][6] == RESOLVED
+    alert = Alert("A", "t", "m")
+    for i, cond in enumerate([TRUE, TRUE, TRUE, INCON, INCON, INCON, INCON]):
+        alert, tr = step(alert, cond, i * 5.0, settings(), describe, inconclusive_bound=20.0)
+    assert tr is not None and "no traffic to judge" in dict(tr.alert.annotations)[NO_TRAFFIC]
+
+
+def test_a_lull_under_the_bound_keeps_it_firing_and_data_again_restarts_the_count():
+    out = run([TRUE, TRUE, TRUE, INCON, INCON, INCON, TRUE, INCON, INCON, INCON], bound=20.0)
+    assert [s for _, s, _ in out] == [PENDING, PENDING, FIRING, FIRING, FIRING, FIRING, FIRING, FIRING, FIRING, FIRING]
+
+
+def test_keep_firing_for_longer_than_the_bound_holds_an_inconclusive_alert_as_long():
+    out = run([TRUE, TRUE, TRUE] + [INCON] * 6, keep=25.0, bound=10.0)
+    assert [s for _, s, _ in out][3:] == [FIRING] * 4 + [INACTIVE, INCONCLUSIVE]  # last true at 10: resolved at 35
 
 
 def test_a_pending_alert_that_ends_says_so():
@@ -73,7 +96,7 @@ def test_labels_follow_the_evidence_while_pending_and_freeze_when_firing():
     s = settings(for_=10.0)
     alert = Alert("A", "t", "m")
     for t, cause in ((0.0, "prompt_prefix_change"), (5.0, "eviction_pressure"), (10.0, "eviction_pressure"), (15.0, "unknown")):
-        alert, _ = step(alert, Condition("true", 1.0, cause), t, s, by_cause)
+        alert, _ = step(alert, Condition("true", 1.0, cause), t, s, by_cause, inconclusive_bound=600.0)
         if t == 5.0:
             assert dict(alert.labels)["cause"] == "eviction_pressure" and alert.state == PENDING
     assert alert.state == FIRING and dict(alert.labels)["cause"] == "eviction_pressure"

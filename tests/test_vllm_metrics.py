@@ -141,6 +141,9 @@ def test_escapes_nan_inf_and_exponents():
     pytest.param("NaN", "non_finite_counter", id="nan"),
     pytest.param("-Inf", "negative_counter", id="minus-inf"),
     pytest.param("-5", "negative_counter", id="negative"),
+    # past 2**53 a float loses whole increments; a reset after it made it every later sample's offset
+    pytest.param("1e20", "counter_too_large", id="past-2-to-the-53"),
+    pytest.param("1e308", "counter_too_large", id="1e308"),
 ])
 def test_counters_must_be_finite_and_not_negative(value, reason):
     text = (f'vllm:prefix_cache_queries_total{{model_name="m",engine="0"}} {value}\n'
@@ -148,6 +151,18 @@ def test_counters_must_be_finite_and_not_negative(value, reason):
     snap = parse(text)
     assert snap.series[0].prefix_cache.queries is None and snap.series[0].prefix_cache.hits == 5.0
     assert snap.rejected == ((reason, 1),)
+
+
+def test_a_counter_of_2_to_the_53_is_kept_and_one_past_it_refused_also_by_the_central_modes_plan():
+    """The bound is the same on both paths: the body's loop and the plan that files a pod's
+    samples read from Prometheus (whose fast path falls back to the loop when a value is unfit)."""
+    from exporter.parse.vllm_metrics import parse_samples
+    for value, kept in ((repr(2.0 ** 53), True), ("1e20", False)):
+        samples = [("vllm:prefix_cache_queries_total", {"model_name": "m", "engine": "0"}, value, False),
+                   ("vllm:prefix_cache_hits_total", {"model_name": "m", "engine": "0"}, "5", False)]
+        for snap in (parse_samples(samples, 0, _plan_of(samples)), parse_samples(samples)):
+            assert (snap.series[0].prefix_cache.queries is not None) is kept
+            assert dict(snap.rejected).get("counter_too_large", 0) == (0 if kept else 1)
 
 
 @pytest.mark.parametrize("name, expect", [

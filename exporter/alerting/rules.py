@@ -426,6 +426,12 @@ class Rule:
     def looks_back(self, s: RuleSettings) -> float:
         return sum(getattr(s, name) for name in self.look_back)
 
+    def inconclusive_bound(self, s: RuleSettings, rc: RulesConfig) -> float:
+        """How long a firing alert of this rule holds on `inconclusive` (too little traffic)
+        after its condition was last true: its look-back, after which nothing that made it
+        fire is left in what it reads (a rule that reads no span: the events' look-back)."""
+        return self.looks_back(s) or rc.event_lookback
+
 
 SEVERITIES = ("info", "warning", "critical")  # mildest first
 

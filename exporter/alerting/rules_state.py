@@ -3,7 +3,12 @@ the state machine with Prometheus's semantics. Pure.
 
 `step()` moves an alert through inactive -> pending -> firing -> resolved with `for` and
 `keep_firing_for` as Prometheus has them. A rule may also say `inconclusive` (too few
-tokens to judge): exported, never firing.
+tokens to judge): exported, never firing. A firing alert holds on `inconclusive` (no new
+evidence either way), but not for good: Prometheus resolves an alert whose expression has
+no result, and a pod whose traffic moved away would otherwise page for ever. Once its
+condition has not been seen true for `inconclusive_bound` (the rule's look-back: by then
+nothing that made it fire is left in what the rule reads), it resolves, saying there was
+no traffic to judge.
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from typing import Callable
 
 INACTIVE, PENDING, FIRING, INCONCLUSIVE = "inactive", "pending", "firing", "inconclusive"
 RESOLVED = "resolved"  # a transition, after which the alert is inactive
+NO_TRAFFIC = "resolved_because"  # the annotation of an alert resolved for want of traffic, saying so
 
 
 @dataclass(frozen=True)
@@ -68,12 +74,14 @@ class Transition:
 
 
 def step(alert: Alert, cond: Condition, now: float, s,
-         describe: Callable[[Alert, Condition], Alert]) -> tuple[Alert, Transition | None]:
+         describe: Callable[[Alert, Condition], Alert], *, inconclusive_bound: float) -> tuple[Alert, Transition | None]:
     """One evaluation, with Prometheus's semantics: pending needs the condition true at
     every evaluation; labels follow the evidence while pending and are fixed from the
     moment the alert fires; `keep_firing_for` counts from the first false evaluation.
     `describe` fills labels and annotations from the evidence of this evaluation; `s`
-    holds the rule's `for_` and `keep_firing_for` (its RuleSettings)."""
+    holds the rule's `for_` and `keep_firing_for` (its RuleSettings). A firing alert
+    whose condition is inconclusive resolves once it was last true `inconclusive_bound`
+    seconds ago (or `keep_firing_for`, when longer)."""
     state = alert.state
     if cond.true:
         if state in (INACTIVE, INCONCLUSIVE):
@@ -94,7 +102,14 @@ def step(alert: Alert, cond: Condition, now: float, s,
         return replace(alert, last_true=now, false_since=None, value=cond.value, annotations=described.annotations), None
     if state == FIRING:
         if cond.state == INCONCLUSIVE:
-            return alert, None  # no new information: a firing alert holds
+            last_true = alert.last_true if alert.last_true is not None else alert.fired_at
+            if last_true is None or now - last_true < max(inconclusive_bound, s.keep_firing_for):
+                return alert, None  # no new information: a firing alert holds, for a while
+            why = (f"no traffic to judge: the condition was last true {now - last_true:.0f}s ago and has been "
+                   f"inconclusive since ({cond.summary or 'too few query tokens'})")
+            new = replace(alert, state=INACTIVE, resolved_at=now,
+                          annotations=tuple(sorted({**dict(alert.annotations), NO_TRAFFIC: why}.items())))
+            return new, Transition(now, new, RESOLVED)
         false_since = alert.false_since if alert.false_since is not None else now
         if now - false_since < s.keep_firing_for:
             return replace(alert, false_since=false_since), None

@@ -34,12 +34,16 @@ from typing import Any
 from ..config.sections import Target
 from ..parse.names import PROCESS_START_TIME, SAMPLE_NAMES
 from ..parse.snapshot import Snapshot
-from ..parse.vllm_metrics import SamplePlan, long_labels, parse_samples
+from ..parse.vllm_metrics import FUTURE_TIMESTAMP, NON_FINITE_TIMESTAMP, SamplePlan, long_labels, parse_samples
 from .targets import DiscoveryError, Limits, _bounded_labels, _own_labels, _without_userinfo
 
 # labels an engine puts on its own series: never a pod's
 _ENGINE_LABELS = frozenset({"model_name", "engine", "le", "source", "name", "cache_source", "pid", "cache_level", "cache_tier",
                             "engine_type", "is_streaming", "target_model_name", "phase", "model", "quantile"})
+# the label an engine files its series by: the engine's on each series that has it, whatever the pod has
+_MODEL_LABEL = "model_name"
+# Prometheus keeps a scraped label that clashes with a target label as exported_<name> (honor_labels: false)
+_RENAMED = "exported_"
 
 
 _LAST = "0123456789abcdefghijklmnopqrstuvwxyz"
@@ -91,11 +95,15 @@ class Pod:
 
 
 def pods(payload: Any, target_label: str, where: str, newer_than: dict[str, float] | None = None,
-         present: set[str] | None = None, names: PodNames | None = None) -> dict[str, Pod]:
+         present: set[str] | None = None, names: PodNames | None = None, not_after: float = math.inf,
+         refused: dict[str, Counter] | None = None) -> dict[str, Pod]:
     """A query answer -> pod name -> its samples, those of a pod at or before
-    `newer_than[pod]` (already read) left out. A series' values are in time order (the
-    API's matrix), so its reading stops at the first sample already read. `present`
-    gets the name of every pod the answer has a series of, new samples or none."""
+    `newer_than[pod]` (already read) left out. A series' values are in time order in the
+    API's matrix, but not in every store's: each sample is judged, none is skipped for
+    its place (one answer's values in reverse order were all taken for read). A sample at
+    no finite time or after `not_after` (the query's time) is refused, counted in
+    `refused` (pod -> reason -> samples). `present` gets the name of every pod the answer
+    has a series of, new samples or none."""
     if not isinstance(payload, dict) or payload.get("status") != "success" or not isinstance(payload.get("data"), dict):
         raise DiscoveryError(f"{where}: not a successful query answer")
     data = payload["data"]
@@ -125,14 +133,17 @@ def pods(payload: Any, target_label: str, where: str, newer_than: dict[str, floa
         times: dict[float, list[tuple[str, dict[str, str], str, bool]]] = {}
         for name, metric, values in series:
             own, long = None, False  # one dict of the series' own labels, shared by its samples
-            # a series' samples come oldest first: read from the newest back to the first already read
-            for sample in reversed(values):
+            for sample in values:
                 try:
                     t, value = float(sample[0]), sample[1]
                 except (TypeError, ValueError, IndexError, OverflowError):
                     raise DiscoveryError(f"{where}: a sample of {name} of {pod} is not [time, \"value\"]") from None
+                if not math.isfinite(t) or t > not_after:
+                    if refused is not None:
+                        refused.setdefault(pod, Counter())[NON_FINITE_TIMESTAMP if not math.isfinite(t) else FUTURE_TIMESTAMP] += 1
+                    continue
                 if t <= after:
-                    break
+                    continue
                 if isinstance(value, str):
                     if own is None:
                         own = _own_labels_of(metric, labels)
@@ -147,7 +158,22 @@ def pods(payload: Any, target_label: str, where: str, newer_than: dict[str, floa
 
 
 def _own_labels_of(metric: dict, pod_labels: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in metric.items() if k != "__name__" and k not in pod_labels and isinstance(v, str)}
+    """A series' labels as its engine exposed them, the pod's left out, as the scrape path
+    has them (a pod's label that clashes is its target's exported_<name>). A pod label that
+    an engine also uses (a PodMonitor relabelling that adds `model_name`) clashed when
+    Prometheus scraped: Prometheus kept the pod's under the name and the engine's as
+    exported_<name> (honor_labels: false), which is taken back; with honor_labels: true
+    the engine's stayed under the name, and is told from the pod's by its value (the model
+    label always: each series filed by model has the engine's)."""
+    own: dict[str, str] = {}
+    for k, v in metric.items():
+        if k == "__name__" or not isinstance(v, str):
+            continue
+        if k.startswith(_RENAMED) and k[len(_RENAMED):] in _ENGINE_LABELS:
+            own[k[len(_RENAMED):]] = v  # the engine's, renamed by Prometheus: over the pod's under the name
+        elif k not in pod_labels or (k in _ENGINE_LABELS and (k == _MODEL_LABEL or v != pod_labels[k])):
+            own.setdefault(k, v)
+    return own
 
 
 def _pod_labels(series: list[tuple[str, dict, list]]) -> dict[str, str]:
@@ -157,7 +183,8 @@ def _pod_labels(series: list[tuple[str, dict, list]]) -> dict[str, str]:
     common: dict[str, str] | None = None
     for _, metric, _ in series:
         if common is None:
-            common = {k: v for k, v in metric.items() if k != "__name__" and k not in _ENGINE_LABELS}
+            common = {k: v for k, v in metric.items() if k != "__name__" and k not in _ENGINE_LABELS
+                      and not (k.startswith(_RENAMED) and k[len(_RENAMED):] in _ENGINE_LABELS)}  # nor one Prometheus renamed (_own_labels_of)
         else:
             common = {k: v for k, v in common.items() if metric.get(k) == v}
     return common or {}
@@ -267,23 +294,29 @@ class PodMemo:
 
 
 def pods_of_answer(body: bytes, target_label: str, where: str, newer_than: dict[str, float] | None = None,
-                   memo: PodMemo | None = None, present: set[str] | None = None) -> dict[str, Pod]:
+                   memo: PodMemo | None = None, present: set[str] | None = None, not_after: float = math.inf,
+                   refused: dict[str, Counter] | None = None) -> dict[str, Pod]:
     """pods() of an answer's bytes, as pods(json.loads(body)) reads them. The layout
     Prometheus writes is read from the text (the module's doc); any other layout, or a
     text that is not what that layout promises, is decoded whole. `memo` learns only
-    from an answer read whole from its text."""
+    from an answer read whole from its text; `refused` counts only the reading that is kept."""
     try:
         text = body.decode()
     except UnicodeDecodeError:
         text = None
-    read = _read_text(text, target_label, newer_than or {}, memo, present) if text is not None else None
+    refused_here: dict[str, Counter] = {}
+    read = _read_text(text, target_label, newer_than or {}, memo, present, not_after, refused_here) if text is not None else None
     if read is not None:
+        if refused is not None:
+            for pod, counts in refused_here.items():
+                if counts:
+                    refused.setdefault(pod, Counter()).update(counts)
         return read
     try:
         payload = json.loads(body)
     except (ValueError, RecursionError) as exc:
         raise DiscoveryError(f"{where}: answer is not JSON: {str(exc)[:200]}") from None
-    return pods(payload, target_label, where, newer_than, present, memo.names if memo is not None else None)
+    return pods(payload, target_label, where, newer_than, present, memo.names if memo is not None else None, not_after, refused)
 
 
 def _series_texts(text: str) -> tuple[list[str], list[str]] | None:
@@ -310,7 +343,8 @@ def _series_texts(text: str) -> tuple[list[str], list[str]] | None:
 
 
 def _read_text(text: str, target_label: str, newer_than: dict[str, float], memo: PodMemo | None,
-               present: set[str] | None = None) -> dict[str, Pod] | None:
+               present: set[str] | None = None, not_after: float = math.inf,
+               refused: dict[str, Counter] | None = None) -> dict[str, Pod] | None:
     """The new samples of an answer in Prometheus's layout, as pods() files them; None when
     a text is not what the layout promises (the whole answer is then decoded, and the memo
     learns nothing of it)."""
@@ -335,12 +369,12 @@ def _read_text(text: str, target_label: str, newer_than: dict[str, float], memo:
     for pod, start, stop, known in layout.pods:
         after = newer_than.get(pod, -math.inf)
         series = ordered[start:stop]
-        times = _columns(series, after, known)
+        times = _columns(series, after, known, not_after)
         if times is None:
             samples = "],[".join(series)
             if not samples.isascii() or "_" in samples or "[+" in samples or samples[:1] == "+" or not samples.isprintable():
                 return None  # what float() reads and JSON has not: digits of other scripts, 1_0, +1
-            times = _samples_of(series, after, known)
+            times = _samples_of(series, after, known, not_after, refused.setdefault(pod, Counter()) if refused is not None else Counter())
             if times is False:
                 return None
         if times:
@@ -399,14 +433,14 @@ def _value_of(label_text: str, key: str) -> str:
     return label_text[at:label_text.find('"', at)]
 
 
-def _columns(values: tuple[str, ...], after: float, known: _Known):
+def _columns(values: tuple[str, ...], after: float, known: _Known, not_after: float = math.inf):
     """A pod whose series all have their samples at the same times (one scrape each, as a
     regular read has them, or a few after a slow read), filed a scrape at a time, from
     the newest back to the first already read, without a loop over each series' samples:
     the samples are cut at their quotes (no string holds one), so the times' texts come
     at even places and the values at odd ones, each series' times the same texts. Its
     new scrapes ({} when none), or None for any other pod and any text this reading does
-    not judge (read sample by sample, which does). The series are joined at "]|[", which
+    not judge (read sample by sample, which does: times not rising, or one after `not_after`). The series are joined at "]|[", which
     no valid values text holds outside a string: a series' first time comes after it, every
     other after "],[", so the times repeating a series at a time also says that every
     series has as many samples."""
@@ -424,8 +458,8 @@ def _columns(values: tuple[str, ...], after: float, known: _Known):
         if stamp[:3] != "],[" or stamp[-1:] != "," or not _JSON_NUMBER.fullmatch(number):
             return None
         t = float(number)
-        if not math.isfinite(t) or (times and t <= times[-1]):
-            return None  # 1e999: JSON's number, not a time; times not rising: read sample by sample
+        if not math.isfinite(t) or (times and t <= times[-1]) or t > not_after:
+            return None  # 1e999: JSON's number, not a time; times not rising, or in the future: read sample by sample
         times.append(t)
     scraped = pieces[1::2]
     if not "".join(scraped).isprintable():
@@ -440,16 +474,15 @@ def _columns(values: tuple[str, ...], after: float, known: _Known):
     return scrapes
 
 
-def _samples_of(values: tuple[str, ...], after: float, known: _Known):
-    """The pod's samples newer than `after`, series by series (False when a text is not
-    what the layout promises)."""
+def _samples_of(values: tuple[str, ...], after: float, known: _Known, not_after: float, refused: Counter):
+    """The pod's samples newer than `after` and not after `not_after` (those counted in
+    `refused`), series by series, each sample judged whatever its place (False when a
+    text is not what the layout promises)."""
     isfinite = math.isfinite
     times: dict[float, list[tuple[str, dict[str, str], str, bool]]] = {}
     plan = known.plan
     for name, own, long, text in zip(plan.names, plan.labels, plan.longs, values):
-        # a series' samples come oldest first: read from the newest back to the first already read
-        # (those before it are not read at all: a broken one there goes unnoticed, where decoding fails)
-        for sample in reversed(text.split("],[")):
+        for sample in text.split("],["):
             time_text, comma, value = sample.partition(',"')
             # a value is a string with no quote in it: a cut inside one leaves it open
             if not comma or not value or value.find('"') != len(value) - 1:
@@ -457,10 +490,13 @@ def _samples_of(values: tuple[str, ...], after: float, known: _Known):
             if not _JSON_NUMBER.fullmatch(time_text):
                 return False  # 01, 1., .5, " 1": float() reads them, JSON has them not
             t = float(time_text)
-            if not isfinite(t):  # 1e999: JSON's number, not a time
+            if not isfinite(t):  # 1e999: JSON's number, not a time (pods() refuses it)
                 return False
+            if t > not_after:
+                refused[FUTURE_TIMESTAMP] += 1
+                continue
             if t <= after:
-                break
+                continue
             scrape = times.get(t)
             if scrape is None:
                 scrape = times[t] = []

@@ -344,7 +344,8 @@ class Engine:
                     if alert is None and cond.state == "false":
                         continue  # no alert, and none to begin: the common case at fleet size, nothing to step
                     new, transition = step(alert or Alert(rule.alertname, name, model), cond, now, settings,
-                                           lambda a, c, f=facts: self._describe(a, c, f))
+                                           lambda a, c, f=facts: self._describe(a, c, f),
+                                           inconclusive_bound=rule.inconclusive_bound(settings, rc))
                     self._keep(key, new, transition, transitions)
         self.hits_references = references
         self._evaluate_routing(now, evaluated, transitions)
@@ -425,7 +426,8 @@ class Engine:
                 evaluated.add(key)
                 alert = self.alerts.get(key) or Alert(ROUTER_PREDICTION_GAP, name, model)
                 new, transition = step(alert, cond, now, settings,
-                                       lambda a, c, e=extra, n=name: self._labelled(a, c, c.cause[0], c.cause[1], e, {"target": n}))
+                                       lambda a, c, e=extra, n=name: self._labelled(a, c, c.cause[0], c.cause[1], e, {"target": n}),
+                                       inconclusive_bound=settings.window)  # the one span it reads
                 self._keep(key, new, transition, transitions)
         self.predictions = predictions
 
@@ -497,7 +499,8 @@ class Engine:
             key = (DROP_AFTER_DEPLOY, "", v.model, v.version)
             evaluated.add(key)
             alert = self.alerts.get(key) or Alert(DROP_AFTER_DEPLOY, "", v.model, version=v.version)
-            new, transition = step(alert, j.condition, now, settings, lambda a, c, j=j: self._describe_version(a, c, j, now))
+            new, transition = step(alert, j.condition, now, settings, lambda a, c, j=j: self._describe_version(a, c, j, now),
+                                   inconclusive_bound=registered(DROP_AFTER_DEPLOY).inconclusive_bound(settings, self.config.rules))
             self._keep(key, new, transition, transitions)
 
     def _describe_version(self, alert: Alert, cond: Condition, judged: rollouts.Judged, now: float) -> Alert:

@@ -23,9 +23,18 @@ from .snapshot import Snapshot
 # Why a sample is refused (counted per target): the parser refuses counters of +Inf, NaN
 # or below zero, and start times (process_start_time_seconds, `_created`) that are not a
 # finite time; the window refuses a counter that steps back a little without a restart,
-# and the restart detector start times that flap between processes behind one URL.
-REJECT_REASONS = ("non_finite_counter", "negative_counter", "non_finite_start_time", "counter_step_back", "flapping_start_time",
-                  "label_value_too_long")
+# and the restart detector start times that flap between processes behind one URL. The
+# Prometheus source refuses a sample at no finite time or after its query's time: a range
+# selector answers none there, and one read became the pod's newest for good.
+FUTURE_TIMESTAMP, NON_FINITE_TIMESTAMP = "future_timestamp", "non_finite_timestamp"
+REJECT_REASONS = ("non_finite_counter", "negative_counter", "counter_too_large", "non_finite_start_time", "counter_step_back",
+                  "flapping_start_time", "label_value_too_long", FUTURE_TIMESTAMP, NON_FINITE_TIMESTAMP)
+# A counter above this is refused (counter_too_large): past 2**53 a float no longer holds
+# every integer, and a reset after such a value adds it to every later sample as an
+# offset (exporter/series/history.py), so one spike to 1e20 quantized a pod's windows for
+# good (1e308 + x == 1e308). No engine counts that far: 2**53 tokens at a million a second
+# take 285 years.
+MAX_COUNTER = 2.0 ** 53
 # A label value we key on and export (a model name, an engine, a cache setting) longer than
 # this is refused with its sample: four 1.9 MB model names made our /metrics 144 MB.
 MAX_LABEL_VALUE = 1024
@@ -295,11 +304,12 @@ def _build(samples, series_limit: int, warnings: Warnings, helps: dict[str, str]
             warnings.append(f"line {lineno}: bad value {value_text[:40]!r} for {name}")
             continue
         kind, field_name = role
-        if kind in _COUNTER_KINDS and not (0.0 <= value < math.inf):
-            # one +Inf or NaN would poison every window of the series for good
-            reason = "negative_counter" if value < 0 else "non_finite_counter"
+        if kind in _COUNTER_KINDS and not (0.0 <= value <= MAX_COUNTER):
+            # one +Inf or NaN would poison every window of the series for good, one huge value too (MAX_COUNTER)
+            reason = "negative_counter" if value < 0 else "counter_too_large" if math.isfinite(value) else "non_finite_counter"
             rejected[reason] = rejected.get(reason, 0) + 1
-            warnings.append(f"line {lineno}: {name} has the value {value_text[:40]}; a counter must be finite and not negative; sample dropped")
+            warnings.append(f"line {lineno}: {name} has the value {value_text[:40]}; a counter must be finite, not negative "
+                            f"and at most 2**53; sample dropped")
             continue
         if kind == "info":
             infos.setdefault(field_name, []).append(labels)
@@ -379,7 +389,7 @@ def _build(samples, series_limit: int, warnings: Warnings, helps: dict[str, str]
 
 # kinds a plan files by assignment alone
 _ASSIGNED = frozenset({"counter", "gauge", "bucket", "created", "process", "info", *_SPLIT_BY})
-_NOT_NEGATIVE, _BELOW_INF, _PLUS_ZERO = (0.0).__le__, math.inf.__gt__, (0.0).__add__
+_NOT_NEGATIVE, _NOT_TOO_LARGE, _PLUS_ZERO = (0.0).__le__, MAX_COUNTER.__ge__, (0.0).__add__
 
 
 def _taker(indices: list[int]):
@@ -487,7 +497,7 @@ def _build_planned(plan: SamplePlan, value_texts: tuple[str, ...]) -> Snapshot |
     except ValueError:
         return None
     counters = plan.counters(values)
-    if not all(map(_NOT_NEGATIVE, counters)) or not all(map(_BELOW_INF, counters)) or not all(map(math.isfinite, plan.times(values))):
+    if not all(map(_NOT_NEGATIVE, counters)) or not all(map(_NOT_TOO_LARGE, counters)) or not all(map(math.isfinite, plan.times(values))):
         return None
     series: dict[tuple[str, str | None], SeriesBuilder] = {}
     for key, (fields, at, les, bucket_at, created, created_at) in plan.filed_as.items():

@@ -39,6 +39,9 @@ MARGIN = 30.0  # seconds a read reaches past the last one at least: scrapes that
 MAX_RANGE = 300.0  # at most this far back after a failure (the first read reaches back what the rules need)
 MAX_OUTAGES = 16  # failing stretches of the source kept (those within accept_empty_after; beyond, the closest merge)
 FULL_COLLECTION_EVERY = 40  # reads between two full collections, in a process that freezes each read (10 minutes at 15 s)
+# a range selector answers no sample after its evaluation time; the time we send is cut to
+# the millisecond: a sample later than that by more than this slack is refused
+FUTURE_SLACK = 1.0
 
 
 class PrometheusReader:
@@ -78,6 +81,10 @@ class PrometheusReader:
         self.outages: list[tuple[float, float]] = []
         self._hinted = False  # the "nothing matches" line, said once
         self._unnamed_said = False  # the "no target_label" line, said once
+        # pod -> reason -> its samples refused for their time (promseries.pods), counted with
+        # the pod's next sample ingested (the rejected-samples counter is a target's)
+        self.refused: dict[str, Counter] = {}
+        self._refusal_said = False  # the "samples after the query's time" line, said once
 
     def carry_over(self, old: "PrometheusReader") -> None:
         """A reload's new reader goes on from where the old one was. One that selects other
@@ -162,13 +169,34 @@ class PrometheusReader:
         try:
             body = self.api.get_bytes("/api/v1/query", {"query": promseries.query(self.read.match_labels, reach, part),
                                                         "time": f"{at:.3f}"})
-            return promseries.pods_of_answer(body, self.read.target_label, self.where, self.newest, self.memo, self.present)
+            refused: dict[str, Counter] = {}
+            found = promseries.pods_of_answer(body, self.read.target_label, self.where, self.newest, self.memo, self.present,
+                                              not_after=at + FUTURE_SLACK, refused=refused)
+            self._note_refused(refused, at)
+            return found
         except PrometheusAPIError as exc:
             raise DiscoveryError(str(exc)) from None
         finally:
             body = None
             if collecting:
                 gc.enable()
+
+    def _note_refused(self, refused: dict[str, Counter], at: float) -> None:
+        """Samples an answer held at no finite time or after the query's time `at`: kept to
+        be counted, said once (a non-conforming store or proxy sends them at every read)."""
+        for pod, counts in refused.items():
+            self.refused.setdefault(pod, Counter()).update(counts)
+        if refused and not self._refusal_said:
+            self._refusal_said = True
+            pod = min(refused)
+            log.warning("read_prometheus: %s answered samples after the query's time %.3f or at no finite time (%s of %s, "
+                        "and %d other pod(s)); refused: Prometheus answers none there, this store or proxy does "
+                        "(prefixcache_rejected_samples, reasons future_timestamp and non_finite_timestamp)",
+                        self.source_url, at, dict(refused[pod]), pod, len(refused) - 1)
+
+    def refused_of(self, pod: str) -> dict[str, int]:
+        """The pod's samples refused for their time since this was last asked (reason -> count)."""
+        return dict(self.refused.pop(pod, {}))
 
     def failed(self, now: float, error: str) -> None:
         self.memo.settle()  # reads that keep failing keep no more layouts than one read's
@@ -231,7 +259,7 @@ class PrometheusReader:
         for name in aged:
             log.info("read_prometheus: %s has had no sample for %gs; forgotten", name, self.cfg.accept_empty_after)
         for name in aged + deselected:
-            for known in (self.newest, self.gap, self.targets, self.memo.pods, self.learnt):
+            for known in (self.newest, self.gap, self.targets, self.memo.pods, self.learnt, self.refused):
                 known.pop(name, None)
             self.memo.names.forget(name)  # no layout settle() keeps has it: it had no series in this read
         # a name given in a read that failed before its pod was read, to a pod not seen since
@@ -449,10 +477,14 @@ def _ingest(reader: PrometheusReader, pods: dict[str, promseries.Pod], ours: dic
     for pod_name, pod in pods.items():
         times = reader.read_samples(pod)
         target = ours.get(by_pod.get(pod_name, ""))
+        refused = reader.refused_of(pod_name)
         if target is None:
-            continue  # another shard's
+            continue  # another shard's (which counts them)
         for t in times:
-            target.ingest(t, pod.snapshot(t, target.series_limit))
+            snapshot = pod.snapshot(t, target.series_limit)
+            if refused:
+                snapshot, refused = snapshot.noted((), refused), None
+            target.ingest(t, snapshot)
 
 
 def how_read(read):
