@@ -4,6 +4,7 @@ import time
 
 import pytest
 
+from exporter.alerting.warmth import WARM_SPAN
 from exporter.config.sections import FleetBaselineConfig, load
 from exporter.monitor.engine import Engine
 from exporter.discovery.prombaseline import BaselineError, FleetBaselineReader
@@ -87,7 +88,9 @@ def test_a_new_pod_whose_prompt_broke_is_compared_with_the_fleet_after_its_cold_
     tr = new_pod(Scenario(events=(Event(0.0, "prompt", "timestamp"), Event(fixed_at, "prompt", "static"))))
     firing = [x for x in tr if x.state == "firing"]
     resolved = [x for x in tr if x.state == "resolved"]
-    assert len(firing) == 1 and START + 600 <= firing[0].t <= START + 700  # after the 10 min cold-start grace
+    # once its refill stalled far under the fleet's ratio (two spans of a minute, not climbing),
+    # before the 10 minutes of the old fixed grace
+    assert len(firing) == 1 and START + 2 * WARM_SPAN <= firing[0].t < START + 600
     assert dict(firing[0].alert.labels)["cause"] == "prompt_prefix_change"
     assert len(resolved) == 1 and resolved[0].t > START + fixed_at
 

@@ -333,6 +333,8 @@ def rule_counters_disagree(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condit
 def rule_ttft_regression(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
     if _in_cold_start(f, rc.cold_start_grace):
         return FALSE
+    if any(e.is_restart and f.now - s.window < e.t <= f.now for e in f.events):
+        return FALSE  # warm again, but the recent window still holds the refill's prefills: judged once it left them
     recent = f.window(s.window)
     r_now = judged_ratio(recent)
     if r_now is None or f.query_tokens(recent) < s.min_query_tokens:
