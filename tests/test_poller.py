@@ -736,3 +736,16 @@ def test_reads_that_outlast_the_interval_are_missed_counted_and_said_once_not_at
     assert not [m for m in said if "maximum number of running instances" in m]
     assert len([m for m in said if m.startswith("Reading the Prometheus source falls behind its 1s interval")]) == 1
     assert len([m for m in said if m.startswith("Reading the Prometheus source keeps its 1s interval again")]) == 1
+
+
+def test_a_scraping_sidecar_says_in_the_log_and_the_status_that_it_knows_nothing_from_before_its_start(caplog):
+    """A restart of a sidecar that scrapes (no Prometheus to read back from) loses the
+    baseline of an incident under way: the status page and the start's log line say so."""
+    from exporter.poll.promread import SCRAPED_SINCE_START
+    state = State()
+    poller = Poller(load({"targets": [{"name": "vllm-0", "url": "http://127.0.0.1:9/metrics"}]}), state)
+    with caplog.at_level(logging.INFO):
+        poller.start()
+        poller.stop(1.0)
+    assert state.read().published.samples_source == SCRAPED_SINCE_START
+    assert SCRAPED_SINCE_START in caplog.text and "nothing before it is known" in SCRAPED_SINCE_START

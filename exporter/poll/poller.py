@@ -33,7 +33,7 @@ from ..monitor.targetview import INTERNAL_ERROR, LIMIT_EXCEEDED, NO_VLLM_METRICS
 from ..parse.vllm_metrics import parse
 from ..serve.state import Deploys, State
 from .dispatch import Dispatcher, dispatch_tick
-from .promread import PrometheusReader, how_read, read_once
+from .promread import SCRAPED_SINCE_START, PrometheusReader, how_read, read_once
 from .scrape import Scraper
 from .taskwatch import TaskWatch
 
@@ -411,7 +411,7 @@ class Poller:
             self.reader.carry_over(old)  # what was read stays read: a reload never feeds a pod's samples twice
         if self.reader is None:
             self.tasks.forget("read")
-            self.state.update(samples_source="")
+            self.state.update(samples_source=SCRAPED_SINCE_START)
             if self.read_found:
                 self.read_found = []
                 self._install(config)
@@ -536,6 +536,8 @@ class Poller:
     def start(self) -> None:
         """The first discovery refresh is a job like the others: a slow discovery source
         never delays start-up (readiness waits for it instead)."""
+        if self.reader is None:
+            log.info(SCRAPED_SINCE_START)
         self.scheduler.start()
 
     def _tracked(self, job: Callable[[], None]) -> Callable[[], None]:

@@ -35,6 +35,10 @@ from ..peers.urls import redact_url
 log = logging.getLogger(__name__)
 
 READ_PROMETHEUS = "read_prometheus"
+# what the status page and the start's log line say where no Prometheus is read
+SCRAPED_SINCE_START = ("Samples scraped by this process since its start: nothing before it is known, so a drop under way "
+                       "before it is judged only against what was scraped since (discovery.read_prometheus reads back what "
+                       "the rules need from Prometheus).")
 MARGIN = 30.0  # seconds a read reaches past the last one at least: scrapes that ended late are committed late
 MAX_RANGE = 300.0  # at most this far back after a failure (the first read reaches back what the rules need)
 MAX_OUTAGES = 16  # failing stretches of the source kept (those within accept_empty_after; beyond, the closest merge)
