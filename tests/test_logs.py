@@ -210,8 +210,8 @@ def test_every_line_of_a_sidecar_run_with_reloads_failures_and_alerts_reads_back
     assert any(level == "info" and m.startswith("reloaded config from") for level, m in messages)
     assert any(level == "warn" and m.startswith("alertmanager http://127.0.0.1:") for level, m in messages)
     # what a line is about, as keys of its own: Loki's `| logfmt | cause="..."` finds them
-    firing = [f for f in records if f["msg"] == "alert firing" and f.get("alert") == "PrefixCacheTargetDown"]
-    assert firing and firing[0]["target"] == 'gone "pod"' and firing[0]["state"] == "firing" and firing[0]["cause"] == "unknown"
+    firing = [f for f in records if f["msg"] == "alert firing" and f.get("alert") == "PrefixCacheTargetDown" and f.get("target") == 'gone "pod"']
+    assert firing and firing[0]["state"] == "firing" and firing[0]["cause"] == "unknown"
     assert any(f["msg"] == "deploy announced" and f.get("version") == 'v42 "quoted" = x' and f.get("target") == "all" for f in records)
     assert not any("target=" in f["msg"] or "cause=" in f["msg"] for f in records)  # never inside the message
     assert not any(f["msg"] in ("up", "up again") and f.get("target") == "vllm-0" for f in records)  # a pod's first answer: debug

@@ -144,11 +144,12 @@ def test_read_from_prometheus_equals_promql_and_the_scrape_path_and_stale_pods_g
         # the gate judges the versions it found
         verdict = reader.analyze(time.time(), MODEL, "v2", None)
         assert verdict.baseline_version == "v1" and verdict.replicas == 1 and verdict.baseline_replicas == 2, verdict
-        # a pod whose series stop is down, not frozen
+        # a pod whose series stop while Prometheus still has its target (its scrapes fail: up == 0)
+        # is down, not frozen, and says that Prometheus cannot scrape it
         fleet.remove("vllm-c")
         assert wait_for(lambda: not state.target("vllm-c").up, 20)
         assert state.target("vllm-c").last_result == "stale" and state.target("vllm-a").up
-        assert re.fullmatch(r"no sample in Prometheus since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(stale after \d+(\.\d)?s\)",
+        assert re.fullmatch(r"Prometheus cannot scrape it \(up == 0\); its last sample is from \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ",
                             state.target("vllm-c").last_error), state.target("vllm-c").last_error
         from exporter.serve.statuspage import StatusPage
         page = StatusPage(state).get([], "test").decode()
@@ -1456,5 +1457,73 @@ def test_a_pod_label_named_model_name_is_the_targets_exported_model_name_and_the
             view = state.target("vllm-a")
             assert view.up and {s.model_name for s in view.snapshot.series} == {MODEL}
             assert dict(view.target.labels)["exported_model_name"] == "from-the-podmonitor"
+        finally:
+            poller.stop(0.5)
+
+
+def test_a_pod_gone_from_prometheus_is_removed_not_down_one_it_cannot_scrape_is_down_and_an_empty_answer_is_no_mass_removal(caplog):
+    """A rollout deleted vllm-a: its scrape target left Prometheus (no series, no `up`): it
+    leaves, and no TargetDown opens a ticket. vllm-b's scrapes fail (Prometheus has only
+    `up 0` of it): down, saying why. Then Prometheus answers success with no series at all
+    (a Thanos with a partial response): taken for a failure of the source, every pod kept
+    as it was, until it stays so for accept_empty_after."""
+    import json
+    from urllib.parse import parse_qs, urlsplit
+    from fakeserver import FakeServer, reply
+    clock = [40_000.0]
+    replicas = {name: simulator.Replica(name, simulator.Scenario(request_rate=4.0), start=clock[0] - 900, seed=i, model_names=[MODEL])
+                for i, name in enumerate(("vllm-a", "vllm-b", "vllm-c"))}
+    scraped = {"vllm-a": 1.0, "vllm-b": 1.0, "vllm-c": 1.0}  # pod -> its `up`; gone from the dict: its target was removed
+    nothing = [False]
+
+    def query(h):
+        q = parse_qs(urlsplit(h.path).query)["query"][0]
+        if nothing[0]:
+            body = {"status": "success", "data": {"resultType": "vector" if not q.endswith("s]") else "matrix", "result": []}}
+        elif q.startswith("count("):
+            body = {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": [clock[0], str(len(scraped))]}]}}
+        elif q.startswith('{__name__="up"'):
+            asked = re.search(r'pod=~"([^"]*)"', q).group(1).replace("\\\\", "").split("|")
+            body = {"status": "success", "data": {"resultType": "vector", "result": [
+                {"metric": {"__name__": "up", "job": "vllm", "pod": p}, "value": [clock[0], str(v)]} for p, v in scraped.items() if p in asked]}}
+        else:
+            body = {"status": "success", "data": {"resultType": "matrix", "result": []}}
+            for name, up in scraped.items():
+                if up == 1.0:
+                    replicas[name].advance(clock[0] - 1)
+                    body["data"]["result"] += answer_of({clock[0] - 1: replicas[name].render()}, {"job": "vllm", "pod": name})["data"]["result"]
+        reply(h, 200, json.dumps(body).encode())
+
+    with FakeServer({"/api/v1/query": query}) as prom:
+        state = State()
+        raw = read_config(prom.base)
+        raw["global"]["poll_interval"] = "15s"
+        poller = Poller(load(raw), state, clock=lambda: clock[0])
+        poller.reader.read_back = 300.0
+        try:
+            def tick(n=1):
+                for _ in range(n):
+                    clock[0] += 15
+                    poller.read()
+                    poller.evaluate()
+            tick(3)
+            assert {v.target.name for v in state.read().targets} == {"vllm-a", "vllm-b", "vllm-c"}
+            del scraped["vllm-a"]  # the rollout deleted it
+            scraped["vllm-b"] = 0.0  # its scrapes fail
+            with caplog.at_level(logging.INFO):
+                tick(8)
+            assert {v.target.name for v in state.read().targets} == {"vllm-b", "vllm-c"}
+            assert "no longer scraped by Prometheus, removed: vllm-a" in caplog.text
+            b = state.target("vllm-b")
+            assert not b.up and b.last_error.startswith("Prometheus cannot scrape it (up == 0)")
+            down = {a.target for a in poller.engine.alerts.values() if a.alertname == "PrefixCacheTargetDown" and a.state in ("pending", "firing")}
+            assert down == {"vllm-b"}  # no ticket for the pod the rollout deleted
+            nothing[0] = True  # success, and no series at all
+            tick(4)
+            (source,) = [s for s in state.read().published.discovery if s.name == "read_prometheus"]
+            assert not source.ok and "no series of any pod" in source.error
+            assert {v.target.name for v in state.read().targets} == {"vllm-b", "vllm-c"} and state.target("vllm-c").up
+            tick(int(load(raw).discovery.accept_empty_after // 15) + 2)  # believed once it stayed so that long, not twice that
+            assert {v.target.name for v in state.read().targets} == set()
         finally:
             poller.stop(0.5)

@@ -187,14 +187,20 @@ def test_warmup_after_a_restart_really_warms_the_cache_for_the_first_user_reques
         {"model": MODEL_NAME, "messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "Hello"}]}]}
     sidecar = Sidecar(tmp_path, config)
     try:
-        def starts_seen() -> int:  # the starts and restarts of vLLM the sidecar saw: each begins a warm-up
-            return sum(1 for e in sidecar.status()["deploys"]["recent"] if e["source"] == "restart" and e["target"] == "vllm-0")
+        def saw_the_new_process() -> bool:  # its restart event, published after the warm-up it begins was started
+            return any(e["source"] == "restart" and e["target"] == "vllm-0" and e["t"] >= engine.started_at - 2
+                       for e in sidecar.status()["deploys"]["recent"])
+
+        def warmups() -> float:
+            return sidecar_metric(sidecar, "prefixcache_warmup_runs_total")
 
         assert wait_until(lambda: sidecar.status()["targets"][0]["up"], 60)
-        found = starts_seen()  # 1 where the process it found started within the grace (warmed too), else 0
+        time.sleep(6)  # a poll more: a warm-up for the process it found (started within the grace) has begun by now
+        assert wait_until(lambda: not sidecar_metric(sidecar, "prefixcache_warmup_running"), 60)
+        before = warmups()
         engine.restart()
-        assert wait_until(lambda: starts_seen() == found + 1 and sidecar_metric(sidecar, "prefixcache_warmup_runs_total") >= found + 1
-                          and sidecar_metric(sidecar, "prefixcache_warmup_done") == 1, 120), sidecar.log_path.read_text()[-3000:]
+        assert wait_until(lambda: saw_the_new_process() and warmups() >= before + 1 and sidecar_metric(sidecar, "prefixcache_warmup_done") == 1,
+                          120), sidecar.log_path.read_text()[-3000:]
         first = engine.chat(SYSTEM_PROMPT, "Customer 1: where is my order 42?")
         cold = engine.chat(SYSTEM_PROMPT.replace("online store", "bookshop"), "Customer 2: where is my order 43?")
         # the first user request after the warm-up hits every full block of the system prompt;

@@ -74,6 +74,35 @@ def query(match_labels: tuple[tuple[str, str], ...], seconds: float, part: str =
     return "{" + ",".join(matchers) + "}" + f"[{max(1, math.ceil(seconds))}s]"
 
 
+def up_query(match_labels: tuple[tuple[str, str], ...], target_label: str, pods: list[str] | None) -> str:
+    """Prometheus's `up` of the matched targets (whose `target_label` is one of `pods`): is
+    each one's scrape target still there (a series), and is it scraped (1) or failing (0)?"""
+    matchers = ['__name__="up"'] + [f'{k}="{_escape(v)}"' for k, v in match_labels]
+    if pods is not None:
+        alternatives = "|".join(re.sub(r"([\\.+*?()\[\]{}|^$])", r"\\\1", p) for p in pods)
+        matchers.append(f'{target_label}=~"{_escape(alternatives)}"')
+    return "{" + ",".join(matchers) + "}"
+
+
+def scrape_health(payload: Any, target_label: str, names: "PodNames", where: str) -> dict[str, float]:
+    """An instant answer of up_query -> pod name (as `names` gave it) -> its `up` value;
+    pods never named are left out. DiscoveryError for an answer that is not a vector."""
+    if not isinstance(payload, dict) or payload.get("status") != "success" or not isinstance(payload.get("data"), dict) \
+            or payload["data"].get("resultType") != "vector" or not isinstance(payload["data"].get("result"), list):
+        raise DiscoveryError(f"{where}: not an instant vector answer")
+    out = {}
+    for series in payload["data"]["result"]:
+        try:
+            metric, value = series["metric"], float(series["value"][1])
+        except (KeyError, TypeError, ValueError, IndexError):
+            continue
+        pod = metric.get(target_label) or metric.get("instance") or ""
+        name = names.given.get((str(pod).rpartition("@")[2], metric.get("namespace") if isinstance(metric.get("namespace"), str) else ""))
+        if name is not None:
+            out[name] = value
+    return out
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 

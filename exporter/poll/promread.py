@@ -42,6 +42,7 @@ SCRAPED_SINCE_START = ("Samples scraped by this process since its start: nothing
 MARGIN = 30.0  # seconds a read reaches past the last one at least: scrapes that ended late are committed late
 MAX_RANGE = 300.0  # at most this far back after a failure (the first read reaches back what the rules need)
 MAX_OUTAGES = 16  # failing stretches of the source kept (those within accept_empty_after; beyond, the closest merge)
+UP_QUERY_PODS = 200  # pods named in one query of their `up` (a rollout's stale pods, asked in chunks)
 FULL_COLLECTION_EVERY = 40  # reads between two full collections, in a process that freezes each read (10 minutes at 15 s)
 # a range selector answers no sample after its evaluation time; the time we send is cut to
 # the millisecond: a sample later than that by more than this slack is refused
@@ -83,6 +84,7 @@ class PrometheusReader:
         # (last whole read, the whole read after it) around each failing stretch, most recent last:
         # a pod is not judged by the time the source did not answer
         self.outages: list[tuple[float, float]] = []
+        self._nothing_since: float | None = None  # the first of successive answers with no series at all
         self._hinted = False  # the "nothing matches" line, said once
         self._unnamed_said = False  # the "no target_label" line, said once
         # pod -> reason -> its samples refused for their time (promseries.pods), counted with
@@ -323,6 +325,50 @@ class PrometheusReader:
                 out[name] = t
         return out
 
+    def answered_nothing(self, now: float) -> str:
+        """Why a read whose answers held no series at all, while pods were sending at the
+        last read, is taken for a failure of the source (a Thanos with a partial response, a
+        Prometheus that lost its data), or "": the whole fleet gone at once is believed only
+        after discovery.accept_empty_after, as discovery believes an empty answer."""
+        last = self.last_read if self.last_read is not None else -math.inf
+        # a new selection may well match nothing: its pods leave (update() says so)
+        if self.present or self.reselected or not any(self.sending(n, t, last) for n, t in self.newest.items()):
+            self._nothing_since = None
+            return ""
+        self._nothing_since = self._nothing_since if self._nothing_since is not None else now
+        if now - self._nothing_since >= self.cfg.accept_empty_after:
+            # believed: the source's empty answer has been held as long already (settle() would hold it again)
+            self.state = replace(self.state, empty_since=self._nothing_since)
+            return ""
+        return (f"{self.where} answered success with no series of any pod, while {len(self.newest)} pod(s) were sending: "
+                f"taken for a failure of the source (kept as they were) until it stays so for {self.cfg.accept_empty_after:g}s")
+
+    def scrape_health(self, at: float, names: list[str]) -> dict[str, float] | None:
+        """Pod -> Prometheus's `up` for it at `at`, for those of `names` whose scrape target
+        Prometheus still has (1 scraped, 0 failing); a pod left out was removed. None where
+        the source cannot tell: the query failed, or it holds no `up` of the selector at all."""
+        label, out = self.read.target_label, {}
+        try:
+            selected = self.api.get("/api/v1/query", {"query": f"count({promseries.up_query(self.read.match_labels, label, None)})",
+                                                      "time": f"{at:.3f}"})
+            if not (isinstance(selected, dict) and isinstance(selected.get("data"), dict) and selected["data"].get("result")):
+                return None  # no `up` of the selector at all (a store fed without it): absence says nothing
+            for k in range(0, len(names), UP_QUERY_PODS):
+                raw = [self.memo.names.owner.get(n, (n, ""))[0] for n in names[k:k + UP_QUERY_PODS]]
+                answer = self.api.get("/api/v1/query", {"query": promseries.up_query(self.read.match_labels, label, raw),
+                                                        "time": f"{at:.3f}"})
+                out.update(promseries.scrape_health(answer, label, self.memo.names, self.where))
+        except (PrometheusAPIError, DiscoveryError) as exc:
+            log.info("read_prometheus: cannot tell removed pods from down ones: %s", exc)
+            return None
+        return out
+
+    def forget(self, names: list[str]) -> None:
+        for name in names:
+            for known in (self.newest, self.gap, self.targets, self.memo.pods, self.learnt):
+                known.pop(name, None)
+            self.memo.names.forget(name)
+
     def resolution(self) -> float | None:
         """Prometheus's scrape interval as the samples show it (the median pod's; of two
         medians the lower, an interval some pod has, not their mean)."""
@@ -436,6 +482,11 @@ def _read_slices(poller, reader: PrometheusReader, now: float, reach: float, rea
             # was firing before our restart is firing again at the first evaluation (its `for`
             # met long ago), never resolved for want of a baseline
             _evaluate_at(poller, at)
+    nothing = reader.answered_nothing(now)
+    if nothing:
+        reader.failed(now, nothing)
+        poller.publish_discovery()
+        return
     with poller.reload_lock:
         if reader is not poller.reader:
             return
@@ -447,13 +498,30 @@ def _read_slices(poller, reader: PrometheusReader, now: float, reach: float, rea
                                            "the windows' resolution is Prometheus's scrape interval"
                                            # to a tenth of a second: a loaded Prometheus stamps its scrapes a few ms off
                                            + (f" (observed {round(resolution, 1):g}s)" if resolution else "") + ", not global.poll_interval.")
+    going = {}  # the pods whose samples just stopped: removed, or down?
     for pod_name, newest in reader.stale(now).items():
         target = ours.get(by_pod.get(pod_name, ""))
         view = poller.state.target(target.target.name) if target is not None else None
         if view is not None and (view.up or not view.polled):  # said once, as it goes down
-            # the time itself, not "Ns ago": this error stays on the status page while the pod is down
-            target.mark_down(now, STALE, f"no sample in Prometheus since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(newest))} "
-                                         f"(stale after {round(reader.stale_after(pod_name), 1):g}s)")
+            going[pod_name] = (target, newest)
+    health = reader.scrape_health(now, sorted(going)) if going else None
+    removed = [] if health is None else sorted(n for n in going if n not in health)
+    if removed:
+        # gone from Prometheus's targets (a rollout deleted it): it leaves, its alerts resolve; no TargetDown
+        log.info("read_prometheus: %d pod(s) no longer scraped by Prometheus, removed: %s", len(removed),
+                 ", ".join(removed[:5]) + (", ..." if len(removed) > 5 else ""))
+        reader.forget(removed)
+        with poller.reload_lock:
+            if reader is poller.reader:
+                _install(poller, reader.found())
+    for pod_name, (target, newest) in going.items():
+        if pod_name in removed:
+            continue
+        since = time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(newest))  # a time, not "Ns ago": it stays on the status page
+        if health is not None and health.get(pod_name) == 0:
+            target.mark_down(now, STALE, f"Prometheus cannot scrape it (up == 0); its last sample is from {since}")
+        else:
+            target.mark_down(now, STALE, f"no sample in Prometheus since {since} (stale after {round(reader.stale_after(pod_name), 1):g}s)")
 
 
 def _evaluate_at(poller, at: float) -> None:
