@@ -66,3 +66,18 @@ def backtest_with_engine(recording):
     engine = Engine(config)
     warnings = []
     return [t.to_json() for t in backtest(recording, config, warnings.append, engine=engine)], engine, warnings
+
+
+class CounterPod:
+    """A vLLM process's prefix-cache counters as its /metrics says them, advanced poll by
+    poll: `tokens` query tokens a poll, `ratio` of them hits."""
+
+    def __init__(self, started: float):
+        self.started, self.queries, self.hits = started, 0.0, 0.0
+
+    def body(self, ratio: float, tokens: float) -> str:
+        self.queries += tokens
+        self.hits += tokens * ratio
+        return (f"process_start_time_seconds {self.started}\n"
+                f'vllm:prefix_cache_queries_total{{model_name="m",engine="0"}} {self.queries}\n'
+                f'vllm:prefix_cache_hits_total{{model_name="m",engine="0"}} {self.hits}\n')

@@ -497,27 +497,14 @@ def test_a_poll_interval_of_20s_still_finds_a_change_point():
 
 
 # --- a firing alert whose traffic went away -------------------------------------------------
-class _Counters:
-    """A vLLM process's prefix-cache counters, advanced poll by poll."""
-
-    def __init__(self, started: float):
-        self.started, self.queries, self.hits = started, 0.0, 0.0
-
-    def body(self, ratio: float, tokens: float) -> str:
-        self.queries += tokens
-        self.hits += tokens * ratio
-        return (f"process_start_time_seconds {self.started}\n"
-                f'vllm:prefix_cache_queries_total{{model_name="m",engine="0"}} {self.queries}\n'
-                f'vllm:prefix_cache_hits_total{{model_name="m",engine="0"}} {self.hits}\n')
-
-
 def _drop_then(tokens_at, until: float):
     """A pod at 85% that falls to 3% 150 s after its start (a prompt change: the drop rule
     pages), its traffic `tokens_at(seconds)` query tokens a 5 s poll. -> transitions of the
     drop alert as (seconds after the start, state, annotations)."""
     from exporter.alerting.rules import DROP_AFTER_DEPLOY
     engine = engine_for(1)
-    pod, seen, t = _Counters(START - 1.0), [], START
+    from helpers import CounterPod
+    pod, seen, t = CounterPod(START - 1.0), [], START
     while t <= START + until:
         engine.ingest("vllm-0", t, parse(pod.body(0.85 if t - START < 150 else 0.03, tokens_at(t - START))))
         seen += [(tr.t - START, tr.state, dict(tr.alert.annotations)) for tr in engine.evaluate(t)

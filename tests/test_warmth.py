@@ -7,35 +7,23 @@ from exporter.config.sections import load
 from exporter.monitor.engine import Engine
 from exporter.parse.vllm_metrics import parse
 
+from helpers import CounterPod
+
 START = 50_000.0
 STEP = 5.0
 GRACE = 600.0
-
-
-class Pod:
-    """A vLLM process's counters, advanced poll by poll at `tokens` query tokens a poll."""
-
-    def __init__(self, started: float):
-        self.started, self.queries, self.hits = started, 0.0, 0.0
-
-    def body(self, ratio: float, tokens: float) -> str:
-        self.queries += tokens
-        self.hits += tokens * ratio
-        return (f"process_start_time_seconds {self.started}\n"
-                f'vllm:prefix_cache_queries_total{{model_name="m",engine="0"}} {self.queries}\n'
-                f'vllm:prefix_cache_hits_total{{model_name="m",engine="0"}} {self.hits}\n')
 
 
 def play(ratio_at, seconds: float, tokens: float = 10000.0, restart_at: float | None = None, before: float = 0.0):
     """Polls every 5 s from START - before to START + seconds; the process starts at START
     (and again at START + restart_at). -> (engine, transitions as (seconds after START, alertname, state, cause))."""
     engine = Engine(load({"targets": [{"name": "vllm-0", "url": "http://127.0.0.1:1/metrics"}]}))
-    pod = Pod(START - before - 1.0 if before else START - 1.0)
+    pod = CounterPod(START - before - 1.0 if before else START - 1.0)
     seen = []
     t = START - before
     while t <= START + seconds:
         if restart_at is not None and t >= START + restart_at and pod.started < START + restart_at:
-            pod = Pod(t - 1.0)
+            pod = CounterPod(t - 1.0)
         engine.ingest("vllm-0", t, parse(pod.body(ratio_at(t - START), tokens)))
         seen += [(tr.t - START, tr.alert.alertname, tr.state, dict(tr.alert.labels).get("cause")) for tr in engine.evaluate(t)]
         t += STEP
