@@ -1003,3 +1003,24 @@ def test_the_argo_example_scales_the_old_deployment_down():
     version of their own, competing with the Rollout's stable pods as the baseline."""
     rollout = yaml.safe_load((DEPLOY / "examples/argo-rollouts/rollout.yaml").read_text())
     assert rollout["spec"]["workloadRef"]["scaleDown"] in ("progressively", "onsuccess")
+
+
+def test_the_central_variant_works_on_a_default_kube_prometheus_stack_and_is_sized_and_probed_for_thousands_of_pods():
+    """What an SRE found missing: the chart's selectors want release=kube-prometheus-stack
+    on the PodMonitor and the rules; 50m/64Mi and a 512Mi limit against a 183 MB peak at
+    3,000 pods; kubelet's 1 s probe timeout; a generatorURL of the container's hostname."""
+    docs = build("central")
+    for kind in ("PodMonitor", "PrometheusRule"):
+        assert all(d["metadata"]["labels"].get("release") == "kube-prometheus-stack" for d in docs if d["kind"] == kind), kind
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["livenessProbe"]["timeoutSeconds"] >= 5 and container["readinessProbe"]["timeoutSeconds"] >= 5
+    assert container["livenessProbe"]["timeoutSeconds"] * container["livenessProbe"]["failureThreshold"] >= 30
+    units = {"Mi": 2 ** 20, "Gi": 2 ** 30}
+    memory = {k: int(v[:-2]) * units[v[-2:]] for k, v in (("request", container["resources"]["requests"]["memory"]),
+                                                           ("limit", container["resources"]["limits"]["memory"]))}
+    assert memory["request"] >= 183e6 and memory["limit"] >= 2 * 183e6
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and "config.yml" in d.get("data", {})]
+    (service,) = [d for d in docs if d["kind"] == "Service"]  # test_central_config_is_valid loads the config whole
+    assert yaml.safe_load(cm["data"]["config.yml"])["web"]["external_url"] == \
+        f"http://{service['metadata']['name']}.{service['metadata']['namespace']}.svc:9464/"
