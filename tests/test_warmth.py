@@ -1,5 +1,7 @@
 """A cold start judged by what the cache does: the grace ends once the ratio is back at its
 level before the restart, or flat at a plateau; ten minutes stay the bound for thin traffic."""
+import pytest
+
 from exporter.alerting import rules
 from exporter.alerting.deploys import RESTART, WAKE, DeployEvent
 from exporter.alerting.warmth import cold_restart, is_warm_after
@@ -14,10 +16,11 @@ STEP = 5.0
 GRACE = 600.0
 
 
-def play(ratio_at, seconds: float, tokens: float = 10000.0, restart_at: float | None = None, before: float = 0.0):
-    """Polls every 5 s from START - before to START + seconds; the process starts at START
+def play(ratio_at, seconds: float, tokens: float = 10000.0, restart_at: float | None = None, before: float = 0.0, step: float = STEP):
+    """Polls every `step` s from START - before to START + seconds; the process starts at START
     (and again at START + restart_at). -> (engine, transitions as (seconds after START, alertname, state, cause))."""
-    engine = Engine(load({"targets": [{"name": "vllm-0", "url": "http://127.0.0.1:1/metrics"}]}))
+    engine = Engine(load({"targets": [{"name": "vllm-0", "url": "http://127.0.0.1:1/metrics"}],
+                          "global": {"poll_interval": f"{step:g}s"}}))
     pod = CounterPod(START - before - 1.0 if before else START - 1.0)
     seen = []
     t = START - before
@@ -26,7 +29,7 @@ def play(ratio_at, seconds: float, tokens: float = 10000.0, restart_at: float | 
             pod = CounterPod(t - 1.0)
         engine.ingest("vllm-0", t, parse(pod.body(ratio_at(t - START), tokens)))
         seen += [(tr.t - START, tr.alert.alertname, tr.state, dict(tr.alert.labels).get("cause")) for tr in engine.evaluate(t)]
-        t += STEP
+        t += step
     return engine, seen
 
 
@@ -43,6 +46,18 @@ def test_a_cache_refilled_in_seconds_is_warm_and_a_prompt_change_right_after_pag
     assert warm is not None and START < warm < START + change
     drop = firing(seen, rules.DROP_AFTER_DEPLOY)
     assert drop and drop[0][0] - change <= 180 and drop[0][3] == "prompt_prefix_change"
+
+
+@pytest.mark.parametrize("step", [5.0, 30.0])
+def test_the_early_incident_is_caught_and_resolves_after_the_fix_at_a_5_s_and_a_30_s_cadence(step):
+    """As Prometheus scrapes (30 s) as at our own polls (5 s): warm a minute or two after the
+    start, the timestamp caught within 3 minutes, the alert ends once the prompt is fixed."""
+    change, fixed = 150.0, 300.0
+    engine, seen = play(lambda s: 0.03 if change <= s < fixed else 0.85, 900, tokens=2000.0 * step, step=step)
+    drop = [x for x in seen if x[1] == rules.DROP_AFTER_DEPLOY]
+    assert [x[2] for x in drop] == ["pending", "firing", "resolved"], seen
+    assert drop[1][0] - change <= 180 and drop[1][3] == "prompt_prefix_change"
+    assert drop[2][0] > fixed
 
 
 def test_a_cache_still_climbing_is_cold_and_a_climb_that_stops_ends_the_grace_quietly():
