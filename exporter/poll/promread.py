@@ -148,8 +148,8 @@ class PrometheusReader:
 
     def slices(self, now: float, reach: float) -> list[tuple[float, float]]:
         """(evaluation time, range) of the queries a read asks of each part, oldest first. A
-        read that reaches further back than a regular one (the first reaches 5 minutes, as
-        does one after failures) is asked in spans of about a regular read's reach, so that
+        read that reaches further back than a regular one (the first reads back what the
+        rules look back on, one after failures up to 5 minutes) is asked in spans of about a regular read's reach, so that
         no answer holds much more than a regular read's samples of its part: a sidecar starting
         against a Prometheus that held 5 minutes of 10,000 pods read them in one answer a
         part and peaked at 1.41-1.48 GB (880-930 MB once running). Each range reaches back
@@ -264,10 +264,7 @@ class PrometheusReader:
                      len(deselected), ", ".join(sorted(deselected)[:5]) + (", ..." if len(deselected) > 5 else ""))
         for name in aged:
             log.info("read_prometheus: %s has had no sample for %gs; forgotten", name, self.cfg.accept_empty_after)
-        for name in aged + deselected:
-            for known in (self.newest, self.gap, self.targets, self.memo.pods, self.learnt, self.refused):
-                known.pop(name, None)
-            self.memo.names.forget(name)  # no layout settle() keeps has it: it had no series in this read
+        self.forget(aged + deselected)
         # a name given in a read that failed before its pod was read, to a pod not seen since
         for name in [n for n in self.memo.names.owner if n not in self.newest and n not in self.present]:
             self.memo.names.forget(name)
@@ -364,10 +361,11 @@ class PrometheusReader:
         return out
 
     def forget(self, names: list[str]) -> None:
+        """Pods that left (aged, deselected, removed from Prometheus): all that is kept of them."""
         for name in names:
-            for known in (self.newest, self.gap, self.targets, self.memo.pods, self.learnt):
+            for known in (self.newest, self.gap, self.targets, self.memo.pods, self.learnt, self.refused):
                 known.pop(name, None)
-            self.memo.names.forget(name)
+            self.memo.names.forget(name)  # no layout settle() keeps has it: it had no series in this read
 
     def resolution(self) -> float | None:
         """Prometheus's scrape interval as the samples show it (the median pod's; of two
