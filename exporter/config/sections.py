@@ -22,6 +22,7 @@ from ..alerting.deploys import ChangePointSettings
 from ..alerting.rules import COMMON_SETTINGS, RuleSettings, RulesConfig
 from ..peers import yamltext
 from .discovery import DiscoveryConfig, read_discovery
+from .kvevents import KVEndpoint, KVEventsConfig, read_endpoint, read_settings
 from .reader import (LABEL_NAME, ConfigError, Reader, base_url, boolean, duration_or_zero, http_url, limit_or_zero,
                             non_negative_number, nonempty_string, parse_duration, parse_size, parse_listen_address,
                             no_files, positive_int, ratio, read_secret, severity)
@@ -34,6 +35,7 @@ class Target:
     name: str
     url: str
     labels: tuple[tuple[str, str], ...] = ()
+    kv_events: KVEndpoint | None = None  # where its KV cache events are read (exporter/config/kvevents.py)
 
 
 @dataclass(frozen=True)
@@ -181,6 +183,7 @@ class Config:
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     fleet_baseline: FleetBaselineConfig = field(default_factory=FleetBaselineConfig)
+    kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
 
     @property
     def warmup_target(self) -> str | None:
@@ -268,7 +271,7 @@ def _targets(r: Reader, raw: Any) -> tuple[Target, ...]:
     out, names = [], set()
     for i, item in enumerate(raw):
         path = f"targets[{i}]"
-        data = r.mapping(item, path, {"name", "url", "labels"})
+        data = r.mapping(item, path, {"name", "url", "labels", "kv_events"})
         for key in ("name", "url"):
             if key not in data:
                 r.errors.append(f"{path}.{key}: required")
@@ -289,14 +292,15 @@ def _targets(r: Reader, raw: Any) -> tuple[Target, ...]:
         if name in names:
             r.errors.append(f"{path}.name: duplicate target name {name!r}")
         names.add(name)
-        out.append(Target(name=name, url=url, labels=labels))
+        out.append(Target(name=name, url=url, labels=labels, kv_events=read_endpoint(r, data.get("kv_events"), f"{path}.kv_events")))
     return tuple(out)
 
 
 # our metrics' labels and the labels every alert carries: a target label must not shadow them
 # (test_config checks it against every label of collector.METRICS; discovery renames them exported_*)
 RESERVED_LABELS = {"target", "model_name", "engine", "window", "quantile", "result", "unit", "alertname", "state", "le",
-                   "severity", "cause", "source", "baseline_version", "alertmanager", "reason", "weighting", "tier"}
+                   "severity", "cause", "source", "baseline_version", "alertmanager", "reason", "weighting", "tier",
+                   "prompt_group", "prompt_prefix", "cache_salt", "lora_adapter", "miss_kind"}
 
 
 def is_reserved_label(name: str) -> bool:
@@ -438,7 +442,7 @@ def load(data: Any, read_file: Callable[[str], str] = no_files) -> Config:
     errors: list[str] = []
     r = Reader(errors, read_file)
     top = r.mapping(data, "", {"global", "web", "targets", "alertmanager", "deploys", "rules", "warmup", "lint", "analysis",
-                                     "discovery", "fleet_baseline"})
+                                     "discovery", "fleet_baseline", "kv_events"})
     g = _global(r, top.get("global"))
     web_data = r.mapping(top.get("web"), "web", {"listen_address", "external_url"})
     listen = r.value(web_data, "web", "listen_address", lambda v: (parse_listen_address(v), str(v))[1], WebConfig.listen_address)
@@ -448,7 +452,8 @@ def load(data: Any, read_file: Callable[[str], str] = no_files) -> Config:
                  alertmanager=_alertmanager(r, top.get("alertmanager")), deploys=_deploys(r, top.get("deploys")),
                  rules=load_rules(top.get("rules"), errors), warmup=_warmup(r, top.get("warmup"), targets),
                  lint_allow=_lint_allow(r, top.get("lint")), analysis=_analysis(r, top.get("analysis"), g),
-                 discovery=read_discovery(r, top.get("discovery")), fleet_baseline=_fleet_baseline(r, top.get("fleet_baseline")))
+                 discovery=read_discovery(r, top.get("discovery")), fleet_baseline=_fleet_baseline(r, top.get("fleet_baseline")),
+                 kv_events=read_settings(r, top.get("kv_events")))
     errors += _lookback_errors(cfg)
     if errors:
         raise ConfigError(errors)
