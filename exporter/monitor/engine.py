@@ -332,7 +332,7 @@ class Engine:
                              peers_had_events=len(eventful) > (name in eventful),
                              block_size=view.snapshot.block_size if view.snapshot else None,
                              ever_up=view.ever_up, last_error=view.last_error, fleet_baseline=self.fleet_baselines.get((name, model)),
-                             warm_since=view.warm_since,
+                             warm_since=view.warm_since, kv=view.kv,
                              hits_reference=self._hits_reference(name, model, view, references) if model else None)
                 for rule, settings in model_rules if model else target_rules:
                     key = (rule.alertname, name, model, "")
