@@ -164,7 +164,7 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
     state.update(config_reload_success=True, config_reload_time=time.time())
     # ours, rendered from per-target fragments when the state changed; the process's own memory,
     # CPU and GC (what the benchmarks measure, visible in production) read on every scrape
-    collector = PrefixCacheCollector(state, [w for w, _ in cfg.global_.windows])
+    collector = PrefixCacheCollector(state, [w for w, _ in cfg.global_.windows], cfg.kv_events.top_groups)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ReservedNames(collector))  # no runtime collector may take one of our names
     for runtime_collector in (ProcessCollector, GCCollector, PlatformCollector):

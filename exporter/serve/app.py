@@ -17,7 +17,7 @@ from ..alerting.deploys import API, DeployEvent
 from ..logfields import fields
 from ..peers.urls import redact_url
 from ..series import hitratio
-from .collector import PrefixCacheCollector
+from .collector import PrefixCacheCollector, top_and_other
 from .exposition import Exposition, WouldWait
 from .state import TASKS, State
 from .statuspage import CONTENT_SECURITY_POLICY, StatusPage
@@ -43,6 +43,28 @@ def json_response(status: int, payload) -> tuple[int, str, bytes]:
 
 def _json_default(value):
     raise TypeError(f"not JSON: {type(value).__name__}")
+
+
+STATUS_TOP = 10  # prompt groups, tenants and adapters the status shows each, the rest as "other"
+
+
+def kv_status(kv, top: int) -> dict | None:
+    """A target's KV event stream: how it is read, and what the cache computed in the short window."""
+    if kv is None:
+        return None
+    out = {"endpoint": kv.endpoint, "connected": kv.connected, "last_batch_time": kv.last_message,
+           "received": kv.received, "replayed": kv.replayed, "dropped": kv.dropped, "decode_errors": kv.errors,
+           "shed": kv.shed, "publisher_restarts": kv.restarts, "last_error": kv.last_error, "index": dict(kv.size)}
+    w = kv.recent
+    if w is not None:
+        span, labels = max(1.0, w.seconds), dict(kv.group_labels)
+        rates = lambda table: [{"key": k, "tokens_per_second": n / span} for k, n in top_and_other(table, top)]
+        out["window"] = {"seconds": w.seconds, "stores": w.counts.stores, "first_block_new": w.counts.new_first,
+                         "volatile": w.counts.volatile, "blocks": w.counts.blocks, "restored_blocks": w.counts.restored,
+                         "removed_blocks": w.counts.removed, "cleared_at": w.cleared_at, "divergence": kv.divergence_text,
+                         "groups": [{**r, "prefix": labels.get(r["key"], "")} for r in rates(w.counts.by_group)],
+                         "cache_salts": rates(w.counts.by_salt), "loras": rates(w.counts.by_lora)}
+    return out
 
 
 def _finite(v):
@@ -335,6 +357,7 @@ def status_json(state: State, ready: tuple[bool, str] | None = None) -> dict:
             "block_size": snap.block_size if snap else None,
             # since when the cache of its newest restart counts as warm again: the cold-start grace ended by the data
             "warm_since": v.warm_since,
+            "kv_events": kv_status(v.kv, STATUS_TOP),
             "warnings": list(snap.warnings) if snap else [],
             "models": models,
         })
