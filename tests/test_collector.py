@@ -199,3 +199,18 @@ def simulated_view_of(replica, seconds, step=5.0):
     snap, now = simulator.play_into(replica, history, seconds, step, start=seconds - 305.0)
     return TargetView(target=Target(replica.name, "http://127.0.0.1:1/metrics"), up=True, polled=True, snapshot=snap,
                       stats=summarize(history.samples(), now, WINDOWS, 1000.0, snap.block_size), samples=history.samples())
+
+
+def test_version_alerts_of_one_version_in_two_scopes_are_two_alert_state_series():
+    """One pod template rolled in staging and prod has one version in both: without the scope
+    the two alerts were one series twice, an exposition Prometheus refuses."""
+    from exporter.alerting.rules_state import FIRING, Alert
+    state = State()
+    alerts = tuple(Alert("PrefixCacheHitRateDropAfterDeploy", "", "m", state=FIRING, version="v2",
+                         scope=(("namespace", ns), ("owner", "vllm")), labels=(("cause", "unknown"), ("severity", "critical")))
+                   for ns in ("prod", "staging"))
+    state.update(alerts=alerts)
+    text = exposition(state).decode()
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == "prefixcache_alert_state"]
+    assert sorted(s.labels["scope"] for s in family.samples) == ["namespace=prod,owner=vllm", "namespace=staging,owner=vllm"]
+    assert {s.labels["version"] for s in family.samples} == {"v2"} and {s.labels["target"] for s in family.samples} == {""}

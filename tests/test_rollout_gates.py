@@ -35,7 +35,7 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 def serve(members):
     get, flagger = analysis_handlers(
-        lambda model, version, baseline: analysis.analyze(members if model == MODEL else [], model, version, baseline))
+        lambda model, version, baseline, where: analysis.analyze(members if model == MODEL else [], model, version, baseline))
     app = App(State(), CollectorRegistry())
     app.route("GET", "/api/v1/analysis", get)
     app.route("POST", "/api/v1/analysis/flagger", flagger)
