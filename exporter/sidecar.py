@@ -207,7 +207,8 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
                                 lambda: {t.name for t in poller.current.targets}, clock, lambda: sidecar.config.deploys.api_open)
     app.route("POST", "/api/v1/deploys", post)
     app.route("GET", "/api/v1/deploys", get)
-    analysis_get, flagger_post = analysis_handlers(lambda model, version, baseline: poller.analyze(clock(), model, version, baseline))
+    analysis_get, flagger_post = analysis_handlers(
+        lambda model, version, baseline, where: poller.analyze(clock(), model, version, baseline, where))
     app.route("GET", "/api/v1/analysis", analysis_get)
     app.route("POST", "/api/v1/analysis/flagger", flagger_post)
     # while a deploy token is configured (asked per request: reloads change it), it stands in for basic auth

@@ -229,3 +229,18 @@ def test_a_targets_kv_events_are_exported_with_bounded_groups_tenants_and_adapte
     batches = {s.labels["result"]: s.value for s in fams["prefixcache_kv_events_batches"].samples}
     assert batches["received"] == 33 and batches["dropped"] == 2
     assert [s.value for s in fams["prefixcache_kv_events_connected"].samples] == [1.0]
+
+
+def test_version_alerts_of_one_version_in_two_scopes_are_two_alert_state_series():
+    """One pod template rolled in staging and prod has one version in both: without the scope
+    the two alerts were one series twice, an exposition Prometheus refuses."""
+    from exporter.alerting.rules_state import FIRING, Alert
+    state = State()
+    alerts = tuple(Alert("PrefixCacheHitRateDropAfterDeploy", "", "m", state=FIRING, version="v2",
+                         scope=(("namespace", ns), ("owner", "vllm")), labels=(("cause", "unknown"), ("severity", "critical")))
+                   for ns in ("prod", "staging"))
+    state.update(alerts=alerts)
+    text = exposition(state).decode()
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == "prefixcache_alert_state"]
+    assert sorted(s.labels["scope"] for s in family.samples) == ["namespace=prod,owner=vllm", "namespace=staging,owner=vllm"]
+    assert {s.labels["version"] for s in family.samples} == {"v2"} and {s.labels["target"] for s in family.samples} == {""}

@@ -297,3 +297,16 @@ def test_a_kv_events_endpoint_that_cannot_work_is_refused_with_why(kv, message):
     with pytest.raises(ConfigError) as exc:
         load({"targets": [{"name": "a", "url": "http://a:8000/metrics", "kv_events": kv}]})
     assert message in str(exc.value)
+
+
+def test_analysis_scope_labels_name_what_owns_a_replica():
+    assert load({}).analysis.scope_labels == ("namespace", "owner")
+    assert load({"analysis": {"scope_labels": ["namespace", "deployment"]}}).analysis.scope_labels == ("namespace", "deployment")
+    assert load({"analysis": {"scope_labels": []}}).analysis.scope_labels == ()  # every replica of a model as one scope
+    for bad, says in ((["namespace", "namespace"], "twice"), ("namespace", "a list"), (["a-b"], "not a valid label name"),
+                      (["model"], "exporter or /api/v1/analysis uses"), (["model_name"], "exporter or /api/v1/analysis uses"),
+                      (["version"], "exporter or /api/v1/analysis uses")):
+        with pytest.raises(ConfigError, match=says):
+            load({"analysis": {"scope_labels": bad}})
+    with pytest.raises(ConfigError, match="analysis.scope_labels: release is analysis.version_label"):
+        load({"analysis": {"version_label": "release", "scope_labels": ["namespace", "release"]}})

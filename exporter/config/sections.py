@@ -23,7 +23,7 @@ from ..alerting.rules import COMMON_SETTINGS, RuleSettings, RulesConfig
 from ..peers import yamltext
 from .discovery import DiscoveryConfig, read_discovery
 from .kvevents import KVEndpoint, KVEventsConfig, read_endpoint, read_settings
-from .reader import (LABEL_NAME, ConfigError, Reader, base_url, boolean, duration_or_zero, http_url, limit_or_zero,
+from .reader import (LABEL_NAME, ConfigError, Reader, base_url, boolean, duration_or_zero, http_url, label_name, limit_or_zero,
                             non_negative_number, nonempty_string, parse_duration, parse_size, parse_listen_address,
                             no_files, positive_int, ratio, read_secret, severity)
 
@@ -76,6 +76,9 @@ class AnalysisConfig:
     """GET /api/v1/analysis and the Flagger webhook: versions of a model compared."""
 
     version_label: str = "version"  # the target label that holds a replica's version
+    # the target labels that say what owns a replica (the shipped PodMonitor sets both): versions are
+    # compared only among replicas that agree on every one of them, so never across namespaces
+    scope_labels: tuple[str, ...] = ("namespace", "owner")
     window: str = "5m"  # one of global.windows
     min_query_tokens: float = 20000.0  # on each side, else inconclusive
     drop_points: float = 0.25  # the new version this far under the baseline fails
@@ -462,20 +465,41 @@ def load(data: Any, read_file: Callable[[str], str] = no_files) -> Config:
 
 def _analysis(r: Reader, raw: Any, g: GlobalConfig) -> AnalysisConfig:
     d = AnalysisConfig()
-    data = r.mapping(raw, "analysis", {"version_label", "window", "min_query_tokens", "drop_points", "warmup"})
+    data = r.mapping(raw, "analysis", {"version_label", "scope_labels", "window", "min_query_tokens", "drop_points", "warmup"})
     cfg = AnalysisConfig(
         version_label=r.value(data, "analysis", "version_label", nonempty_string, d.version_label),
+        scope_labels=r.value(data, "analysis", "scope_labels", _scope_labels, d.scope_labels),
         window=r.value(data, "analysis", "window", nonempty_string, d.window),
         min_query_tokens=r.value(data, "analysis", "min_query_tokens", non_negative_number, d.min_query_tokens),
         drop_points=r.value(data, "analysis", "drop_points", ratio, d.drop_points),
         warmup=r.value(data, "analysis", "warmup", duration_or_zero, d.warmup),
     )
+    if cfg.version_label in cfg.scope_labels:
+        r.errors.append(f"analysis.scope_labels: {cfg.version_label} is analysis.version_label: each version would be a scope of its own "
+                        "and no rollout ever compared")
     names = [w for w, _ in g.windows]
     if "window" in data and cfg.window not in names:
         r.errors.append(f"analysis.window: {cfg.window!r} is not one of global.windows ({', '.join(names)})")
     elif cfg.window not in names:  # the default, with other windows configured: the one nearest to it
         cfg = replace(cfg, window=min(g.windows, key=lambda w: abs(w[1] - 300.0))[0])
     return cfg
+
+
+# the gate's own query parameters: a scope label of one of these names could not be asked for
+_GATE_PARAMETERS = ("model", "version", "baseline")
+
+
+def _scope_labels(value: Any) -> tuple[str, ...]:
+    """A list of distinct label names ([] compares every replica of a model, as one scope)."""
+    if not isinstance(value, list):
+        raise ValueError("must be a list of label names, e.g. [namespace, owner]")
+    names = tuple(label_name(v) for v in value)
+    clash = [n for n in names if n in _GATE_PARAMETERS or is_reserved_label(n)]
+    if clash:
+        raise ValueError(f"{', '.join(clash)}: a scope label cannot be a name the exporter or /api/v1/analysis uses itself")
+    if len(set(names)) != len(names):
+        raise ValueError("names a label twice")
+    return names
 
 
 def _fleet_baseline(r: Reader, raw: Any) -> FleetBaselineConfig:

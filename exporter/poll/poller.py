@@ -469,10 +469,10 @@ class Poller:
             log.exception("discovery refresh failed")
             self.state.count(discovery_errors=1)
 
-    def analyze(self, now: float, model: str, version: str, baseline: str | None):
+    def analyze(self, now: float, model: str, version: str, baseline: str | None, where: dict[str, str] | None = None):
         """The rollout gate's verdict, against one consistent engine."""
         with self.engine_lock:
-            return self.engine.analyze(now, model, version, baseline)
+            return self.engine.analyze(now, model, version, baseline, where)
 
     def add_event(self, event: DeployEvent) -> None:
         with self.engine_lock:

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from .. import __version__
 from ..alerting.deploys import SOURCES as DEPLOY_SOURCES
+from ..alerting.rollouts import scope_text
 from ..config.sections import Target
 from ..monitor.targetview import POLL_RESULTS
 from ..monitor.targetview import TargetView
@@ -123,7 +124,7 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("predicted_hit_ratio", "gauge", "Prefix-cache hit ratio the router (llm-d EPP, Dynamo) predicted at routing time " + _W + "; `weighting` is tokens (predicted tokens / input tokens) or per_request_mean (the mean of its per-request ratio histogram).", "target", "model_name", "window", "weighting"),
     _m("router_delivered_hit_ratio", "gauge", "What the engine targets delivered for the router's model (all models for model_name \"\") " + _W + ": token-weighted hits / queries over every engine target, beside prefixcache_predicted_hit_ratio.", "target", "model_name", "window"),
     # rules and deploys
-    _m("alert_state", "gauge", "1 for each alert of ours that is not inactive, by `state` (pending, firing, inconclusive: too few tokens to judge); `version` names the version a fleet alert judges (target is then empty).", "alertname", "target", "model_name", "cause", "severity", "state", "version", target_labels=False),
+    _m("alert_state", "gauge", "1 for each alert of ours that is not inactive, by `state` (pending, firing, inconclusive: too few tokens to judge); `version` names the version a fleet alert judges (target is then empty) and `scope` the replicas it judges, by analysis.scope_labels (namespace=prod,owner=vllm; empty for a target's alert).", "alertname", "target", "model_name", "cause", "severity", "state", "version", "scope", target_labels=False),
     _m("deploy_events", "counter", "Deploy events and the other events the rules weigh, by `source`: api, annotations_file, config_change, change_point (deploys); restart, sleep and wake (vLLM's sleep mode: a wake is a cold start), replicas (the number of replicas serving a model changed: an event of every replica of it, with an empty target); with the target's labels; target is empty for fleet-wide events.", "target", "source"),
     _m("last_deploy_timestamp_seconds", "gauge", "Unix time of the newest deploy event (restarts excluded), for Grafana annotations, with the target's labels; target is empty for fleet-wide events.", "target"),
     # delivery to Alertmanager
@@ -252,8 +253,8 @@ class PrefixCacheCollector(Collector):
         p = reading.published
         for a in p.alerts or ():
             labels = dict(a.labels)
-            f.add("prefixcache_alert_state", (a.alertname, a.target, a.model, labels.get("cause", ""), labels.get("severity", ""), a.state, a.version),
-                  1.0, target=None)
+            f.add("prefixcache_alert_state", (a.alertname, a.target, a.model, labels.get("cause", ""), labels.get("severity", ""), a.state, a.version,
+                                              scope_text(a.scope)), 1.0, target=None)
         # from zero for every source, so that increase() sees the first event (each target's are with its families)
         fleet = p.deploys.counts.get("", {}) if p.deploys is not None else {}
         for source in sorted(set(DEPLOY_SOURCES) | set(fleet)):
