@@ -312,6 +312,7 @@ class Poller:
         self.current = config  # what is polled: static and discovered targets of this shard
         self._merge_warnings: tuple[str, ...] = ()
         self._timings: tuple = ()
+        self.reload_discovery_budget = 5.0  # seconds a reload waits for discovery (the discovery thread waits on)
         with self.reload_lock:
             self._install(config)
 
@@ -448,21 +449,22 @@ class Poller:
         self.scheduler.add_job(self._tracked(self.discover), "interval", id="discover", name="discover", executor="discovery",
                                seconds=config.discovery.refresh_interval, next_run_time=_now_datetime())
 
-    def discover(self) -> None:
-        """One refresh of every discovery source; applies what changed. Never raises."""
+    def discover(self, budget: float | None = None) -> None:
+        """One refresh of every discovery source, under no lock; applies what changed. Never raises."""
         try:
             discovery = self.discovery
-            if discovery is None:
+            found = discovery.refresh(budget) if discovery is not None else []
+            if found is None and self.scheduler.get_job("discover"):  # not done in `budget` (a reload's): the job's, now
+                self.scheduler.modify_job("discover", next_run_time=_now_datetime())
+            if discovery is None or found is None:
                 return
-            found = discovery.refresh()
             with self.reload_lock:
                 if discovery is not self.discovery:
                     return
                 self.publish_discovery()
-                if found == self.discovered:
-                    return
-                self.discovered = found
-                self._install(self.config)
+                if found != self.discovered:
+                    self.discovered = found
+                    self._install(self.config)
         except Exception:  # noqa: BLE001 - the refresh loop must survive a bug
             log.exception("discovery refresh failed")
             self.state.count(discovery_errors=1)
@@ -523,15 +525,15 @@ class Poller:
         self.state.update(alerts=alerts, verdicts=verdicts, routing=routing,
                           deploys=Deploys(recent, MappingProxyType(counts), MappingProxyType(last)))
 
-    def reload(self, config: Config) -> None:
+    def reload(self, config: Config, refresh: bool = True) -> None:
         """New targets, timings or rules: histories of kept targets survive. Reloads are
-        serialized; a poll in flight of a kept target finishes against its Track."""
+        serialized; a poll in flight of a kept target finishes against its Track; discovery then refreshes under no lock."""
         with self.reload_lock:
             self.config = config
             self._install(config)
             self._publish_engine()
-        if self.discovery is not None and self.scheduler.running:
-            self.discover()
+        if refresh and self.scheduler.running:
+            self.discover(self.reload_discovery_budget)
 
     def start(self) -> None:
         """The first discovery refresh is a job like the others: a slow discovery source
