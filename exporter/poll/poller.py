@@ -14,6 +14,7 @@ import threading
 from contextlib import ExitStack
 from dataclasses import replace
 from datetime import datetime, timezone
+from functools import partial
 from types import MappingProxyType
 from typing import Callable, Sequence
 
@@ -38,6 +39,7 @@ from .scrape import Scraper
 from .taskwatch import TaskWatch
 
 log = logging.getLogger(__name__)
+_now_datetime = partial(datetime.now, timezone.utc)
 
 MAX_BASELINE_MODELS = 10
 
@@ -205,21 +207,23 @@ class TargetPoller:
             log.info("event: %s", ev.description, extra=self._about(source=ev.source, version=ev.version))
         if not before.up:  # at every start of ours, once a pod: said for each only at debug
             log.log(logging.INFO if before.polled else logging.DEBUG, "up" if not before.polled else "up again", extra=self._about())
-        # only a real start of vLLM empties its cache: the first answer since we
-        # started, or a restart (process start time, counters reset), never a
-        # transient scrape failure
+        # only a real start of vLLM empties its cache: the first answer since we started, or a restart
+        # (process start time, counters reset), never a transient scrape failure
         started = "start" if not was_up else "restart" if any(ev.is_restart for ev in events) else ""
-        if started and self.on_start is not None:
-            self.on_start(self.target.name, started)
-        if started and self.baseline_reader is not None:
-            self._read_fleet_baseline(snapshot, now)
+        try:  # the success is published: what fails here (a start's hook) is said, never published over it
+            if started and (reader := self.baseline_reader) is not None:  # read once: a reload may set it to None
+                self._read_fleet_baseline(reader, snapshot, now)
+            if started and self.on_start is not None:
+                self.on_start(self.target.name, started)
+        except Exception:  # noqa: BLE001
+            log.exception("acting on the %s of the target failed", started, extra=self._about())
 
-    def _read_fleet_baseline(self, snapshot, now: float) -> None:
+    def _read_fleet_baseline(self, reader: FleetBaselineReader, snapshot, now: float) -> None:
         """The fleet's ratio for each model before this pod started, asked off the poll:
         a slow or failing Prometheus only costs (or delays) the comparison, never a poll."""
         at = snapshot.process_start_time if snapshot.process_start_time is not None else now
         models = sorted({s.model_name for s in snapshot.series})[:MAX_BASELINE_MODELS]
-        self.baseline_reader.read_in_background(self.target.name, models, at, self._set_fleet_baseline)
+        reader.read_in_background(self.target.name, models, at, self._set_fleet_baseline)
 
     def _set_fleet_baseline(self, model: str, ratio: float, at: float) -> None:
         with self.engine_lock:
@@ -593,8 +597,4 @@ class Poller:
         if self.discovery is not None:
             self.discovery.close()
         return idle
-
-
-def _now_datetime() -> datetime:
-    return datetime.now(timezone.utc)
 
