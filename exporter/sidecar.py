@@ -74,9 +74,16 @@ class Sidecar:
         return idle
 
     def reload(self, path: str) -> bool:
+        """The config file and the web config again; then discovery's sources are asked
+        under no lock and for at most the poller's reload_discovery_budget: a slow or dead
+        peer never holds the reads waiting on reload_lock, and SIGTERM (which closes
+        discovery first) never waits for it."""
         with self.poller.reload_lock:  # concurrent SIGHUPs (and discovery's changes) apply one after the other
             config_ok = self._reload(path)
-            return self._reload_web_config() and config_ok
+            web_ok = self._reload_web_config()
+        if config_ok and self.poller.scheduler.running:
+            self.poller.discover(self.poller.reload_discovery_budget)
+        return web_ok and config_ok
 
     def _reload_web_config(self) -> bool:
         """Users, headers and TLS settings of --web.config.file from the next request or
@@ -121,7 +128,7 @@ class Sidecar:
             new = replace(new, deploys=replace(self.config.deploys, api_token=new.deploys.api_token, api_open=new.deploys.api_open))
         if new.deploys.api_token != self.config.deploys.api_token:
             log.info("reload: the deploy API token changed")
-        self.poller.reload(new)
+        self.poller.reload(new, refresh=False)  # the caller refreshes discovery once it let go of reload_lock
         self.config = new
         self.state.update(config_reload_success=True, config_reload_time=time.time())
         log.info("reloaded config from %s: %d static target(s), %d polled", path, len(new.targets), len(self.poller.current.targets))

@@ -591,6 +591,41 @@ def test_a_reload_sizes_the_pools_for_the_targets_it_has():
         poller.stop(0.5)
 
 
+def test_what_fails_after_a_start_is_published_is_said_and_never_published_over_its_success(switch, caplog):
+    """A start's warm-up hook that raised (or a reload setting the fleet-baseline reader to
+    None between its check and its use) came back to poll()'s handler, which published
+    internal_error under the very poll number that had just published success, and the
+    fleet's baseline was never asked. Now the success stands, the log says what failed,
+    and the question is asked all the same."""
+    import json
+    from exporter.config.sections import FleetBaselineConfig
+    from exporter.monitor.targetview import SUCCESS
+
+    answer = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": [0, "0.8"]}]}})
+    replica = simulator.Replica("r", simulator.Scenario(), start=-600.0, seed=1)
+    with FakeServer({"/api/v1/query": text(answer)}) as prom:
+        target = Target("r", switch.url)
+        cfg = replace_cfg(config(target), fleet_baseline=FleetBaselineConfig(prometheus_url=prom.base, timeout=30.0))
+        state = State()
+        state.set_targets([TargetView(target=target)])
+
+        def hook(name, why):
+            raise RuntimeError(f"the warm-up's bug at the {why} of {name}")
+
+        poller = TargetPoller(target, cfg, state, Engine(cfg), threading.Lock(), Clock(0.0), on_start=hook)
+        try:
+            replica.advance(0.0)
+            switch.body = replica.render()
+            with caplog.at_level(logging.ERROR):
+                poller.poll()
+            view = state.target("r")
+            assert view.up and view.last_result == SUCCESS and dict(view.scrapes) == {SUCCESS: 1}, (view.last_result, view.scrapes)
+            assert "the warm-up's bug at the start of r" in caplog.text and "acting on the start of the target failed" in caplog.text
+            assert wait_for(lambda: any(path.startswith("/api/v1/query") for _, path, *_ in prom.requests))
+        finally:
+            poller.close()
+
+
 def test_a_reload_keeps_what_did_not_change(switch):
     """A kept target keeps its poller, connection, phase and pending fleet-baseline
     question; one whose labels changed keeps them too and takes the new labels; one whose

@@ -431,3 +431,76 @@ def test_a_signal_the_kernel_hands_another_thread_still_reloads_and_stops():
         """)
     out = run_python(code)
     assert out.returncode == 0 and out.stdout.split() == ["reloaded", "stopped"], out
+
+
+class StallingPrometheus:
+    """A discovery Prometheus that answers its first ask at once and every later one only
+    when the test releases it (`asked` is set as each stalled ask arrives)."""
+
+    def __init__(self):
+        import threading
+        self.asked, self.release, self.count = threading.Event(), threading.Event(), 0
+
+    def __call__(self, h):
+        self.count += 1
+        if self.count > 1:
+            self.asked.set()
+            self.release.wait(120)
+        reply(h, 200, RECORDED_EMPTY, [("Content-Type", "application/json")])
+
+    def rearm(self):
+        import threading
+        self.release.set()
+        self.asked, self.release = threading.Event(), threading.Event()
+
+
+RECORDED_EMPTY = b'{"status":"success","data":{"activeTargets":[],"droppedTargets":[]}}'
+
+
+def test_a_reload_asks_discovery_under_no_lock_within_its_budget_and_a_stop_never_waits_for_the_peer(tmp_path):
+    """SIGHUP held reload_lock across discovery's ask: a Prometheus that accepts and never
+    answers held every read waiting on that lock for the source's deadline (120 s here).
+    Now the ask happens with the lock free, the reload returns at its budget while the
+    peer still stalls, the discovery thread takes the same ask over (the peer is asked
+    once) and settles it when it comes; a stop during a reload's ask ends it at once."""
+    import threading
+    from exporter.config.load import load_file
+    from exporter.sidecar import build_sidecar
+    from test_poller import Clock
+
+    prom = StallingPrometheus()
+    with FakeServer({"/api/v1/targets": prom}) as server:
+        cfg = tmp_path / "config.yml"
+        cfg.write_text(yaml.safe_dump({"discovery": {"refresh_interval": "1h",
+                                                     "prometheus": {"url": server.base, "job": "vllm", "timeout": "120s"}}}))
+        clock = Clock(time.time())
+        sidecar = build_sidecar(load_file(str(cfg)), "127.0.0.1:0", clock=clock)
+        sidecar.poller.reload_discovery_budget = 0.3
+        sidecar.poller.start()
+        try:
+            source = lambda: sidecar.state.published.discovery[0]
+            assert wait_for(lambda: source().last_success == clock.t)
+            clock.t += 60
+            results = []
+            reload = threading.Thread(target=lambda: results.append(sidecar.reload(str(cfg))), daemon=True)
+            reload.start()
+            assert prom.asked.wait(30)
+            # the peer has the ask and stalls: the lock every read takes is free meanwhile
+            assert sidecar.poller.reload_lock.acquire(timeout=30)
+            sidecar.poller.reload_lock.release()
+            reload.join(30)
+            assert not reload.is_alive() and results == [True] and not prom.release.is_set()
+            assert source().failures == 0
+            prom.rearm()  # the answer comes: the discovery thread, which took the ask over, settles it
+            assert wait_for(lambda: source().last_success == clock.t) and prom.count == 2
+
+            sidecar.poller.reload_discovery_budget = 600.0  # only the stop can end this one
+            reload = threading.Thread(target=lambda: results.append(sidecar.reload(str(cfg))), daemon=True)
+            reload.start()
+            assert prom.asked.wait(30)
+            sidecar.stop()
+            reload.join(30)
+            assert not reload.is_alive() and not prom.release.is_set()
+        finally:
+            prom.release.set()
+            sidecar.stop()

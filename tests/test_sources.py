@@ -189,6 +189,44 @@ def test_close_ends_a_refresh_in_flight_at_once():
         assert bounded(d.refresh, 2) == []
 
 
+def stalled_prometheus(body):
+    """A /api/v1/targets that answers `body` only once the test releases it: -> (route, asked, release)."""
+    import threading
+    asked, release = threading.Event(), threading.Event()
+
+    def route(h):
+        asked.set()
+        release.wait(120)
+        reply(h, 200, body.encode(), [("Content-Type", "application/json")])
+    return route, asked, release
+
+
+def test_a_refresh_out_of_budget_judges_no_source_and_the_next_one_takes_the_same_asks_answer(tmp_path):
+    """A reload's refresh has a budget below the source's deadline: it ends there with None,
+    the file_sd source beside the stalled Prometheus is settled all the same, the Prometheus
+    is not counted failed, and the next refresh waits for the ask in flight (one request)."""
+    route, asked, release = stalled_prometheus(RECORDED)
+    write(tmp_path / "sd.json", [group("127.0.0.1:1", pod="f")])
+    with FakeServer({"/api/v1/targets": route}) as server:
+        d = Discovery(DiscoveryConfig(prometheus=PrometheusSDConfig(url=server.base, job="vllm", timeout=120.0),
+                                      file_sd=(str(tmp_path / "*.json"),)), Clock())
+        try:
+            assert bounded(lambda: d.refresh(budget=0.3), 30) is None
+            assert asked.wait(30) and not release.is_set()
+            states = {s.name: s for s in d.snapshot()}
+            assert names(states[FILE_SD].targets) == ["f"] and states[FILE_SD].ok
+            assert states[PROMETHEUS].failures == 0 and not states[PROMETHEUS].error and not states[PROMETHEUS].refreshed
+            assert bounded(lambda: d.refresh(budget=0.0), 30) is None  # a spent budget: nothing waited for, nothing judged
+            assert d.snapshot()[0].failures == 0
+            release.set()
+            assert len(bounded(d.refresh, 30)) == 3 + 1
+            assert len(server.requests) == 1 and all(s.ok for s in d.snapshot())
+            assert len(bounded(d.refresh, 30)) == 4 and len(server.requests) == 2  # a finished ask is not answered twice
+        finally:
+            release.set()
+            d.close()
+
+
 def test_an_answer_cut_short_is_a_failed_refresh_not_a_success():
     def short(h):
         h.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n" + RECORDED.encode()[:100])

@@ -4,10 +4,11 @@ Each refresh of each source ends in `sdtargets.settle`, so a source that fails k
 its last good targets (said in a log line and in prefixcache_discovery_* metrics) and
 one that suddenly answers nothing is not believed at once.
 
-No source can hold the sidecar: each one is asked on a thread of its own and waited for
-at most its deadline (a Prometheus that drips its answer, a file_sd path on a hung
-mount), one ask at a time per source, and `close` ends the wait at once, so start-up
-and SIGTERM never wait on a peer.
+No source can hold the sidecar: each one is asked on a thread of its own, side by side,
+and waited for at most its deadline (a Prometheus that drips its answer, a file_sd path
+on a hung mount), one ask at a time per source; a refresh may have a budget of its own
+(a reload's: it ends then, the ask goes on for the next refresh), and `close` ends the
+wait at once, so start-up, reloads and SIGTERM never wait on a peer.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import logging
 import os
 import stat
 import threading
+import time
 from dataclasses import replace
 from typing import Callable
 
@@ -112,17 +114,29 @@ class FileSource:
         pass
 
 
+class _Ask:
+    """One ask of one source, on a thread of its own: what it found, when it began."""
+
+    def __init__(self, began: float):
+        self.began = began
+        self.box: dict = {}
+        self.done = threading.Event()  # its answer came, or close woke its waiters
+        self.thread: threading.Thread | None = None
+        self.taken = False  # a refresh settled it
+
+
 class Discovery:
     """The discovery sources of one config and their last good lists."""
 
-    def __init__(self, cfg: DiscoveryConfig, clock: Callable[[], float]):
+    def __init__(self, cfg: DiscoveryConfig, clock: Callable[[], float], monotonic: Callable[[], float] = time.monotonic):
         self.cfg = cfg
         self.clock = clock
         self.lock = threading.Lock()  # the states: held only briefly
         self._refreshing = threading.Lock()  # one refresh at a time
         self._closed = threading.Event()
         self._waits: set[threading.Event] = set()
-        self._asking: dict[str, threading.Thread] = {}
+        self._asking: dict[str, _Ask] = {}
+        self.monotonic = monotonic  # the refresh's deadlines and budget (the waits themselves are real)
         self._hinted: set[str] = set()
         limits = Limits(cfg.target_limit, cfg.label_limit, cfg.label_value_length_limit)
         self.sources: dict[str, PrometheusSource | FileSource] = {}
@@ -140,57 +154,97 @@ class Discovery:
     def files(self) -> FileSource | None:
         return self.sources.get(FILE_SD)  # type: ignore[return-value]
 
-    def refresh(self) -> list[Target]:
-        """Ask every source once, each within its deadline; -> the targets of all sources
-        (last good where one failed). After `close`, returns at once."""
-        with self._refreshing:
+    def refresh(self, budget: float | None = None) -> list[Target] | None:
+        """Ask every source once, side by side, each within its deadline; -> the targets of
+        all sources (last good where one failed). After `close`, returns at once.
+
+        `budget`: seconds for the whole refresh, the wait for a refresh in flight included
+        (a reload's refresh, which must not wait on a slow peer for as long as the discovery
+        thread may). -> None when it ran out first: a source not answered by then is not
+        failed, its ask goes on, and the next refresh waits for that same ask (the peer is
+        not asked again on top of itself)."""
+        began = self.monotonic()
+        left = (lambda: None) if budget is None else (lambda: budget - (self.monotonic() - began))
+        if not self._refreshing.acquire(timeout=-1 if budget is None else max(0.0, left())):
+            return None  # the refresh in flight settles what it finds
+        try:
+            asks = {}
             for name, source in self.sources.items():
-                outcome = self._ask(name, source)
-                if outcome is None:  # closed while asking
-                    break
+                ask = self._ask(name, source)
+                if ask is None:  # closed
+                    return self.targets()
+                asks[name] = ask
+            cut = False
+            for name, ask in asks.items():
+                outcome = self._outcome(self.sources[name], ask, left())
+                if outcome is None:
+                    if self._closed.is_set():
+                        return self.targets()
+                    cut = True  # out of budget, not of the source's deadline: no verdict on it
+                    continue
                 self._settle(name, *outcome)
-            return self.targets()
+            return None if cut else self.targets()
+        finally:
+            self._refreshing.release()
 
     def targets(self) -> list[Target]:
         with self.lock:
             return [t for s in self.states.values() for t in s.targets]
 
-    def _ask(self, name: str, source) -> tuple[Found | None, str] | None:
+    def _ask(self, name: str, source) -> "_Ask | tuple[None, str] | None":
+        """The source's ask: the one in flight within its deadline (a refresh whose budget
+        ran out left it), else a new one on a thread of its own; an error where the one in
+        flight is past its deadline; None once closed."""
         previous = self._asking.get(name)
-        if previous is not None and previous.is_alive():
+        if previous is not None and previous.thread.is_alive():
+            if self.monotonic() - previous.began < source.deadline and not previous.taken:
+                return previous
             return None, f"{source.describe()}: the ask before this one is still unanswered after its {source.deadline:g}s deadline"
-        box: dict = {}
-        done = threading.Event()
+        ask = _Ask(self.monotonic())
+        if previous is not None:
+            with self.lock:
+                self._waits.discard(previous.done)
 
-        def ask() -> None:
+        def run() -> None:
             try:
-                box["found"], box["errors"] = source.fetch()
+                ask.box["found"], ask.box["errors"] = source.fetch()
             except DiscoveryError as exc:
-                box["error"] = str(exc)
+                ask.box["error"] = str(exc)
             except Exception as exc:  # noqa: BLE001 - an error no layer below foresaw is still a failed refresh
-                box["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                ask.box["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             finally:
-                done.set()
+                ask.done.set()
 
         with self.lock:  # with close's lock: a close either came before (we stop) or will wake us
             if self._closed.is_set():
                 return None
-            self._waits.add(done)
-        thread = threading.Thread(target=ask, name=f"discovery-{name}", daemon=True)
-        self._asking[name] = thread
-        try:
-            thread.start()
-            done.wait(source.deadline)
-        finally:
-            with self.lock:
-                self._waits.discard(done)
+            self._waits.add(ask.done)
+        ask.thread = threading.Thread(target=run, name=f"discovery-{name}", daemon=True)
+        self._asking[name] = ask
+        ask.thread.start()
+        return ask
+
+    def _outcome(self, source, ask, left: float | None) -> tuple[Found | None, str] | None:
+        """What the ask came to by its deadline; None when closed meanwhile, or when `left`
+        (seconds of the refresh's budget) ran out first."""
+        if isinstance(ask, tuple):
+            return ask
+        until_deadline = source.deadline - (self.monotonic() - ask.began)
+        wait = max(0.0, until_deadline if left is None else min(until_deadline, left))
+        ask.done.wait(wait)
         if self._closed.is_set():
             return None
-        if not done.is_set():
+        if not ask.done.is_set():
+            if left is not None and left < until_deadline:
+                return None
+            ask.taken = True  # judged: a later refresh does not wait for it again
             return None, f"{source.describe()}: no complete answer within the {source.deadline:g}s deadline"
-        if "error" in box:
-            return None, box["error"]
-        return box["found"], "; ".join(box["errors"])
+        with self.lock:
+            self._waits.discard(ask.done)
+        ask.taken = True
+        if "error" in ask.box:
+            return None, ask.box["error"]
+        return ask.box["found"], "; ".join(ask.box["errors"])
 
     def _settle(self, name: str, found: Found | None, error: str) -> None:
         with self.lock:

@@ -14,6 +14,7 @@ import threading
 from contextlib import ExitStack
 from dataclasses import replace
 from datetime import datetime, timezone
+from functools import partial
 from types import MappingProxyType
 from typing import Callable, Sequence
 
@@ -39,6 +40,7 @@ from .scrape import Scraper
 from .taskwatch import TaskWatch
 
 log = logging.getLogger(__name__)
+_now_datetime = partial(datetime.now, timezone.utc)
 
 MAX_BASELINE_MODELS = 10
 
@@ -207,21 +209,23 @@ class TargetPoller:
             log.info("event: %s", ev.description, extra=self._about(source=ev.source, version=ev.version))
         if not before.up:  # at every start of ours, once a pod: said for each only at debug
             log.log(logging.INFO if before.polled else logging.DEBUG, "up" if not before.polled else "up again", extra=self._about())
-        # only a real start of vLLM empties its cache: the first answer since we
-        # started, or a restart (process start time, counters reset), never a
-        # transient scrape failure
+        # only a real start of vLLM empties its cache: the first answer since we started, or a restart
+        # (process start time, counters reset), never a transient scrape failure
         started = "start" if not was_up else "restart" if any(ev.is_restart for ev in events) else ""
-        if started and self.on_start is not None:
-            self.on_start(self.target.name, started)
-        if started and self.baseline_reader is not None:
-            self._read_fleet_baseline(snapshot, now)
+        try:  # the success is published: what fails here (a start's hook) is said, never published over it
+            if started and (reader := self.baseline_reader) is not None:  # read once: a reload may set it to None
+                self._read_fleet_baseline(reader, snapshot, now)
+            if started and self.on_start is not None:
+                self.on_start(self.target.name, started)
+        except Exception:  # noqa: BLE001
+            log.exception("acting on the %s of the target failed", started, extra=self._about())
 
-    def _read_fleet_baseline(self, snapshot, now: float) -> None:
+    def _read_fleet_baseline(self, reader: FleetBaselineReader, snapshot, now: float) -> None:
         """The fleet's ratio for each model before this pod started, asked off the poll:
         a slow or failing Prometheus only costs (or delays) the comparison, never a poll."""
         at = snapshot.process_start_time if snapshot.process_start_time is not None else now
         models = sorted({s.model_name for s in snapshot.series})[:MAX_BASELINE_MODELS]
-        self.baseline_reader.read_in_background(self.target.name, models, at, self._set_fleet_baseline)
+        reader.read_in_background(self.target.name, models, at, self._set_fleet_baseline)
 
     def _set_fleet_baseline(self, model: str, ratio: float, at: float) -> None:
         with self.engine_lock:
@@ -314,6 +318,7 @@ class Poller:
         self.current = config  # what is polled: static and discovered targets of this shard
         self._merge_warnings: tuple[str, ...] = ()
         self._timings: tuple = ()
+        self.reload_discovery_budget = 5.0  # seconds a reload waits for discovery (the discovery thread waits on)
         with self.reload_lock:
             self._install(config)
 
@@ -450,21 +455,22 @@ class Poller:
         self.scheduler.add_job(self._tracked(self.discover), "interval", id="discover", name="discover", executor="discovery",
                                seconds=config.discovery.refresh_interval, next_run_time=_now_datetime())
 
-    def discover(self) -> None:
-        """One refresh of every discovery source; applies what changed. Never raises."""
+    def discover(self, budget: float | None = None) -> None:
+        """One refresh of every discovery source, under no lock; applies what changed. Never raises."""
         try:
             discovery = self.discovery
-            if discovery is None:
+            found = discovery.refresh(budget) if discovery is not None else []
+            if found is None and self.scheduler.get_job("discover"):  # not done in `budget` (a reload's): the job's, now
+                self.scheduler.modify_job("discover", next_run_time=_now_datetime())
+            if discovery is None or found is None:
                 return
-            found = discovery.refresh()
             with self.reload_lock:
                 if discovery is not self.discovery:
                     return
                 self.publish_discovery()
-                if found == self.discovered:
-                    return
-                self.discovered = found
-                self._install(self.config)
+                if found != self.discovered:
+                    self.discovered = found
+                    self._install(self.config)
         except Exception:  # noqa: BLE001 - the refresh loop must survive a bug
             log.exception("discovery refresh failed")
             self.state.count(discovery_errors=1)
@@ -525,15 +531,15 @@ class Poller:
         self.state.update(alerts=alerts, verdicts=verdicts, routing=routing,
                           deploys=Deploys(recent, MappingProxyType(counts), MappingProxyType(last)))
 
-    def reload(self, config: Config) -> None:
+    def reload(self, config: Config, refresh: bool = True) -> None:
         """New targets, timings or rules: histories of kept targets survive. Reloads are
-        serialized; a poll in flight of a kept target finishes against its Track."""
+        serialized; a poll in flight of a kept target finishes against its Track; discovery then refreshes under no lock."""
         with self.reload_lock:
             self.config = config
             self._install(config)
             self._publish_engine()
-        if self.discovery is not None and self.scheduler.running:
-            self.discover()
+        if refresh and self.scheduler.running:
+            self.discover(self.reload_discovery_budget)
 
     def start(self) -> None:
         """The first discovery refresh is a job like the others: a slow discovery source
@@ -593,8 +599,4 @@ class Poller:
         if self.discovery is not None:
             self.discovery.close()
         return idle
-
-
-def _now_datetime() -> datetime:
-    return datetime.now(timezone.utc)
 
