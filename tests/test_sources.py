@@ -503,3 +503,14 @@ def wait_until_requested(server, seconds):
             return True
         time.sleep(0.1)
     return False
+
+
+def test_discovery_kv_events_name_the_ports_every_discovered_pod_publishes_on():
+    from exporter.config.discovery import KVPorts
+    from exporter.config.sections import ConfigError, load
+
+    cfg = load({"discovery": {"file_sd": {"files": ["/tmp/x.json"]}, "kv_events": {"port": 5557, "replay_port": 5558, "topic": "kv"}}})
+    assert cfg.discovery.kv_events == KVPorts(5557, 5558, "kv")
+    for bad, says in (({"replay_port": 5558}, "port: required"), ({"port": 70000}, "is not a port"), ({"port": "5557"}, "is not a port")):
+        with pytest.raises(ConfigError, match=says):
+            load({"discovery": {"file_sd": {"files": ["/tmp/x.json"]}, "kv_events": bad}})

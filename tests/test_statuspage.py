@@ -398,3 +398,25 @@ def test_every_tier_is_shown_where_a_connector_serves_and_a_grown_fleet_says_wha
     assert "hit ratio (all tiers)" in text and "· device tier" in text and "· external tier" in text
     assert "fleet: 6 replicas of demo/llama-3-8b (was 2)" in text and "whatif --routing" in text
     assert "last event: replicas:2->6 (replicas)" in text
+
+
+def test_a_targets_kv_events_show_where_the_prompt_changes_and_who_computes_again_as_text():
+    """A hostile publisher's salt or LoRA name, or a tokenizer's text, is rendered as text."""
+    from exporter.parse.kvevents import decode
+    from exporter.series.blockindex import BlockIndex, KVView
+
+    from kvpub import frames, stored
+
+    evil = "".join(HOSTILE)
+    index = BlockIndex()
+    index.apply(decode(frames(0, [stored([1], None, range(16), salt=evil, lora=evil)])), 100.0)
+    index.apply(decode(frames(1, [stored([2], None, range(16), salt="tenant-b")])), 100.0)
+    kv = KVView("tcp://10.0.0.5:5557", connected=True, last_message=99.0, received=2, dropped=1,
+                recent=index.window(100.0, 60.0), divergence_text="token 13 changes: " + evil)
+    view, now = played_view()
+    text = render(PageInput(targets=(replace(view, kv=kv),), alerts=(), deploys=(), verdicts={}, links=(), version="0",
+                            warning=""), 100.0).decode()
+    parsed = Page(text)
+    assert not {tag for tag, _ in parsed.tags} & {"script", "img", "iframe"}
+    assert "KV events: connected" in parsed.all_text and "2 received, 1 lost" in parsed.all_text
+    assert parsed.all_text.count(HOSTILE[0]) >= 3 and "tenant-b" in parsed.all_text

@@ -317,3 +317,19 @@ def test_a_file_of_nested_brackets_is_refused_before_yaml_takes_quadratic_time_o
     assert time.monotonic() - started < 2
     flow = "[" + ", ".join(f"{{targets: ['10.0.0.{i}:8000'], labels: {{pod: p{i}}}}}" for i in range(200)) + "]"
     assert len(file_sd(flow, "sd.yml")) == 200  # many brackets, shallow: read as before
+
+
+def test_discovered_pods_get_their_kv_events_at_their_address_and_static_ones_keep_their_own():
+    from exporter.config.discovery import KVPorts, ShardConfig
+    from exporter.config.kvevents import KVEndpoint
+    from exporter.discovery.targets import polled
+
+    static = Target("s", "http://10.0.0.9:8000/metrics", kv_events=KVEndpoint("tcp://10.0.0.9:6000"))
+    pods = [Target("p1", "http://10.0.0.5:8000/metrics"), Target("p2", "http://[fd00::7]:8000/metrics"),
+            Target("read", "http://prometheus:9090#read")]  # read from a Prometheus: no address of its own
+    targets, _ = polled([static], pods, ShardConfig(), KVPorts(5557, 5558, "kv"))
+    kv = {t.name: t.kv_events for t in targets}
+    assert kv["s"] == KVEndpoint("tcp://10.0.0.9:6000")
+    assert kv["p1"] == KVEndpoint("tcp://10.0.0.5:5557", topic="kv", replay="tcp://10.0.0.5:5558")
+    assert kv["p2"].address == "tcp://[fd00::7]:5557" and kv["read"] is None
+    assert all(t.kv_events is None for t in polled([], pods, ShardConfig())[0])

@@ -68,6 +68,16 @@ class ShardConfig:
 
 
 @dataclass(frozen=True)
+class KVPorts:
+    """Where each discovered pod's vLLM publishes its KV events: its address, these ports
+    (vLLM binding `tcp://*:port`; data-parallel rank r at port + r is a target of its own)."""
+
+    port: int
+    replay_port: int | None = None
+    topic: str = ""
+
+
+@dataclass(frozen=True)
 class DiscoveryConfig:
     prometheus: PrometheusSDConfig | None = None
     read_prometheus: PrometheusReadConfig | None = None
@@ -79,6 +89,7 @@ class DiscoveryConfig:
     target_limit: int = 2000
     label_limit: int = 64
     label_value_length_limit: int = 1024
+    kv_events: KVPorts | None = None  # each discovered pod's KV events, at its address and these ports
 
     @property
     def enabled(self) -> bool:
@@ -88,7 +99,7 @@ class DiscoveryConfig:
 def read_discovery(r: Reader, raw: Any) -> DiscoveryConfig:
     d = DiscoveryConfig()
     data = r.mapping(raw, "discovery", {"prometheus", "read_prometheus", "file_sd", "refresh_interval", "accept_empty_after",
-                                        "shard", "target_limit", "label_limit", "label_value_length_limit"})
+                                        "shard", "target_limit", "label_limit", "label_value_length_limit", "kv_events"})
     prometheus = None
     if "prometheus" in data:
         path = "discovery.prometheus"
@@ -130,7 +141,24 @@ def read_discovery(r: Reader, raw: Any) -> DiscoveryConfig:
         shard=shard,
         target_limit=r.value(data, "discovery", "target_limit", limit_or_zero, d.target_limit),
         label_limit=r.value(data, "discovery", "label_limit", limit_or_zero, d.label_limit),
-        label_value_length_limit=r.value(data, "discovery", "label_value_length_limit", limit_or_zero, d.label_value_length_limit))
+        label_value_length_limit=r.value(data, "discovery", "label_value_length_limit", limit_or_zero, d.label_value_length_limit),
+        kv_events=_kv_ports(r, data.get("kv_events")))
+
+
+def _kv_ports(r: Reader, raw: Any) -> KVPorts | None:
+    if raw is None:
+        return None
+    path = "discovery.kv_events"
+    p = r.mapping(raw, path, {"port", "replay_port", "topic"})
+    if "port" not in p:
+        r.errors.append(f"{path}.port: required (vLLM's --kv-events-config endpoint tcp://*:PORT)")
+    port = lambda v: v if isinstance(v, int) and not isinstance(v, bool) and 0 < v < 65536 else _bad_port(v)
+    return KVPorts(port=r.value(p, path, "port", port, 0), replay_port=r.value(p, path, "replay_port", port, None),
+                   topic=r.value(p, path, "topic", str, ""))
+
+
+def _bad_port(value: Any) -> int:
+    raise ValueError(f"{value!r} is not a port (1-65535)")
 
 
 def _read_prometheus(r: Reader, raw: Any) -> PrometheusReadConfig:

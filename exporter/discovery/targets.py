@@ -25,7 +25,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from ..config.discovery import ShardConfig
+from ..config.discovery import KVPorts, ShardConfig
+from ..config.kvevents import KVEndpoint
 from ..config.sections import RESERVED_LABELS, Target
 from ..peers import yamltext
 from ..peers.urls import redact_url
@@ -274,11 +275,26 @@ def _identity(t: Target) -> tuple[str | None, bool]:
     return dict(t.labels).get("namespace"), bool(urlsplit(t.url).fragment)
 
 
-def polled(static: Sequence[Target], discovered: Iterable[Target], shard: ShardConfig) -> tuple[list[Target], list[str]]:
+def polled(static: Sequence[Target], discovered: Iterable[Target], shard: ShardConfig,
+           kv: KVPorts | None = None) -> tuple[list[Target], list[str]]:
     """What one process polls: the static and discovered targets merged, those of its
-    shard. -> (targets, merge warnings)"""
-    merged, warnings = merge(static, discovered)
+    shard, each discovered pod with its KV events where `kv` says. -> (targets, merge warnings)"""
+    merged, warnings = merge(static, [with_kv_events(t, kv) for t in discovered] if kv is not None else discovered)
     return [t for t in merged if in_shard(t, shard.index, shard.count, shard.key_label)], warnings
+
+
+def with_kv_events(target: Target, kv: KVPorts) -> Target:
+    """The pod at the address it is scraped at, with its KV event ports; a pod read from a
+    Prometheus has no address of its own here and is left as it is."""
+    try:
+        host = urlsplit(target.url).hostname
+    except ValueError:
+        host = None
+    if target.kv_events is not None or not host or urlsplit(target.url).fragment:
+        return target
+    at = f"[{host}]" if ":" in host else host
+    replay = f"tcp://{at}:{kv.replay_port}" if kv.replay_port else None
+    return replace(target, kv_events=KVEndpoint(f"tcp://{at}:{kv.port}", topic=kv.topic, replay=replay))
 
 
 def shard_key(target: Target, key_label: str) -> str:

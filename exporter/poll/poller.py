@@ -1,9 +1,8 @@
 """Polling: scrape -> parse -> windows -> publish, for every target on its schedule.
 
-One APScheduler job dispatches the polls that are due onto bounded pools
-(exporter/poll/dispatch.py): a target has one poll at a time, slow and new targets share
-a few workers of their own, so a few hundred hung targets never hold up the others.
-A reload or a discovery change touches only the targets that came, went or changed.
+One APScheduler job dispatches the polls that are due onto bounded pools (exporter/poll/dispatch.py): a target
+has one poll at a time, slow and new targets share a few workers of their own, so a few hundred hung targets never
+hold up the others. A reload or a discovery change touches only the targets that came, went or changed.
 """
 from __future__ import annotations
 
@@ -48,11 +47,10 @@ MAX_BASELINE_MODELS = 10
 class TargetPoller:
     """One target's job: scrape, parse, hand the snapshot to the engine, publish.
 
-    The scrape and the parse run under no lock. The engine work that grows with the
-    target's size (history, windows) and the publishing of its view run under its own
-    lock, which a reload also takes: from the moment the poll reads its Track until the
-    view is published, no reload can remove or reconfigure it. The engine lock is only
-    taken to add the events the poll found."""
+    The scrape and the parse run under no lock. The engine work that grows with the target's size (history,
+    windows) and the publishing of its view run under its own lock, which a reload also takes: from the moment
+    the poll reads its Track until the view is published, no reload can remove or reconfigure it. The engine
+    lock is only taken to add the events the poll found."""
 
     def __init__(self, target: Target, config: Config, state: State, engine: Engine, engine_lock: threading.Lock,
                  clock: Callable[[], float] = time.time, on_start: Callable[[str, str], None] | None = None,
@@ -141,8 +139,7 @@ class TargetPoller:
         return fields(target=self.target.name, namespace=namespace_of(self.target), **more)
 
     def _track(self) -> Track | None:
-        """This target's Track, read once under its lock (held by the caller); None once a
-        reload removed the target while the scrape was in flight."""
+        """This target's Track, read once under its lock (held by the caller); None once a reload removed it."""
         return None if self.retired else self.engine.tracks.get(self.target.name)
 
     def _poll(self, number: int) -> bool:
@@ -392,7 +389,8 @@ class Poller:
         self.state.update(skipped_polls=MappingProxyType(self.dispatcher.skips()))
 
     def _targets_of(self, config: Config) -> tuple[Target, ...]:
-        targets, warnings = polled(config.targets, self.discovered + self.read_found, config.discovery.shard)
+        targets, warnings = polled(config.targets, self.discovered + self.read_found, config.discovery.shard,
+                                   config.discovery.kv_events)
         if tuple(warnings) != self._merge_warnings:
             for w in warnings:
                 log.warning("discovery: %s", w)

@@ -350,12 +350,42 @@ def _target_card(view: TargetView, alerts: Sequence[Alert], deploys: Sequence[di
     snap = view.snapshot
     if snap is not None and snap.prefix_caching_enabled is False:
         parts.append('<p class="error">prefix caching is disabled on this server</p>')
+    if view.kv is not None:
+        parts.append(_kv_block(view.kv, now))
     models = sorted(view.stats.items(), key=lambda kv: (_sort_ratio(ratio_of(kv[1].get(window or ""))), kv[0]))
     for model, windows in models[:MAX_MODELS]:
         parts.append(_model_block(view, model, windows, alerts, mine, now))
     if len(models) > MAX_MODELS:
         parts.append(f'<p class="dim">and {len(models) - MAX_MODELS} more models (see /api/v1/status)</p>')
     parts.append("</article>")
+    return "".join(parts)
+
+
+KV_ROWS = 5  # prompt groups, tenants and adapters shown on a card each; /metrics and /api/v1/status have more
+
+
+def _kv_block(kv, now: float) -> str:
+    """What vLLM's KV events say: the stream's health, where the prompt changes, and the
+    tokens computed again by prompt group, cache_salt and LoRA over the short window."""
+    state = "connected" if kv.connected else "not connected"
+    parts = [f'<p>KV events: <strong>{state}</strong>, last batch {_when(kv.last_message, now)}; '
+             f'{kv.received} received, {kv.dropped} lost, {kv.errors} refused, {kv.shed} shed</p>']
+    if kv.last_error:
+        parts.append(f'<p class="error">KV events: {_e(_clip(kv.last_error))}</p>')
+    w = kv.recent
+    if w is None:
+        return "".join(parts)
+    if kv.divergence_text:
+        parts.append(f'<p class="error">{_e(_clip(kv.divergence_text))}</p>')
+    span, labels = max(1.0, w.seconds), dict(kv.group_labels)
+    rows = []
+    for title, table, name in (("prompt group", w.counts.by_group, lambda k: labels.get(k, k)),
+                               ("cache_salt", w.counts.by_salt, str), ("LoRA", w.counts.by_lora, str)):
+        ranked = sorted(table.items(), key=lambda kv: -kv[1])[:KV_ROWS]
+        rows += [f"<tr><td>{title}</td><td>{_e(_clip(name(k), 80))}</td><td>{n / span:.0f}</td></tr>" for k, n in ranked]
+    if rows:
+        parts.append(f'<div class="scroll"><table><tr><th>by</th><th></th><th>tokens computed/s ({span:.0f}s)</th></tr>'
+                     + "".join(rows) + "</table></div>")
     return "".join(parts)
 
 
