@@ -171,7 +171,7 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
     state.update(config_reload_success=True, config_reload_time=time.time())
     # ours, rendered from per-target fragments when the state changed; the process's own memory,
     # CPU and GC (what the benchmarks measure, visible in production) read on every scrape
-    collector = PrefixCacheCollector(state, [w for w, _ in cfg.global_.windows])
+    collector = PrefixCacheCollector(state, [w for w, _ in cfg.global_.windows], cfg.kv_events.top_groups)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ReservedNames(collector))  # no runtime collector may take one of our names
     for runtime_collector in (ProcessCollector, GCCollector, PlatformCollector):
@@ -214,7 +214,8 @@ def build_sidecar(cfg: Config, listen: str, clock: Callable[[], float] = time.ti
                                 lambda: {t.name for t in poller.current.targets}, clock, lambda: sidecar.config.deploys.api_open)
     app.route("POST", "/api/v1/deploys", post)
     app.route("GET", "/api/v1/deploys", get)
-    analysis_get, flagger_post = analysis_handlers(lambda model, version, baseline: poller.analyze(clock(), model, version, baseline))
+    analysis_get, flagger_post = analysis_handlers(
+        lambda model, version, baseline, where: poller.analyze(clock(), model, version, baseline, where))
     app.route("GET", "/api/v1/analysis", analysis_get)
     app.route("POST", "/api/v1/analysis/flagger", flagger_post)
     # while a deploy token is configured (asked per request: reloads change it), it stands in for basic auth

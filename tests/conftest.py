@@ -130,3 +130,13 @@ def _process_logging_undone():
         root.removeHandler(handler)
         handler.close()
     root.setLevel(level)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory):
+    """The tiny model's tokenizer.json (tests/tinymodel.py), made without the model."""
+    import tinymodel
+
+    path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
+    tinymodel.tokenizer().save(str(path))
+    return path

@@ -7,6 +7,8 @@ exporter's); VPCE_VLLM_PYTHON names another one's Python.
 """
 from __future__ import annotations
 
+import json
+
 import os
 import signal
 import subprocess
@@ -234,9 +236,22 @@ class Sidecar:
                 self.proc.wait(timeout=5)
 
 
-def sidecar_config(engine: RealVLLM, **rules) -> dict:
-    """What a team writes for one vLLM: its /metrics, a name and the defaults."""
-    config = {"targets": [{"name": "vllm-0", "url": engine.url + "/metrics", "labels": {"namespace": "llm"}}]}
+def kv_events_flags(publish: int, replay: int) -> list[str]:
+    """vLLM's KV cache events on: it binds `tcp://*:PORT` (a `*` makes vLLM bind; we connect)."""
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{publish}",
+              "replay_endpoint": f"tcp://*:{replay}", "topic": "kv"}
+    return ["--kv-events-config", json.dumps(config)]
+
+
+def sidecar_config(engine: RealVLLM, kv_events: tuple[int, int] | None = None, **rules) -> dict:
+    """What a team writes for one vLLM: its /metrics, a name and the defaults; with
+    `kv_events` (publish, replay ports) its KV events too, decoded with the model's tokenizer."""
+    target = {"name": "vllm-0", "url": engine.url + "/metrics", "labels": {"namespace": "llm"}}
+    config = {"targets": [target]}
+    if kv_events is not None:
+        target["kv_events"] = {"endpoint": f"tcp://127.0.0.1:{kv_events[0]}", "topic": "kv",
+                               "replay_endpoint": f"tcp://127.0.0.1:{kv_events[1]}"}
+        config["kv_events"] = {"tokenizer": str(engine.model / "tokenizer.json")}
     if rules:
         config["rules"] = rules
     return config

@@ -381,7 +381,7 @@ def rollout_app():
                for i, (version, hits) in enumerate((("v41", 88_000), ("v41", 87_000), ("v41", 89_000), ("v42", 3_000)))]
     app = App(State(), CollectorRegistry())
     get, flagger = analysis_handlers(
-        lambda model, version, baseline: analysis.analyze(members if model == "m" else [], model, version, baseline))
+        lambda model, version, baseline, where: analysis.analyze(members if model == "m" else [], model, version, baseline))
     app.route("GET", "/api/v1/analysis", get)
     app.route("POST", "/api/v1/analysis/flagger", flagger)
     return app
@@ -428,6 +428,32 @@ def test_the_flagger_webhook_fails_only_on_a_drop(rollout_app, metadata, status,
 def test_the_flagger_webhook_refuses_a_body_without_metadata(rollout_app):
     got, _, payload = call(rollout_app, "POST", "/api/v1/analysis/flagger", {}, b'{"name": "vllm"}')
     assert got == 400 and "metadata" in json.loads(payload)["error"]
+
+
+def test_the_gate_hands_its_other_parameters_on_as_the_scope_to_judge_in():
+    """Argo names the Rollout's namespace and name (`?namespace=prod&owner=vllm`); Flagger
+    sends the Canary's namespace in every webhook: the engine keeps those that are
+    analysis.scope_labels, so a version is judged among its own Deployment's replicas."""
+    from exporter.alerting import analysis as gate
+    from exporter.serve.app import analysis_handlers
+    asked = []
+
+    def verdict(model, version, baseline, where):
+        asked.append((model, version, baseline, where))
+        return gate.analyze([], model, version, baseline)
+    app = App(State(), CollectorRegistry())
+    get, flagger = analysis_handlers(verdict)
+    app.route("GET", "/api/v1/analysis", get)
+    app.route("POST", "/api/v1/analysis/flagger", flagger)
+    analysis(app, "model=m&version=v42&namespace=prod&owner=vllm")
+    analysis(app, "model=m&version=v42&baseline=v41")
+    body = json.dumps({"name": "vllm", "namespace": "llm", "phase": "Progressing",
+                       "metadata": {"model": "m", "version": "canary", "require": "pass", "owner": "vllm"}}).encode()
+    call(app, "POST", "/api/v1/analysis/flagger", {"CONTENT_TYPE": "application/json"}, body)
+    assert asked == [("m", "v42", None, {"namespace": "prod", "owner": "vllm"}), ("m", "v42", "v41", {}),
+                     ("m", "canary", None, {"namespace": "llm", "owner": "vllm"})]
+    status, data = analysis(app, "model=m&version=v42&namespace=pr%0Aod")
+    assert status == 400 and data["verdict"] == "inconclusive"
 
 
 @pytest.mark.slow

@@ -162,3 +162,43 @@ def test_a_scale_out_seen_in_steps_is_one_change_from_the_first_count():
     got, why = classify(evidence(ratio=0.3, events=steps))
     assert got == causes.REPLICAS_CHANGED and "(was 2)" in why and "the model hit 56% before" in why
     assert classify(evidence(ratio=0.3, events=(fleet(300, was=6, now=2), fleet(280, was=2, now=6))))[0] == causes.UNKNOWN
+
+
+# --- first-hand: vLLM's KV cache events (exporter/series/blockindex.py) ---------------------------
+def kv_view(recent: dict, earlier: dict | None = None, cleared_at=None, last=NOW - 1, text="token 13 changes: `time: 17:4`"):
+    from exporter.series.blockindex import Counts, KVView, Window
+
+    window = lambda counts, since, secs, cleared=None: Window(since, secs, Counts(**counts), cleared, None, {})
+    return KVView("tcp://10.0.0.5:5557", connected=True, last_message=last, received=100,
+                  recent=window(recent, NOW - 60, 60.0, cleared_at),
+                  earlier=window(earlier or {}, NOW - 660, 600.0), divergence_text=text)
+
+
+def test_events_of_a_value_changing_per_request_name_a_prompt_change_with_its_tokens_even_without_a_deploy():
+    cause, why = classify(evidence(kv=kv_view(dict(stores=60, new_first=58, volatile=58, blocks=60)), requests=61))
+    assert cause == causes.PROMPT_PREFIX_CHANGE
+    assert "58 of the 61 requests" in why and "token 13 changes: `time: 17:4`" in why
+
+
+def test_a_client_that_always_sent_a_timestamp_is_usual_not_a_change():
+    usual = kv_view(dict(stores=20, volatile=20, blocks=20), earlier=dict(stores=200, volatile=200, blocks=200))
+    assert classify(evidence(kv=usual))[0] == causes.UNKNOWN  # nothing else points anywhere either
+
+
+def test_blocks_stored_again_soon_after_their_removal_outrank_a_deploy():
+    kv = kv_view(dict(stores=40, volatile=0, blocks=120, restored=50))
+    cause, why = classify(evidence(kv=kv, events=(ev("api", 20),)))
+    assert cause == causes.EVICTION_PRESSURE and "50 of the 120 blocks" in why
+
+
+def test_a_clear_of_the_whole_cache_is_a_reset_never_a_prompt_change():
+    kv = kv_view(dict(stores=60, new_first=60, volatile=60, blocks=60, clears=1), cleared_at=NOW - 30)
+    cause, why = classify(evidence(kv=kv))
+    assert cause == causes.COLD_START and "cleared 30s ago" in why
+    assert classify(evidence(kv=kv, warm_since=NOW - 5))[0] == causes.PROMPT_PREFIX_CHANGE  # refilled since: judged again
+
+
+def test_a_silent_publisher_is_no_evidence_and_the_inference_stands():
+    silent = kv_view(dict(stores=60, volatile=0, blocks=600, restored=300), last=NOW - 600)
+    assert classify(evidence(kv=silent, events=(ev("api", 20),)))[0] == causes.PROMPT_PREFIX_CHANGE
+    assert classify(evidence(kv=None, events=(ev("api", 20),)))[0] == causes.PROMPT_PREFIX_CHANGE

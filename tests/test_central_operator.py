@@ -137,3 +137,100 @@ def test_the_central_variant_polls_every_pod_of_an_operator_managed_prometheus_a
             sidecar.wait(timeout=20)
         prom.stop()
         fleet.stop()
+
+
+def test_two_namespaces_serving_one_model_with_their_own_versions_and_ratios_page_nothing(tmp_path):
+    """Issue 54: staging's and prod's pod-template hashes of one model were compared as a
+    rollout, and staging's own prompt paged critical ("49% on q4pbsphzf against 89% on
+    ngq2cd9wf"). The central PodMonitor, applied in both namespaces as prometheus-operator
+    applies it, labels each pod with its namespace and owner; a real Prometheus scrapes
+    them; the exporter reads them from it and compares nothing across namespaces."""
+    from exporter.sim import simulator
+    from exporter.sim.server import Fleet
+
+    docs = built_central()
+    (monitor,) = [d for d in docs if d["kind"] == "PodMonitor" and d["metadata"]["name"] == "vllm"]
+    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap" and "config.yml" in d.get("data", {})]
+    config = yaml.safe_load(config_map["data"]["config.yml"])
+
+    fleet = Fleet([], clock=time.time).start()
+    now = time.time()
+    # namespace -> pod -> (pod-template hash, scenario, process start): prod's long-running
+    # Deployment and staging's, started later with a prompt of its own whose shared prefix is short
+    pods = {"prod": {f"vllm-ngq2cd9wf-{s}": ("ngq2cd9wf", simulator.Scenario(), now - 1800) for s in ("abcde", "fghij")},
+            "staging": {"vllm-q4pbsphzf-klmno": ("q4pbsphzf", simulator.Scenario(system_tokens=230), now - 900)}}
+    scrapes = []
+    for i, (namespace, mine) in enumerate(sorted(pods.items())):
+        for j, (pod, (_, scenario, start)) in enumerate(mine.items()):
+            fleet.add(simulator.Replica(pod, scenario, start=start, seed=10 * i + j))
+        sd = tmp_path / f"{namespace}.json"
+        sd.write_text(json.dumps([{"targets": [f"127.0.0.1:{fleet.port}"], "labels": {
+            "__metrics_path__": f"/{pod}/metrics", "__meta_kubernetes_namespace": namespace,
+            "__meta_kubernetes_pod_name": pod, "__meta_kubernetes_pod_container_name": "vllm",
+            "__meta_kubernetes_pod_container_port_name": "http",
+            "__meta_kubernetes_pod_controller_kind": "ReplicaSet", "__meta_kubernetes_pod_controller_name": f"vllm-{version}",
+            _label_meta("app.kubernetes.io/name"): "vllm", _label_meta("pod-template-hash"): version}}
+            for pod, (version, _, _) in mine.items()]))
+        scrape = operator_scrape_config({**monitor, "metadata": {**monitor["metadata"], "namespace": namespace}}, sd)
+        scrape.pop("metrics_path")  # each fake pod's path comes from its __metrics_path__
+        scrapes.append(scrape)
+    prom = Prometheus(tmp_path, scrapes)
+
+    config["discovery"]["prometheus"]["url"] = None  # set once Prometheus has its port
+    (tmp_path / "token").write_text("s3cret\n")
+    config["deploys"]["api_token_file"] = str(tmp_path / "token")
+    config["alertmanager"]["urls"] = [f"http://127.0.0.1:{free_port()}"]
+    config.setdefault("global", {}).update(poll_interval="2s")
+    config["discovery"]["refresh_interval"] = "1s"
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    model = simulator.Replica("x", simulator.Scenario(), start=0).model_names[0]
+    sidecar = None
+    try:
+        prom.start()
+        config["discovery"]["prometheus"]["url"] = prom.url
+        (tmp_path / "config.yml").write_text(yaml.safe_dump(config))
+        sidecar = subprocess.Popen([sys.executable, "-m", "exporter", "run", f"--config.file={tmp_path / 'config.yml'}",
+                                    f"--web.listen-address=127.0.0.1:{port}"], cwd=ROOT, stderr=open(tmp_path / "sidecar.log", "w"))
+
+        def families() -> dict:
+            text = requests.get(base + "/metrics", timeout=5).text
+            return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+        def ratios() -> dict:
+            """target -> (namespace, owner, version, its 1m hit ratio) as our /metrics label them."""
+            return {s.labels["target"]: (s.labels.get("namespace"), s.labels.get("owner"), s.labels.get("version"), s.value)
+                    for s in families().get("prefixcache_hit_ratio", []) if s.labels.get("window") == "1m"}
+
+        expected = {pod: (namespace, "vllm", version) for namespace, mine in pods.items() for pod, (version, _, _) in mine.items()}
+        assert wait_for(lambda: {t: r[:3] for t, r in ratios().items()} == expected, timeout=90, step=1), \
+            (ratios() if sidecar.poll() is None else None, (tmp_path / "sidecar.log").read_text()[-3000:])
+        # both sides measured, further apart than the drop rule's 25 points (staging above the 50% of
+        # the absolute rule: the page this is about is the comparison's)
+        measured = ratios()
+        assert measured["vllm-ngq2cd9wf-abcde"][3] - measured["vllm-q4pbsphzf-klmno"][3] > 0.25, measured
+        verdict = {}
+
+        def judged() -> bool:
+            verdict.update(requests.get(base + "/api/v1/analysis", params={"model": model, "version": "q4pbsphzf"}, timeout=5).json())
+            return verdict["query_tokens"] >= config.get("analysis", {}).get("min_query_tokens", 20000)
+        assert wait_for(judged, timeout=60, step=1), verdict
+        assert verdict["verdict"] == "inconclusive" and "no baseline" in verdict["reason"], verdict
+        assert verdict["scope"] == {"namespace": "staging", "owner": "vllm"} and verdict["error"] is None
+        across = requests.get(base + "/api/v1/analysis", timeout=5,
+                              params={"model": model, "version": "q4pbsphzf", "baseline": "ngq2cd9wf"}).json()
+        assert across["verdict"] == "inconclusive" and "runs the baseline ngq2cd9wf" in across["reason"], across
+        # the drop rule's `for` is 15 s: through four times that, no alert of any state (nor inconclusive), no rollout
+        # on the status page
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            alerts = [s.labels for s in families().get("prefixcache_alert_state", [])]
+            assert not alerts, alerts
+            time.sleep(2)
+        assert "Rollouts: versions side by side" not in requests.get(base + "/", timeout=5).text
+    finally:
+        if sidecar is not None:
+            sidecar.terminate()
+            sidecar.wait(timeout=20)
+        prom.stop()
+        fleet.stop()

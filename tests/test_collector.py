@@ -225,3 +225,48 @@ def simulated_view_of(replica, seconds, step=5.0):
     snap, now = simulator.play_into(replica, history, seconds, step, start=seconds - 305.0)
     return TargetView(target=Target(replica.name, "http://127.0.0.1:1/metrics"), up=True, polled=True, snapshot=snap,
                       stats=summarize(history.samples(), now, WINDOWS, 1000.0, snap.block_size), samples=history.samples())
+
+
+def test_a_targets_kv_events_are_exported_with_bounded_groups_tenants_and_adapters():
+    """What vLLM computed again, by prompt group, cache_salt and LoRA, top kv_events.top_groups plus "other"."""
+    from exporter.parse.kvevents import decode
+    from exporter.series.blockindex import BlockIndex
+
+    from kvpub import frames, stored
+
+    index = BlockIndex()
+    for i in range(30):  # 30 tenants, each with its own prompt; tenant-0 sends the most
+        for _ in range(3 if i == 0 else 1):
+            index.apply(decode(frames(i, [stored([1000 * i + _], None, [i] * 16, salt=f"tenant-{i}", lora="bot" if i % 2 else None)])), 100.0)
+    from exporter.series.blockindex import KVView
+
+    kv = KVView("tcp://10.0.0.5:5557", connected=True, last_message=100.0, received=33, dropped=2,
+                recent=index.window(100.0, 60.0), group_labels=(("x", "y"),))
+    state = simulated_state()
+    [view] = [v for v in state.read().targets if v.target.name == "vllm-0"]
+    state.publish(replace(view, kv=kv))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PrefixCacheCollector(state, [w for w, _ in WINDOWS], top_groups=5))
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    salts = {s.labels["cache_salt"]: s.value for s in fams["prefixcache_kv_new_tokens_per_second_by_cache_salt"].samples}
+    assert len(salts) == 6 and salts["tenant-0"] == 48 / 60 and salts["other"] == 25 * 16 / 60
+    assert {s.labels["lora_adapter"] for s in fams["prefixcache_kv_new_tokens_per_second_by_lora"].samples} == {"bot"}
+    assert len(fams["prefixcache_kv_new_tokens_per_second"].samples) == 6
+    batches = {s.labels["result"]: s.value for s in fams["prefixcache_kv_events_batches"].samples}
+    assert batches["received"] == 33 and batches["dropped"] == 2
+    assert [s.value for s in fams["prefixcache_kv_events_connected"].samples] == [1.0]
+
+
+def test_version_alerts_of_one_version_in_two_scopes_are_two_alert_state_series():
+    """One pod template rolled in staging and prod has one version in both: without the scope
+    the two alerts were one series twice, an exposition Prometheus refuses."""
+    from exporter.alerting.rules_state import FIRING, Alert
+    state = State()
+    alerts = tuple(Alert("PrefixCacheHitRateDropAfterDeploy", "", "m", state=FIRING, version="v2",
+                         scope=(("namespace", ns), ("owner", "vllm")), labels=(("cause", "unknown"), ("severity", "critical")))
+                   for ns in ("prod", "staging"))
+    state.update(alerts=alerts)
+    text = exposition(state).decode()
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == "prefixcache_alert_state"]
+    assert sorted(s.labels["scope"] for s in family.samples) == ["namespace=prod,owner=vllm", "namespace=staging,owner=vllm"]
+    assert {s.labels["version"] for s in family.samples} == {"v2"} and {s.labels["target"] for s in family.samples} == {""}

@@ -555,3 +555,67 @@ def test_a_four_second_spike_of_a_counter_to_1e20_leaves_the_ratios_after_it_tru
             ratio = judged_ratio(engine.tracks["vllm-0"].view.stats["m"]["1m"])
             assert ratio is not None and abs(ratio - 0.8) < 0.001, (t - START, ratio)
         t += 1.0
+
+
+# --- versions are compared within what owns the replicas, never across namespaces -------------------
+PROD = {"namespace": "prod", "owner": "vllm"}
+STAGING = {"namespace": "staging", "owner": "vllm"}
+
+
+def serve_in_scopes(pods, until, step=5.0):
+    """pods: name -> (labels, hit ratio, process start); each serves 2,000 query tokens a
+    poll of model "m" from its start. -> (engine, transitions)"""
+    engine = Engine(load({"targets": [{"name": n, "url": f"http://127.0.0.1:1/{n}", "labels": labels}
+                                      for n, (labels, _, _) in pods.items()]}))
+    transitions, t = [], START
+    while t <= START + until:
+        for name, (_, ratio, started) in pods.items():
+            if t >= started:
+                queries = 2000.0 * ((t - started) // step + 1)
+                engine.ingest(name, t, parse(body(queries, round(ratio * queries), start=started)))
+        transitions += engine.evaluate(t)
+        t += step
+    return engine, transitions
+
+
+TWO_NAMESPACES = {"vllm-ngq2cd9wf-abcde": ({"version": "ngq2cd9wf", **PROD}, 0.89, START - 900),
+                  "vllm-ngq2cd9wf-fghij": ({"version": "ngq2cd9wf", **PROD}, 0.89, START - 900),
+                  # staging's pods came later, with their own template (its prompt, its args): 29 points lower
+                  "vllm-q4pbsphzf-klmno": ({"version": "q4pbsphzf", **STAGING}, 0.60, START + 60)}
+
+
+def test_staging_and_prod_serving_one_model_with_their_own_versions_is_no_rollout_and_pages_nothing():
+    """Issue 54: keyed by model alone, staging's template hash started last and was judged as
+    prod's rollout, "49% on q4pbsphzf against 89% on ngq2cd9wf", critical, for as long as
+    both ran."""
+    engine, transitions = serve_in_scopes(TWO_NAMESPACES, until=900.0)
+    assert transitions == [] and not engine.active_alerts()
+    assert not engine.rollouts and not engine.verdicts
+    v = engine.analyze(START + 900, "m", "q4pbsphzf")
+    assert v.verdict == "inconclusive" and "no baseline" in v.reason and v.hit_ratio == pytest.approx(0.60)
+    assert dict(v.scope) == STAGING and v.to_json()["scope"] == STAGING
+
+
+def test_a_rollout_within_prod_is_still_caught_beside_staging():
+    pods = {**TWO_NAMESPACES, "vllm-x7k2m9pqr-pqrst": ({"version": "x7k2m9pqr", **PROD}, 0.55, START + 120)}
+    engine, transitions = serve_in_scopes(pods, until=600.0)
+    fired = [tr for tr in transitions if tr.state == "firing"]
+    assert len(fired) == 1 and fired[0].alert.alertname == "PrefixCacheHitRateDropAfterDeploy" and fired[0].alert.version
+    labels = dict(fired[0].alert.labels)
+    assert (labels["version"], labels["baseline_version"], labels["namespace"], labels["owner"]) == \
+        ("x7k2m9pqr", "ngq2cd9wf", "prod", "vllm")
+    assert fired[0].alert.scope == (("namespace", "prod"), ("owner", "vllm"))
+    assert set(engine.rollouts) == {("m", (("namespace", "prod"), ("owner", "vllm")))}
+    assert engine.analyze(START + 600, "m", "x7k2m9pqr").verdict == "fail"
+    assert engine.analyze(START + 600, "m", "q4pbsphzf").verdict == "inconclusive"  # staging: still no baseline
+
+
+def test_one_version_rolled_in_two_namespaces_makes_two_alerts_not_one():
+    """One pod template applied to staging and prod has one hash in both: each namespace's
+    rollout of it is its own alert (by scope), not one that flips between them."""
+    pods = {"p-old": ({"version": "v1", **PROD}, 0.89, START - 900), "p-new": ({"version": "v2", **PROD}, 0.55, START + 60),
+            "s-old": ({"version": "v1", **STAGING}, 0.89, START - 900), "s-new": ({"version": "v2", **STAGING}, 0.55, START + 90)}
+    engine, _ = serve_in_scopes(pods, until=600.0)
+    firing_ = [a for a in engine.active_alerts() if a.state == "firing" and a.version]
+    assert sorted(dict(a.labels)["namespace"] for a in firing_) == ["prod", "staging"]
+    assert {a.version for a in firing_} == {"v2"} and len({a.key for a in firing_}) == 2

@@ -57,6 +57,9 @@ TESTED_THROUGH = {
     "exporter.parse.cacheconfig": "test_vllm_metrics.py", "exporter.parse.snapshot": "test_vllm_metrics.py",
     "exporter.parse.filing": "test_vllm_metrics.py",
     "exporter.discovery.promseries": "test_promread.py", "exporter.poll.dispatch": "test_poller.py",
+    # two modules named kvevents: the decoding's tests and the config section's
+    "exporter.parse.kvevents": "test_kvevents.py", "exporter.config.kvevents": "test_sections.py",
+    "exporter.series.kvtext": "test_blockindex.py",
     # two modules named server: neither owns tests/test_server.py by its short name
     "exporter.serve.server": "test_server.py", "exporter.sim.server": "test_simulator.py",
 }

@@ -998,6 +998,48 @@ def test_the_central_podmonitor_versions_pods_by_their_template(pod, version):
     assert _relabel(endpoint["relabelings"], meta)["version"] == version
 
 
+@pytest.mark.parametrize("kind, controller, owner", [
+    pytest.param("ReplicaSet", "vllm-7f9c8d6b5", "vllm", id="deployment"),
+    pytest.param("ReplicaSet", "llama-3-8b-server-68d7c9f4b", "llama-3-8b-server", id="argo-rollout-or-a-dashed-deployment"),
+    pytest.param("StatefulSet", "vllm", "vllm", id="statefulset"),
+    pytest.param("LeaderWorkerSet", "vllm-lws", "vllm-lws", id="any-other-controller"),
+])
+def test_the_central_podmonitor_labels_each_pod_with_its_owner_that_outlives_its_versions(kind, controller, owner):
+    """Versions are compared within namespace and owner (analysis.scope_labels): a
+    ReplicaSet's pod-template hash comes off, or every version would be an owner of its own."""
+    (monitor,) = [d for d in build("central") if d["kind"] == "PodMonitor" and d["metadata"]["name"] == "vllm"]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    meta = {"__meta_kubernetes_pod_controller_kind": kind, "__meta_kubernetes_pod_controller_name": controller}
+    assert _relabel(endpoint["relabelings"], meta)["owner"] == owner
+    assert "owner" not in _relabel(endpoint["relabelings"], {})  # a pod without a controller: no owner label, not an empty one
+    from exporter.config.sections import AnalysisConfig
+    assert set(AnalysisConfig().scope_labels) == {"namespace", "owner"}  # the operator sets namespace itself
+
+
+def test_the_flagger_example_gives_canary_and_primary_one_owner():
+    """Flagger's primary is a Deployment of its own (`vllm-primary`): by their controllers the
+    canary and the primary would be two scopes, never compared."""
+    (monitor,) = [d for d in build("examples/flagger") if d["kind"] == "PodMonitor" and d["metadata"]["name"] == "vllm"]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    labelled = {app: _relabel(endpoint["relabelings"], {"__meta_kubernetes_pod_label_app_kubernetes_io_name": app})
+                for app in ("vllm", "vllm-primary")}
+    assert {app: (l["version"], l["owner"]) for app, l in labelled.items()} == {"vllm": ("canary", "vllm"),
+                                                                             "vllm-primary": ("primary", "vllm")}
+
+
+def test_the_argo_example_asks_about_its_own_rollouts_pods():
+    """The gate without the scope judged a version in every namespace that ran it; the
+    example passes the Rollout's namespace and name, which its pods' scope labels hold."""
+    template = yaml.safe_load((DEPLOY / "examples/argo-rollouts/analysis-template.yaml").read_text())
+    rollout = yaml.safe_load((DEPLOY / "examples/argo-rollouts/rollout.yaml").read_text())
+    (metric,) = template["spec"]["metrics"]
+    assert "&namespace={{args.namespace}}&owner={{args.owner}}" in metric["provider"]["web"]["url"]
+    (step,) = [s["analysis"] for s in rollout["spec"]["strategy"]["canary"]["steps"] if "analysis" in s]
+    args = {a["name"]: a.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for a in step["args"]}
+    assert (args["namespace"], args["owner"]) == ("metadata.namespace", "metadata.name")
+    assert {a["name"] for a in template["spec"]["args"]} == set(args)
+
+
 def test_the_argo_example_scales_the_old_deployment_down():
     """workloadRef without scaleDown left the old Deployment's GPU pods running, polled with a
     version of their own, competing with the Rollout's stable pods as the baseline."""

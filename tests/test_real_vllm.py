@@ -16,15 +16,19 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from exporter.parse.names import IGNORED_FAMILIES, READ_FAMILIES, family_of
 from exporter.parse.vllm_metrics import parse
 
-from realvllm import LORA_NAME, MODEL_NAME, SYSTEM_PROMPT, RealVLLM, Sidecar, Traffic, sidecar_config, timestamped
+from conftest import free_port
+from realvllm import (LORA_NAME, MODEL_NAME, SYSTEM_PROMPT, RealVLLM, Sidecar, Traffic, kv_events_flags, sidecar_config,
+                      timestamped)
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("real_vllm")]
 
 ROOT = Path(__file__).parent.parent
+KV_PORTS = (free_port(), free_port())  # vLLM's KV event publisher and its replay socket
 GRACE = 600.0  # rules.cold_start_grace, the default
 DROP = "PrefixCacheHitRateDropAfterDeploy"
 
@@ -35,7 +39,7 @@ def engine(tmp_path_factory):
     probe = RealVLLM(workdir)  # the model is made before the clock of the engine's start runs
     lora = probe.model / "lora-support-bot"
     vllm = RealVLLM(workdir, "--enable-lora", "--max-lora-rank", "8", "--lora-modules", f"{LORA_NAME}={lora}",
-                    "--enable-prompt-tokens-details", "--kv-cache-metrics")
+                    "--enable-prompt-tokens-details", "--kv-cache-metrics", *kv_events_flags(*KV_PORTS))
     vllm.start()
     yield vllm
     vllm.stop()
@@ -108,7 +112,7 @@ class Prompt:
 
 
 def test_the_seeds_incident_soon_after_vllm_starts_is_caught_within_3_minutes_at_vllms_own_ratio_and_resolves(engine, tmp_path):
-    sidecar = Sidecar(tmp_path, sidecar_config(engine))
+    sidecar = Sidecar(tmp_path, sidecar_config(engine, kv_events=KV_PORTS))
     prompt = Prompt()
     try:
         with Watch(sidecar) as watch:
@@ -137,6 +141,11 @@ def test_the_seeds_incident_soon_after_vllm_starts_is_caught_within_3_minutes_at
                 assert wait_until(lambda: watch.first(DROP), 180), (watch.seen, sidecar.log_path.read_text()[-3000:])
                 fired = watch.first(DROP)
                 assert fired[3] == "prompt_prefix_change" and fired[0] - incident <= 180
+                # vLLM's own events name the change, decoded with the model's tokenizer, as it fires
+                [alert] = paging(sidecar, DROP)
+                said = alert["annotations"]["description"]
+                assert "vLLM's KV events" in said and "`Current date and time: 20" in said, said
+                print(said)
                 assert watch.names() <= {DROP, "PrefixCacheHitRateLow", "PrefixCacheTTFTRegression"}, watch.seen
 
                 prompt.make = lambda: SYSTEM_PROMPT  # the fix: the static prefix first again
@@ -257,6 +266,37 @@ def test_a_lora_adapter_and_a_tenants_cache_salt_each_start_from_an_empty_cache(
     assert cached(model=LORA_NAME) == 0 and cached(model=LORA_NAME) > 0
     assert cached(cache_salt="tenant-a") == 0 and cached(cache_salt="tenant-a") > 0
     assert cached(cache_salt="tenant-b") == 0
+
+
+def salted_misses(sidecar: Sidecar) -> dict[str, float]:
+    """prefixcache_kv_new_tokens_per_second_by_cache_salt on the sidecar's /metrics, by salt."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    body = requests.get(sidecar.url + "/metrics", timeout=10).text
+    return {s.labels["cache_salt"]: s.value for fam in text_string_to_metric_families(body)
+            if fam.name == "prefixcache_kv_new_tokens_per_second_by_cache_salt" for s in fam.samples}
+
+
+def test_two_tenants_apart_by_cache_salt_only_the_one_whose_prompt_changed_misses_more(engine, tmp_path):
+    """vLLM's events carry each block's cache_salt: the tokens it computes again are told
+    apart by tenant, live, and a prompt change of one tenant raises that tenant's alone."""
+    sidecar = Sidecar(tmp_path, sidecar_config(engine, kv_events=KV_PORTS))
+    tenant_b = Prompt()
+    try:
+        with Traffic(engine, Prompt(), workers=1, cache_salt="tenant-a"), \
+                Traffic(engine, tenant_b, workers=1, cache_salt="tenant-b"):
+            time.sleep(75)  # both warm: a full short window of steady traffic
+            steady = salted_misses(sidecar)
+            tenant_b.make = timestamped
+            changed = wait_until(lambda: (lambda m: m if m.get("tenant-b", 0) > 5 * max(1.0, steady.get("tenant-b", 0)) else None)(
+                salted_misses(sidecar)), 90)
+        assert changed, (steady, salted_misses(sidecar))
+        assert changed.get("tenant-a", 0) <= 2 * max(1.0, steady.get("tenant-a", 0)), (steady, changed)
+        status = {t["name"]: t for t in sidecar.status()["targets"]}["vllm-0"]
+        assert status["kv_events"]["connected"] and status["kv_events"]["received"] > 0, status["kv_events"]
+        print(f"tokens computed a second by tenant: steady {steady}, after tenant-b's change {changed}")
+    finally:
+        sidecar.stop()
 
 
 def test_sleep_mode_is_refused_by_the_cpu_build_with_its_own_error(tmp_path):

@@ -23,7 +23,7 @@ import requests
 import yaml
 from prometheus_client import CollectorRegistry
 
-from exporter.alerting import analysis
+from exporter.alerting import analysis, rollouts
 from exporter.serve.app import App, analysis_handlers
 from exporter.serve.server import Server
 from exporter.serve.state import State
@@ -33,9 +33,14 @@ EXAMPLES = Path(__file__).parent.parent / "deploy" / "kubernetes" / "examples"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
+GATE = rollouts.Settings(window=300.0, before=300.0, look_back=1800.0, min_query_tokens=20_000.0, drop_points=0.25,
+                         scope_labels=("namespace", "owner"))
+
+
 def serve(members):
+    """The gate over `members` (the engine's side of it is in test_engine), scoped as the engine scopes it."""
     get, flagger = analysis_handlers(
-        lambda model, version, baseline: analysis.analyze(members if model == MODEL else [], model, version, baseline))
+        lambda model, version, baseline, where: rollouts.gate({}, members if model == MODEL else [], model, version, baseline, GATE, where))
     app = App(State(), CollectorRegistry())
     app.route("GET", "/api/v1/analysis", get)
     app.route("POST", "/api/v1/analysis/flagger", flagger)
@@ -115,8 +120,18 @@ def argo_template():
     return metric
 
 
-def argo_url(metric, server, version):
-    url = metric["provider"]["web"]["url"].replace("{{args.model}}", MODEL).replace("{{args.version}}", version)
+def argo_url(metric, server, version, namespace="llm"):
+    """The template's URL with the args the example Rollout passes: its model, the latest
+    pod-template hash (`version`), its namespace and its name (fieldRef metadata.*)."""
+    rollout = yaml.safe_load((EXAMPLES / "argo-rollouts" / "rollout.yaml").read_text())
+    (step,) = [s["analysis"] for s in rollout["spec"]["strategy"]["canary"]["steps"] if "analysis" in s]
+    fields = {"metadata.namespace": namespace, "metadata.name": rollout["metadata"]["name"]}
+    url = metric["provider"]["web"]["url"]
+    for arg in step["args"]:
+        source = arg.get("valueFrom", {})
+        value = arg["value"] if "value" in arg else version if "podTemplateHashValue" in source else fields[source["fieldRef"]["fieldPath"]]
+        url = url.replace("{{args.%s}}" % arg["name"], value)
+    assert "{{" not in url, url
     return local(url, server)
 
 
@@ -141,6 +156,27 @@ def test_the_argo_template_never_lets_a_rollout_without_evidence_proceed(canary,
         server.stop()
     assert got == phase, f"the Rollout {rollout} only if the metric is {phase}; it is {got} after {taken} measurements"
     assert metric["inconclusiveLimit"] < metric["count"]
+
+
+def test_the_argo_template_judges_its_rollout_among_its_own_pods_not_another_namespace_s():
+    """Staging rolled the same pod template first, with a prompt of its own (30%), and no
+    old version is left there; prod's canary of it hits 86% against 88%. Asked without the
+    Rollout's namespace and name, the gate judged it in both namespaces and failed prod's
+    rollout for staging's ratio; the example asks about its own pods."""
+    prod, staging = (("namespace", "llm"), ("owner", "vllm")), (("namespace", "staging"), ("owner", "vllm"))
+    members = ([analysis.Member(m.target, m.version, m.stats, scope=prod) for m in STABLE]
+               + [analysis.Member("vllm-new-0", NEW_HASH, ws(86_000, 100_000), scope=prod)]
+               + [analysis.Member(f"staging-{i}", NEW_HASH, ws(30_000, 100_000), scope=staging) for i in range(2)])
+    metric = argo_template()
+    server = serve(members)
+    try:
+        assert argo_metric_phase(metric, argo_url(metric, server, NEW_HASH))[0] == "Successful"
+        # staging's own Rollout has no old version left to compare with: it pauses, it does not pass
+        assert argo_metric_phase(metric, argo_url(metric, server, NEW_HASH, namespace="staging"))[0] == "Inconclusive"
+        unscoped = requests.get(f"http://127.0.0.1:{server.port}/api/v1/analysis", params={"model": MODEL, "version": NEW_HASH}, timeout=5)
+        assert unscoped.json()["verdict"] == analysis.INCONCLUSIVE and "2 scopes" in unscoped.json()["reason"]  # never a pass
+    finally:
+        server.stop()
 
 
 def test_the_analysis_api_says_what_is_wrong_with_a_version_no_pod_runs():
@@ -250,7 +286,7 @@ def test_the_central_variants_engine_answers_a_version_no_pod_runs_with_an_error
         engine.evaluate(t)
         t += 5.0
     model = replicas[0].model_names[0]
-    get, flagger = analysis_handlers(lambda m, v, b: engine.analyze(t, m, v, b))
+    get, flagger = analysis_handlers(lambda m, v, b, where: engine.analyze(t, m, v, b, where))
     app = App(State(), CollectorRegistry())
     app.route("GET", "/api/v1/analysis", get)
     app.route("POST", "/api/v1/analysis/flagger", flagger)

@@ -268,3 +268,45 @@ def test_check_config_and_a_reload_refuse_a_rule_window_the_windows_do_not_keep(
         assert sidecar.config.rules.rules["PrefixCacheRouterPredictionGap"].window == 300.0  # the old config kept
     finally:
         sidecar.stop()
+
+
+# --- targets[].kv_events and kv_events: (exporter/config/kvevents.py) -----------------------------
+def test_a_targets_kv_events_are_read_from_where_vllm_binds_them_or_where_we_bind():
+    from exporter.config.kvevents import KVEndpoint, KVEventsConfig
+
+    cfg = load({"targets": [
+        {"name": "a", "url": "http://10.0.0.5:8000/metrics",
+         "kv_events": {"endpoint": "tcp://10.0.0.5:5557", "topic": "kv", "replay_endpoint": "tcp://10.0.0.5:5558"}},
+        {"name": "b", "url": "http://10.0.0.6:8000/metrics", "kv_events": {"bind": "tcp://0.0.0.0:5600"}},
+        {"name": "c", "url": "http://10.0.0.7:8000/metrics"}],
+        "kv_events": {"tokenizer": "/models/llama/tokenizer.json", "top_groups": 5}})
+    a, b, c = cfg.targets
+    assert a.kv_events == KVEndpoint("tcp://10.0.0.5:5557", False, "kv", "tcp://10.0.0.5:5558")
+    assert b.kv_events == KVEndpoint("tcp://0.0.0.0:5600", True) and c.kv_events is None
+    assert cfg.kv_events == KVEventsConfig(tokenizer="/models/llama/tokenizer.json", top_groups=5)
+
+
+@pytest.mark.parametrize("kv, message", [
+    ({"endpoint": "tcp://*:5557"}, "is vLLM's side"),
+    ({"endpoint": "tcp://a:1", "bind": "tcp://*:2"}, "give one of endpoint"),
+    ({}, "give one of endpoint"),
+    ({"endpoint": "http://a:1"}, "is not tcp://host:port"),
+    ({"endpoint": "tcp://a:1", "hwm": 5}, "unknown key"),
+])
+def test_a_kv_events_endpoint_that_cannot_work_is_refused_with_why(kv, message):
+    with pytest.raises(ConfigError) as exc:
+        load({"targets": [{"name": "a", "url": "http://a:8000/metrics", "kv_events": kv}]})
+    assert message in str(exc.value)
+
+
+def test_analysis_scope_labels_name_what_owns_a_replica():
+    assert load({}).analysis.scope_labels == ("namespace", "owner")
+    assert load({"analysis": {"scope_labels": ["namespace", "deployment"]}}).analysis.scope_labels == ("namespace", "deployment")
+    assert load({"analysis": {"scope_labels": []}}).analysis.scope_labels == ()  # every replica of a model as one scope
+    for bad, says in ((["namespace", "namespace"], "twice"), ("namespace", "a list"), (["a-b"], "not a valid label name"),
+                      (["model"], "exporter or /api/v1/analysis uses"), (["model_name"], "exporter or /api/v1/analysis uses"),
+                      (["version"], "exporter or /api/v1/analysis uses")):
+        with pytest.raises(ConfigError, match=says):
+            load({"analysis": {"scope_labels": bad}})
+    with pytest.raises(ConfigError, match="analysis.scope_labels: release is analysis.version_label"):
+        load({"analysis": {"version_label": "release", "scope_labels": ["namespace", "release"]}})

@@ -175,8 +175,8 @@ def test_the_fleet_view_shows_versions_side_by_side_and_the_gates_verdict():
             r.advance(float(t))
             engine.ingest(name, float(t), parse(r.render()))
         engine.evaluate(float(t))
-    assert set(engine.verdicts) == {MODEL}
-    v = engine.verdicts[MODEL]
+    assert set(engine.verdicts) == {(MODEL, ())}  # replicas without scope labels: one scope, the empty one
+    v = engine.verdicts[(MODEL, ())]
     assert v.verdict == analysis.FAIL and (v.version, v.baseline_version) == ("v2", "v1")
     text = Page(render(PageInput((), verdicts=engine.verdicts), 0.0).decode()).all_text
     assert f"gate: {v.verdict}" in text and "v2 (new)" in text and "v1 (baseline)" in text

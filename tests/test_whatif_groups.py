@@ -106,3 +106,20 @@ def test_a_trace_is_grouped_by_its_request_types_and_any_other_type_is_other():
     (group,) = a.prefix_groups["groups"]  # one first block
     assert group["first_block"] == "hash id 1" and group["types"] == {"text": 2, "other": 2, "image": 1}
     assert group["ceiling"] == 5 * 32 / (6 * 33)
+
+
+def test_groups_whose_prompts_differ_only_in_a_timestamp_are_named_by_the_timestamp():
+    """Two deploys' prompts share a long template; the first 30 characters named them all alike."""
+    template = "You are the support bot of an online store. Answer briefly and politely. "
+    rows = [{"t": i, "prompt": f"Current date and time: 2026-12-07 17:4{i % 3}:1{i}\n{template}Where is my order {i}?"}
+            for i in range(9)]
+    requests = list(whatif.read_requests(json.dumps(r) for r in rows))
+    a = whatif.analyze(requests, tokenizer=whatif.approximate_tokenizer(), block_size=16)
+    names = [g["first_block"] for g in a.prefix_groups["groups"]]
+    assert len(set(names)) == len(names) > 1, names
+    assert all(n.startswith("…") and "17:4" in n for n in names), names
+
+
+def test_where_texts_first_differ_is_found_among_sorted_neighbours():
+    starts = whatif_groups.distinct_starts({"a": "same start, then A", "b": "same start, then B", "c": "other"})
+    assert starts == {"a": 17, "b": 17, "c": 0}

@@ -38,13 +38,10 @@ def corpus() -> list[str]:
     return lines
 
 
-def make(out: Path) -> None:
-    import torch
+def tokenizer():
+    """The model's byte-level BPE tokenizer (the `tokenizers` package, a test extra: no torch needed)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    torch.manual_seed(0)
-    out.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -52,6 +49,16 @@ def make(out: Path) -> None:
     trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=special,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(corpus(), trainer)
+    return tok
+
+
+def make(out: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = tokenizer()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)

@@ -1,7 +1,9 @@
 """Versions of one model side by side during a rollout, and the verdict a rollout
 controller asks for. Pure: window stats of the replicas in, a verdict out.
 
-Each replica may carry a version (a target label). The new version's replicas, after
+Each replica may carry a version (a target label) and a scope: the labels that say what
+owns it (exporter/alerting/rollouts.py compares versions within one scope only, and hands
+this module the replicas of one scope). The new version's replicas, after
 their cold start, are pooled token-weighted and compared with the baseline version's
 replicas over the same window, with a traffic floor on both sides, as a canary analysis
 does. Never a NaN: without enough tokens the verdict is `inconclusive`, with a reason.
@@ -11,6 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Sequence
+
+# (label, value) of the target labels that say what owns a replica (analysis.scope_labels):
+# (("namespace", "prod"), ("owner", "vllm")); () for a target that has none of them
+Scope = tuple[tuple[str, str], ...]
 
 from ..series.hitratio import judged_counts
 from ..series.window import WindowStats
@@ -25,6 +31,7 @@ class Member:
     version: str | None
     stats: WindowStats | None  # the model's window on this replica
     cold: bool = False  # still in its cold-start grace: not yet comparable
+    scope: Scope = ()  # what owns the replica: versions are compared within one scope only
 
 
 @dataclass(frozen=True)
@@ -43,9 +50,11 @@ class Verdict:
     # set when the question has no answer to wait for (no replica runs the version at
     # all: a typo, a label never set): inconclusive, but never to be taken as a pass
     error: str | None = None
+    scope: Scope = ()  # the replicas judged are those of this scope (namespace and owner)
 
     def to_json(self) -> dict:
-        return {"verdict": self.verdict, "model": self.model, "version": self.version, "baseline_version": self.baseline_version,
+        return {"verdict": self.verdict, "model": self.model, "scope": dict(self.scope), "version": self.version,
+                "baseline_version": self.baseline_version,
                 "hit_ratio": self.hit_ratio, "baseline_hit_ratio": self.baseline_hit_ratio, "query_tokens": self.query_tokens,
                 "baseline_query_tokens": self.baseline_query_tokens, "replicas": self.replicas,
                 "baseline_replicas": self.baseline_replicas, "reason": self.reason, "error": self.error}

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from ..series.blockindex import KVView
 from .deploys import CHANGE_POINT, REPLICAS, WAKE, DeployEvent
 from .warmth import cold_restart, is_warm_after
 
@@ -52,6 +53,7 @@ class Evidence:
     per_request_before_fleet: tuple[float, float] | None = None
     evicted_before_reuse: bool | None = None  # vLLM's KV residency: blocks evicted sooner than they are reused
     warm_since: float | None = None  # the newest restart's cache seen warm from this time on (warmth.py)
+    kv: KVView | None = None  # vLLM's own KV cache events, where the target publishes them: first-hand
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,12 @@ MIX_MIN_REQUESTS = 100  # fewer requests in the window move the rates by chance 
 # a restart whose cache refilled at least this far short of the ratio before it changed
 # what the new process is sent (warmth.py says when the refill is over)
 REFILLED_SHORT = 0.1
+# of the requests that missed in the short window (BlockStored events), at least this share
+# stored a block that differs from a cached sibling in a short span: the prompt carries a
+# value that changes per request; of the blocks stored, at least RESTORED_SHARE had been
+# removed shortly before: evicted before their reuse. Each needs KV_MIN_STORES stores.
+# Such requests must come at least VOLATILE_ROSE times as often as in the windows before.
+VOLATILE_SHARE, RESTORED_SHARE, KV_MIN_STORES, VOLATILE_ROSE = 0.5, 0.2, 3, 2.0
 
 
 def changes(events: tuple[DeployEvent, ...] | list[DeployEvent], warm_since: float | None) -> list[DeployEvent]:
@@ -103,6 +111,9 @@ def classify(e: Evidence, s: Settings) -> tuple[str, str]:
     """-> (cause, one sentence of why)."""
     if e.caching_enabled is False:
         return CACHING_DISABLED, "vLLM reports enable_prefix_caching=False (or a V0 hit-rate gauge of -1)"
+    seen = from_events(e, s)
+    if seen is not None:
+        return seen
     recent = [ev for ev in e.events if e.now - ev.t <= s.event_lookback]
     cold = cold_restart(recent, e.now, s.cold_start_grace, e.warm_since)
     if cold is not None:
@@ -157,6 +168,39 @@ def classify(e: Evidence, s: Settings) -> tuple[str, str]:
         return LOAD_BALANCER_SCATTER, (f"all {n} replicas of the model sit at a similar, moderate hit ratio with no deploy or restart: "
                                        "requests sharing a prefix are spread over replicas")
     return UNKNOWN, "no deploy, restart, eviction pressure or fleet-wide pattern explains it"
+
+
+def from_events(e: Evidence, s: Settings) -> tuple[str, str] | None:
+    """The cause vLLM's KV events show, or None (no events, or none that point anywhere):
+    what the engine says it computed and dropped outranks what the counters suggest."""
+    kv = e.kv
+    if kv is None or kv.recent is None:
+        return None
+    cleared = max((t for t in [kv.recent.cleared_at] if t is not None), default=None)
+    if cleared is not None and e.now - cleared <= s.cold_start_grace and not is_warm_after_time(cleared, e.warm_since):
+        return COLD_START, (f"vLLM's KV events: the whole cache was cleared {e.now - cleared:.0f}s ago (AllBlocksCleared: "
+                            "sleep mode or reset_prefix_cache); it is refilling, the prompts did not change")
+    if not kv.live(kv.recent.since):
+        return None
+    c, span = kv.recent.counts, kv.recent.seconds
+    if c.stores < KV_MIN_STORES:
+        return None
+    if c.blocks and c.restored >= KV_MIN_STORES and c.restored >= RESTORED_SHARE * c.blocks:
+        return EVICTION_PRESSURE, (f"vLLM's KV events: {c.restored} of the {c.blocks} blocks computed in the last {span:.0f}s "
+                                   "had been removed from the cache shortly before: evicted before their reuse")
+    before = kv.earlier.counts.volatile / kv.earlier.seconds if kv.earlier is not None and kv.earlier.seconds > 0 else 0.0
+    # a client that always sends a timestamp is usual: only a rise of such requests is a change
+    if c.volatile >= VOLATILE_SHARE * c.stores and c.volatile / span >= VOLATILE_ROSE * before:
+        where = f"; {kv.divergence_text}" if kv.divergence_text else ""
+        of = f"{c.volatile} of the {e.requests:.0f} requests" if e.requests and e.requests >= c.volatile else f"{c.volatile} requests"
+        return PROMPT_PREFIX_CHANGE, (f"vLLM's KV events: {of} in the last {span:.0f}s computed a block that differs from a cached "
+                                      f"one in a few tokens ({c.new_first} of them from their first block on; "
+                                      f"{before * span:.1f} in an earlier {span:.0f}s){where}")
+    return None
+
+
+def is_warm_after_time(t: float, warm_since: float | None) -> bool:
+    return warm_since is not None and warm_since > t
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,7 @@ class Facts:
     hits_reference: tuple[float, float] | None = None
     last_error: str | None = None  # why the target's last poll failed (a pod read from Prometheus: its samples stopped)
     warm_since: float | None = None  # the newest restart's cache seen warm from this time on (exporter/alerting/warmth.py)
+    kv: KVView | None = None  # its KV cache events (exporter/series/blockindex.py), where it publishes them
 
     def window(self, seconds: float) -> WindowStats:
         name = self.windows.get(seconds)
@@ -521,7 +522,7 @@ def evidence(f: Facts, rc: RulesConfig) -> causes.Evidence:
         tiers=tuple(tier_shares(after_tiers).items()), baseline_tiers=tuple(tier_shares(before_tiers).items()),
         per_request=_per_request(now_ws), per_request_before_fleet=_per_request(before_fleet),
         evicted_before_reuse=_evicted_before_reuse(f),
-        warm_since=f.warm_since,
+        warm_since=f.warm_since, kv=f.kv,
     )
 
 

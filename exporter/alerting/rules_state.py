@@ -56,10 +56,11 @@ class Alert:
     anchor: float | None = None  # the event an active alert measures against
     baseline: float | None = None  # the ratio before `anchor`, for as long as the alert is active
     version: str = ""  # a fleet alert about one version of a model (target is then "")
+    scope: tuple[tuple[str, str], ...] = ()  # and the scope its replicas are in ((label, value) of analysis.scope_labels)
 
     @property
-    def key(self) -> tuple[str, str, str, str]:
-        return (self.alertname, self.target, self.model, self.version)
+    def key(self) -> tuple[str, str, str, str, tuple[tuple[str, str], ...]]:
+        return (self.alertname, self.target, self.model, self.version, self.scope)
 
 
 @dataclass(frozen=True)

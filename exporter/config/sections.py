@@ -22,7 +22,8 @@ from ..alerting.deploys import ChangePointSettings
 from ..alerting.rules import COMMON_SETTINGS, RuleSettings, RulesConfig
 from ..peers import yamltext
 from .discovery import DiscoveryConfig, read_discovery
-from .reader import (LABEL_NAME, ConfigError, Reader, base_url, boolean, duration_or_zero, http_url, limit_or_zero,
+from .kvevents import KVEndpoint, KVEventsConfig, read_endpoint, read_settings
+from .reader import (LABEL_NAME, ConfigError, Reader, base_url, boolean, duration_or_zero, http_url, label_name, limit_or_zero,
                             non_negative_number, nonempty_string, parse_duration, parse_size, parse_listen_address,
                             no_files, positive_int, ratio, read_secret, severity)
 
@@ -34,6 +35,7 @@ class Target:
     name: str
     url: str
     labels: tuple[tuple[str, str], ...] = ()
+    kv_events: KVEndpoint | None = None  # where its KV cache events are read (exporter/config/kvevents.py)
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,9 @@ class AnalysisConfig:
     """GET /api/v1/analysis and the Flagger webhook: versions of a model compared."""
 
     version_label: str = "version"  # the target label that holds a replica's version
+    # the target labels that say what owns a replica (the shipped PodMonitor sets both): versions are
+    # compared only among replicas that agree on every one of them, so never across namespaces
+    scope_labels: tuple[str, ...] = ("namespace", "owner")
     window: str = "5m"  # one of global.windows
     min_query_tokens: float = 20000.0  # on each side, else inconclusive
     drop_points: float = 0.25  # the new version this far under the baseline fails
@@ -181,6 +186,7 @@ class Config:
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     fleet_baseline: FleetBaselineConfig = field(default_factory=FleetBaselineConfig)
+    kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
 
     @property
     def warmup_target(self) -> str | None:
@@ -268,7 +274,7 @@ def _targets(r: Reader, raw: Any) -> tuple[Target, ...]:
     out, names = [], set()
     for i, item in enumerate(raw):
         path = f"targets[{i}]"
-        data = r.mapping(item, path, {"name", "url", "labels"})
+        data = r.mapping(item, path, {"name", "url", "labels", "kv_events"})
         for key in ("name", "url"):
             if key not in data:
                 r.errors.append(f"{path}.{key}: required")
@@ -289,14 +295,15 @@ def _targets(r: Reader, raw: Any) -> tuple[Target, ...]:
         if name in names:
             r.errors.append(f"{path}.name: duplicate target name {name!r}")
         names.add(name)
-        out.append(Target(name=name, url=url, labels=labels))
+        out.append(Target(name=name, url=url, labels=labels, kv_events=read_endpoint(r, data.get("kv_events"), f"{path}.kv_events")))
     return tuple(out)
 
 
 # our metrics' labels and the labels every alert carries: a target label must not shadow them
 # (test_config checks it against every label of collector.METRICS; discovery renames them exported_*)
 RESERVED_LABELS = {"target", "model_name", "engine", "window", "quantile", "result", "unit", "alertname", "state", "le",
-                   "severity", "cause", "source", "baseline_version", "alertmanager", "reason", "weighting", "tier"}
+                   "severity", "cause", "source", "baseline_version", "alertmanager", "reason", "weighting", "tier",
+                   "prompt_group", "prompt_prefix", "cache_salt", "lora_adapter", "miss_kind"}
 
 
 def is_reserved_label(name: str) -> bool:
@@ -438,7 +445,7 @@ def load(data: Any, read_file: Callable[[str], str] = no_files) -> Config:
     errors: list[str] = []
     r = Reader(errors, read_file)
     top = r.mapping(data, "", {"global", "web", "targets", "alertmanager", "deploys", "rules", "warmup", "lint", "analysis",
-                                     "discovery", "fleet_baseline"})
+                                     "discovery", "fleet_baseline", "kv_events"})
     g = _global(r, top.get("global"))
     web_data = r.mapping(top.get("web"), "web", {"listen_address", "external_url"})
     listen = r.value(web_data, "web", "listen_address", lambda v: (parse_listen_address(v), str(v))[1], WebConfig.listen_address)
@@ -448,7 +455,8 @@ def load(data: Any, read_file: Callable[[str], str] = no_files) -> Config:
                  alertmanager=_alertmanager(r, top.get("alertmanager")), deploys=_deploys(r, top.get("deploys")),
                  rules=load_rules(top.get("rules"), errors), warmup=_warmup(r, top.get("warmup"), targets),
                  lint_allow=_lint_allow(r, top.get("lint")), analysis=_analysis(r, top.get("analysis"), g),
-                 discovery=read_discovery(r, top.get("discovery")), fleet_baseline=_fleet_baseline(r, top.get("fleet_baseline")))
+                 discovery=read_discovery(r, top.get("discovery")), fleet_baseline=_fleet_baseline(r, top.get("fleet_baseline")),
+                 kv_events=read_settings(r, top.get("kv_events")))
     errors += _lookback_errors(cfg)
     if errors:
         raise ConfigError(errors)
@@ -457,20 +465,41 @@ def load(data: Any, read_file: Callable[[str], str] = no_files) -> Config:
 
 def _analysis(r: Reader, raw: Any, g: GlobalConfig) -> AnalysisConfig:
     d = AnalysisConfig()
-    data = r.mapping(raw, "analysis", {"version_label", "window", "min_query_tokens", "drop_points", "warmup"})
+    data = r.mapping(raw, "analysis", {"version_label", "scope_labels", "window", "min_query_tokens", "drop_points", "warmup"})
     cfg = AnalysisConfig(
         version_label=r.value(data, "analysis", "version_label", nonempty_string, d.version_label),
+        scope_labels=r.value(data, "analysis", "scope_labels", _scope_labels, d.scope_labels),
         window=r.value(data, "analysis", "window", nonempty_string, d.window),
         min_query_tokens=r.value(data, "analysis", "min_query_tokens", non_negative_number, d.min_query_tokens),
         drop_points=r.value(data, "analysis", "drop_points", ratio, d.drop_points),
         warmup=r.value(data, "analysis", "warmup", duration_or_zero, d.warmup),
     )
+    if cfg.version_label in cfg.scope_labels:
+        r.errors.append(f"analysis.scope_labels: {cfg.version_label} is analysis.version_label: each version would be a scope of its own "
+                        "and no rollout ever compared")
     names = [w for w, _ in g.windows]
     if "window" in data and cfg.window not in names:
         r.errors.append(f"analysis.window: {cfg.window!r} is not one of global.windows ({', '.join(names)})")
     elif cfg.window not in names:  # the default, with other windows configured: the one nearest to it
         cfg = replace(cfg, window=min(g.windows, key=lambda w: abs(w[1] - 300.0))[0])
     return cfg
+
+
+# the gate's own query parameters: a scope label of one of these names could not be asked for
+_GATE_PARAMETERS = ("model", "version", "baseline")
+
+
+def _scope_labels(value: Any) -> tuple[str, ...]:
+    """A list of distinct label names ([] compares every replica of a model, as one scope)."""
+    if not isinstance(value, list):
+        raise ValueError("must be a list of label names, e.g. [namespace, owner]")
+    names = tuple(label_name(v) for v in value)
+    clash = [n for n in names if n in _GATE_PARAMETERS or is_reserved_label(n)]
+    if clash:
+        raise ValueError(f"{', '.join(clash)}: a scope label cannot be a name the exporter or /api/v1/analysis uses itself")
+    if len(set(names)) != len(names):
+        raise ValueError("names a label twice")
+    return names
 
 
 def _fleet_baseline(r: Reader, raw: Any) -> FleetBaselineConfig:

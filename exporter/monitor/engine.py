@@ -91,10 +91,11 @@ class Engine:
         self.last_deploy_t: dict[str, float] = {}  # target ('' for all) -> newest deploy-like event
         self.last_event_t: dict[str, float] = {}  # target ('' for all) -> newest event of any kind
         self.last_restart_t: dict[str, float] = {}  # target ('' for all) -> newest restart
-        self.alerts: dict[tuple[str, str, str, str], Alert] = {}
+        self.alerts: dict[tuple, Alert] = {}  # Alert.key -> the alert
         self._decoding: dict[str, bool] | None = None  # target -> a decode pod, during an evaluation
-        self.rollouts: dict[str, rollouts.Rollout] = {}  # model -> its newest rollout (exporter/alerting/rollouts.py)
-        self.verdicts: dict[str, analysis.Verdict] = {}  # model -> the gate's verdict at the last evaluation, while versions are judged
+        # (model, scope) -> its newest rollout there (exporter/alerting/rollouts.py): versions are compared within a scope only
+        self.rollouts: dict[rollouts.Key, rollouts.Rollout] = {}
+        self.verdicts: dict[rollouts.Key, analysis.Verdict] = {}  # the gate's verdict at the last evaluation, while versions are judged
         self.fleet_baselines: dict[tuple[str, str], tuple[float, float]] = {}  # (target, model) -> (ratio, pod start)
         # (target, model) -> (last lookup hit, TTFT p50 before it) while its hits stand still
         self.hits_references: dict[tuple[str, str], tuple[float, float]] = {}
@@ -313,7 +314,7 @@ class Engine:
             mine = [e for e in by_target.get(name, []) + by_target.get("", []) if 0 <= now - e.t <= horizon
                     and not (e.is_restart and self._flapping(name))]
             events_of[name] = tuple(sorted(mine, key=lambda e: e.t))
-        evaluated: set[tuple[str, str, str, str]] = set()
+        evaluated: set[tuple] = set()  # the Alert.key of every alert evaluated
         references: dict[tuple[str, str], tuple[float, float]] = {}  # rebuilt: gone targets and models drop out
         # per model, its fleet once (not a list of peers per target: that was quadratic in the targets)
         fleets = {model: tuple(ratios) for model, ratios in by_model.items()}
@@ -332,10 +333,10 @@ class Engine:
                              peers_had_events=len(eventful) > (name in eventful),
                              block_size=view.snapshot.block_size if view.snapshot else None,
                              ever_up=view.ever_up, last_error=view.last_error, fleet_baseline=self.fleet_baselines.get((name, model)),
-                             warm_since=view.warm_since,
+                             warm_since=view.warm_since, kv=view.kv,
                              hits_reference=self._hits_reference(name, model, view, references) if model else None)
                 for rule, settings in model_rules if model else target_rules:
-                    key = (rule.alertname, name, model, "")
+                    key = (rule.alertname, name, model, "", ())
                     evaluated.add(key)
                     alert = self.alerts.get(key)
                     facts = base if alert is None or alert.state not in (PENDING, FIRING) else replace(  # an inactive alert's: None each
@@ -422,7 +423,7 @@ class Engine:
                 p = predicted.get(model, {}).get(window)
                 d = routing.delivered(engines, model, window)
                 cond = routing.condition(p, d, gap, window)
-                key = (ROUTER_PREDICTION_GAP, name, model, "")
+                key = (ROUTER_PREDICTION_GAP, name, model, "", ())
                 evaluated.add(key)
                 alert = self.alerts.get(key) or Alert(ROUTER_PREDICTION_GAP, name, model)
                 new, transition = step(alert, cond, now, settings,
@@ -440,8 +441,8 @@ class Engine:
         return max(known) if known else view.since
 
     def members(self, now: float, model: str, window: float) -> list[analysis.Member]:
-        """Every replica serving `model`, with its version and its window, less the first
-        `analysis.warmup` seconds after its start (a cache filling up is not a verdict)."""
+        """Every replica serving `model`, with its version, its scope and its window, less the
+        first `analysis.warmup` seconds after its start (a cache filling up is not a verdict)."""
         cfg = self.config.analysis
         name_of = {secs: n for n, secs in self.config.global_.windows}
         out = []
@@ -459,46 +460,52 @@ class Engine:
                 else:
                     block = view.snapshot.block_size if view.snapshot else None
                     ws = stats_between(view.samples, model, max(now - window, warm_from), now, 0.0, block)
-            out.append(analysis.Member(name, dict(track.target.labels).get(cfg.version_label), ws, cold))
+            labels = dict(track.target.labels)
+            out.append(analysis.Member(name, labels.get(cfg.version_label), ws, cold, rollouts.scope_of(labels, cfg.scope_labels)))
         return out
 
-    def analyze(self, now: float, model: str, version: str, baseline: str | None = None) -> analysis.Verdict:
+    def analyze(self, now: float, model: str, version: str, baseline: str | None = None,
+                where: dict[str, str] | None = None) -> analysis.Verdict:
         """The rollout gate's verdict (GET /api/v1/analysis): `version` of `model` against
-        `baseline` (default: the other version with the most traffic)."""
+        `baseline` (default: the other version with the most traffic) within the scope of
+        the replicas that run it; `where` narrows the scopes by their labels."""
         s = self._gate_settings()
-        return rollouts.verdict(self.rollouts.get(model), self.members(now, model, s.window), model, version, baseline, s)
+        return rollouts.gate(self.rollouts, self.members(now, model, s.window), model, version, baseline, s, where)
 
     def _gate_settings(self) -> rollouts.Settings:
         cfg, rc = self.config.analysis, self.config.rules
         return rollouts.Settings(window=dict(self.config.global_.windows)[cfg.window], before=rc.rules[DROP_AFTER_DEPLOY].baseline,
-                                 look_back=rc.event_lookback, min_query_tokens=cfg.min_query_tokens, drop_points=cfg.drop_points)
+                                 look_back=rc.event_lookback, min_query_tokens=cfg.min_query_tokens, drop_points=cfg.drop_points,
+                                 scope_labels=cfg.scope_labels)
 
-    def _version_starts(self) -> dict[str, dict[str, float]]:
-        """model -> version -> when its first replica started."""
-        label = self.config.analysis.version_label
-        out: dict[str, dict[str, float]] = {}
+    def _version_starts(self) -> dict[rollouts.Key, dict[str, float]]:
+        """(model, scope) -> version -> when its first replica there started."""
+        cfg = self.config.analysis
+        out: dict[rollouts.Key, dict[str, float]] = {}
         for name, track in list(self.tracks.items()):
-            version = dict(track.target.labels).get(label)
+            labels = dict(track.target.labels)
+            version = labels.get(cfg.version_label)
             started = self._started(name, track.view)
             if version is None or started is None:
                 continue
+            scope = rollouts.scope_of(labels, cfg.scope_labels)
             for model in track.view.stats:
-                starts = out.setdefault(model, {})
+                starts = out.setdefault((model, scope), {})
                 starts[version] = min(starts.get(version, math.inf), started)
         return out
 
     def _evaluate_versions(self, now: float, evaluated: set, transitions: list[Transition]) -> None:
-        """Each model's rollout (exporter/alerting/rollouts.py) judged, and its version alert stepped."""
+        """Each model's rollout in each scope (exporter/alerting/rollouts.py) judged, and its version alert stepped."""
         settings = self.config.rules.rules[DROP_AFTER_DEPLOY]
-        states = {(k[2], k[3]): a.state for k, a in self.alerts.items() if k[0] == DROP_AFTER_DEPLOY and k[1] == ""}
+        states = {(k[2], k[4], k[3]): a.state for k, a in self.alerts.items() if k[0] == DROP_AFTER_DEPLOY and k[3]}
         self.rollouts, judged = rollouts.observe(self.rollouts, now, self._version_starts(),
                                                  lambda model, window: self.members(now, model, window), states, self._gate_settings())
         for j in judged:
             v = j.verdict
-            self.verdicts[v.model] = v
-            key = (DROP_AFTER_DEPLOY, "", v.model, v.version)
+            self.verdicts[(v.model, v.scope)] = v
+            key = (DROP_AFTER_DEPLOY, "", v.model, v.version, v.scope)
             evaluated.add(key)
-            alert = self.alerts.get(key) or Alert(DROP_AFTER_DEPLOY, "", v.model, version=v.version)
+            alert = self.alerts.get(key) or Alert(DROP_AFTER_DEPLOY, "", v.model, version=v.version, scope=v.scope)
             new, transition = step(alert, j.condition, now, settings, lambda a, c, j=j: self._describe_version(a, c, j, now),
                                    inconclusive_bound=registered(DROP_AFTER_DEPLOY).inconclusive_bound(settings, self.config.rules))
             self._keep(key, new, transition, transitions)

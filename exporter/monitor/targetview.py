@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ..config.sections import Target
 from ..parse.snapshot import Snapshot
+from ..series.blockindex import KVView
 from ..series.samples import Samples
 from ..series.window import WindowStats
 
@@ -46,6 +47,7 @@ class TargetView:
     since: float | None = None  # the first successful poll
     samples_kept: int = 0
     warm_since: float | None = None  # the newest restart's cache seen warm from this time on (alerting/warmth.py)
+    kv: KVView | None = None  # its KV cache events at this poll, where it publishes them (poll/kvsource.py)
     # how the polls went (the poller's part)
     polled: bool = False
     last_result: str | None = None  # one of POLL_RESULTS

@@ -33,6 +33,7 @@ from ..monitor.engine import Engine, Track
 from ..monitor.targetview import INTERNAL_ERROR, LIMIT_EXCEEDED, NO_VLLM_METRICS, SUCCESS, TIMEOUT, add, count
 from ..parse.vllm_metrics import parse
 from ..serve.state import Deploys, State
+from . import kvsource
 from .dispatch import Dispatcher, dispatch_tick
 from .promread import SCRAPED_SINCE_START, PrometheusReader, how_read, read_once
 from .scrape import Scraper
@@ -78,6 +79,7 @@ class TargetPoller:
         self._parse_memo: dict[str, dict[str, str]] = {}
         self.scraper: Scraper | None = None
         self.baseline_reader: FleetBaselineReader | None = None
+        self.kv_source: kvsource.KVEventSource | None = None  # its KV cache events, where it publishes them
         self._scrape_settings: tuple = ()
         self.reconfigure(target, config)
 
@@ -101,6 +103,7 @@ class TargetPoller:
             if self.baseline_reader is not None:
                 self.baseline_reader.close()
             self.baseline_reader = FleetBaselineReader(wanted) if wanted is not None else None
+        self.kv_source = kvsource.kept(self.kv_source, target, config, self.clock)
 
     def poll(self) -> tuple[float, bool]:
         """One cycle; never raises. -> (seconds it took, whether the target was too slow
@@ -122,10 +125,8 @@ class TargetPoller:
     def _newest(self, number: int) -> bool:
         """Under the target's lock: this poll started after the last one published (a poll
         that took long never publishes over a newer one: an old failure over a success)."""
-        if number < self._published:
-            return False
-        self._published = number
-        return True
+        newest, self._published = number >= self._published, max(number, self._published)
+        return newest
 
     def _clock(self) -> float:
         now = self.clock()
@@ -201,7 +202,8 @@ class TargetPoller:
             track.view = view = track.view.evolve(
                 snapshot=snapshot, up=True, down_since=None, samples_kept=len(track.history),
                 polled=True, last_result=SUCCESS, last_error=None, last_scrape_time=now, last_success_time=now,
-                scrape_duration=duration, scrapes=count(before.scrapes, SUCCESS), rejected=add(before.rejected, snapshot.rejected))
+                scrape_duration=duration, scrapes=count(before.scrapes, SUCCESS), rejected=add(before.rejected, snapshot.rejected),
+                kv=self.kv_source.view(now) if self.kv_source is not None else None)
             self.state.publish(view)
         for ev in events:
             log.info("event: %s", ev.description, extra=self._about(source=ev.source, version=ev.version))
@@ -255,10 +257,10 @@ class TargetPoller:
             self.state.publish(view)
 
     def close(self) -> None:
-        if self.scraper is not None:
-            self.scraper.close()
-        if self.baseline_reader is not None:
-            self.baseline_reader.close()
+        self.kv_source = kvsource.kept(self.kv_source, None, None, self.clock)
+        for peer in (self.scraper, self.baseline_reader):
+            if peer is not None:
+                peer.close()
 
 
 class Poller:
@@ -473,10 +475,10 @@ class Poller:
             log.exception("discovery refresh failed")
             self.state.count(discovery_errors=1)
 
-    def analyze(self, now: float, model: str, version: str, baseline: str | None):
+    def analyze(self, now: float, model: str, version: str, baseline: str | None, where: dict[str, str] | None = None):
         """The rollout gate's verdict, against one consistent engine."""
         with self.engine_lock:
-            return self.engine.analyze(now, model, version, baseline)
+            return self.engine.analyze(now, model, version, baseline, where)
 
     def add_event(self, event: DeployEvent) -> None:
         with self.engine_lock:

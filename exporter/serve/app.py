@@ -17,7 +17,7 @@ from ..alerting.deploys import API, DeployEvent
 from ..logfields import fields
 from ..peers.urls import redact_url
 from ..series import hitratio
-from .collector import PrefixCacheCollector
+from .collector import PrefixCacheCollector, top_and_other
 from .exposition import Exposition, WouldWait
 from .state import TASKS, State
 from .statuspage import CONTENT_SECURITY_POLICY, StatusPage
@@ -43,6 +43,28 @@ def json_response(status: int, payload) -> tuple[int, str, bytes]:
 
 def _json_default(value):
     raise TypeError(f"not JSON: {type(value).__name__}")
+
+
+STATUS_TOP = 10  # prompt groups, tenants and adapters the status shows each, the rest as "other"
+
+
+def kv_status(kv, top: int) -> dict | None:
+    """A target's KV event stream: how it is read, and what the cache computed in the short window."""
+    if kv is None:
+        return None
+    out = {"endpoint": kv.endpoint, "connected": kv.connected, "last_batch_time": kv.last_message,
+           "received": kv.received, "replayed": kv.replayed, "dropped": kv.dropped, "decode_errors": kv.errors,
+           "shed": kv.shed, "publisher_restarts": kv.restarts, "last_error": kv.last_error, "index": dict(kv.size)}
+    w = kv.recent
+    if w is not None:
+        span, labels = max(1.0, w.seconds), dict(kv.group_labels)
+        rates = lambda table: [{"key": k, "tokens_per_second": n / span} for k, n in top_and_other(table, top)]
+        out["window"] = {"seconds": w.seconds, "stores": w.counts.stores, "first_block_new": w.counts.new_first,
+                         "volatile": w.counts.volatile, "blocks": w.counts.blocks, "restored_blocks": w.counts.restored,
+                         "removed_blocks": w.counts.removed, "cleared_at": w.cleared_at, "divergence": kv.divergence_text,
+                         "groups": [{**r, "prefix": labels.get(r["key"], "")} for r in rates(w.counts.by_group)],
+                         "cache_salts": rates(w.counts.by_salt), "loras": rates(w.counts.by_lora)}
+    return out
 
 
 def _finite(v):
@@ -335,6 +357,7 @@ def status_json(state: State, ready: tuple[bool, str] | None = None) -> dict:
             "block_size": snap.block_size if snap else None,
             # since when the cache of its newest restart counts as warm again: the cold-start grace ended by the data
             "warm_since": v.warm_since,
+            "kv_events": kv_status(v.kv, STATUS_TOP),
             "warnings": list(snap.warnings) if snap else [],
             "models": models,
         })
@@ -360,23 +383,29 @@ def status_json(state: State, ready: tuple[bool, str] | None = None) -> dict:
 _SELF_BASELINE = "baseline names the version under test: a version is judged against another one"
 
 
-def analysis_handlers(verdict: Callable[[str, str, str | None], analysis.Verdict]) -> tuple[Handler, Handler]:
+_GATE_KEYS = ("model", "version", "baseline", "require")
+
+
+def analysis_handlers(verdict: Callable[[str, str, str | None, dict[str, str]], analysis.Verdict]) -> tuple[Handler, Handler]:
     """GET /api/v1/analysis (Argo Rollouts' web metric provider) and POST
-    /api/v1/analysis/flagger (a Flagger webhook), over `verdict(model, version, baseline)`.
-    Both always answer JSON: Argo counts a body that is not JSON as a success."""
+    /api/v1/analysis/flagger (a Flagger webhook), over `verdict(model, version, baseline,
+    where)`; `where` holds the other parameters (the webhook's other metadata, and the
+    namespace Flagger names), of which those named as analysis.scope_labels narrow the
+    scopes judged. Both always answer JSON: Argo counts a body that is not JSON as a success."""
     from urllib.parse import parse_qs
 
     def get(environ) -> tuple[int, str, bytes]:
         query = parse_qs(environ.get("QUERY_STRING", ""))
         model, version = (query.get("model") or [""])[0], (query.get("version") or [""])[0]
         baseline = (query.get("baseline") or [None])[0]
+        where = {k: v[0] for k, v in query.items() if k not in _GATE_KEYS}
         if not model or not version:
             return json_response(400, {"verdict": analysis.INCONCLUSIVE, "error": "give ?model=M&version=V[&baseline=B]"})
-        if any(_has_control(x) for x in (model, version, baseline or "")):
+        if any(_has_control(x) for x in (model, version, baseline or "", *where, *where.values())):
             return json_response(400, {"verdict": analysis.INCONCLUSIVE, "error": "control characters are not allowed"})
         if baseline == version:
             return json_response(400, {"verdict": analysis.INCONCLUSIVE, "error": _SELF_BASELINE})
-        return json_response(200, verdict(model, version, baseline).to_json())
+        return json_response(200, verdict(model, version, baseline, where).to_json())
 
     def flagger(environ) -> tuple[int, str, bytes]:
         length_text = environ.get("CONTENT_LENGTH", "")
@@ -397,7 +426,10 @@ def analysis_handlers(verdict: Callable[[str, str, str | None], analysis.Verdict
         require = meta.get("require", "no-fail")
         if require not in ("no-fail", "pass"):
             return json_response(400, {"error": "metadata.require is `no-fail` (a rollout hook) or `pass` (confirm-promotion)"})
-        v = verdict(meta["model"], meta["version"], baseline)
+        # Flagger names the Canary's namespace: its canary and primary pods run there
+        where = {"namespace": body["namespace"]} if isinstance(body.get("namespace"), str) and body["namespace"] else {}
+        where.update({k: v for k, v in meta.items() if k not in _GATE_KEYS and isinstance(v, str)})
+        v = verdict(meta["model"], meta["version"], baseline, where)
         # Flagger fails a hook on any status above 202. A rollout hook (require: no-fail)
         # fails on a measured drop, and on a version no replica runs (no evidence will ever
         # come); a confirm-promotion hook (require: pass) holds promotion until a pass.

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from .. import __version__
 from ..alerting.deploys import SOURCES as DEPLOY_SOURCES
+from ..alerting.rollouts import scope_text
 from ..config.sections import Target
 from ..monitor.targetview import POLL_RESULTS
 from ..monitor.targetview import TargetView
@@ -27,6 +28,7 @@ from ..parse import roles, tiers
 from ..parse.vllm_metrics import REJECT_REASONS
 from ..peers.urls import redact_url
 from ..series import hitratio
+from ..series.blockindex import OTHER
 from .state import Reading, State
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,17 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("decode_target", "gauge", "1 if the target is a prefill/decode decode pod, from its `role: decode` label or its shape (90%+ of prompt tokens since start arrived as KV transfer), else 0: its transfers are not hits, and the hit-rate rules and the fleet leave it out.", "target"),
     _m("target_engine_info", "gauge", "Which engine's metric names the target serves (`engine`: vllm, sglang or trtllm); value 1.", "target", "engine"),
     _m("vllm_hit_ratio_since_start", "gauge", "V0 engines only: vLLM's block hit rate averaged since start (vllm:gpu_prefix_cache_hit_rate); no window can be derived from it.", "target", "model_name", as_read=True),
+    # vLLM's KV cache events (targets[].kv_events), over the shortest configured window
+    _m("kv_events_connected", "gauge", "1 while the target's KV event publisher is connected (targets[].kv_events).", "target"),
+    _m("kv_events_last_batch_timestamp_seconds", "gauge", "Unix time the newest KV event batch arrived: an old one with prefill going on is a silent publisher, not a cache without misses.", "target"),
+    _m("kv_events_batches", "counter", "KV event batches by `result`: received, replayed (a sequence gap asked of the replay socket), dropped (a gap it did not fill), decode_error (garbage or over a cap), shed (over the decoding budget of a flood).", "target", "result"),
+    _m("kv_events_publisher_restarts", "counter", "KV event publishers that started their sequence again: a new vLLM process, its cache empty.", "target"),
+    _m("kv_events_indexed_blocks", "gauge", "Blocks in the target's KV event index (kv_events.index_blocks caps it, oldest dropped first).", "target"),
+    _m("kv_new_tokens_per_second", "gauge", "Prompt tokens per second vLLM computed and stored (its cache missed them), by `prompt_group` (requests whose first blocks match, or differ only in a short span such as a timestamp; `prompt_prefix`: its text where it differs from the other groups; top kv_events.top_groups, the rest \"other\").", "target", "prompt_group", "prompt_prefix"),
+    _m("kv_new_tokens_per_second_by_cache_salt", "gauge", "Prompt tokens per second computed and stored, by the requests' `cache_salt` (a tenant; top kv_events.top_groups, the rest \"other\").", "target", "cache_salt"),
+    _m("kv_new_tokens_per_second_by_lora", "gauge", "Prompt tokens per second computed and stored, by LoRA adapter (`lora_adapter`; top kv_events.top_groups, the rest \"other\").", "target", "lora_adapter"),
+    _m("kv_missed_requests_ratio", "gauge", "Of the requests that stored new blocks, the share by `miss_kind`: first_block_new (even their first block missed), volatile (a block differing from a cached one in a few tokens: a value that changes per request).", "target", "miss_kind"),
+    _m("kv_restored_blocks_ratio", "gauge", "Of the blocks stored, the share removed from the cache shortly before (kv: evicted before their reuse).", "target"),
     # derived per window
     _m("hit_ratio", "gauge", "Token-weighted prefix-cache hit ratio increase(hits)/increase(queries), summed over engines, " + _W + "; absent below global.min_query_tokens.", "target", "model_name", "window"),
     _m("query_tokens_per_second", "gauge", "Prefix-cache query tokens per second " + _W + " (a block-counting target's blocks times its block size).", "target", "model_name", "window"),
@@ -111,7 +124,7 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("predicted_hit_ratio", "gauge", "Prefix-cache hit ratio the router (llm-d EPP, Dynamo) predicted at routing time " + _W + "; `weighting` is tokens (predicted tokens / input tokens) or per_request_mean (the mean of its per-request ratio histogram).", "target", "model_name", "window", "weighting"),
     _m("router_delivered_hit_ratio", "gauge", "What the engine targets delivered for the router's model (all models for model_name \"\") " + _W + ": token-weighted hits / queries over every engine target, beside prefixcache_predicted_hit_ratio.", "target", "model_name", "window"),
     # rules and deploys
-    _m("alert_state", "gauge", "1 for each alert of ours that is not inactive, by `state` (pending, firing, inconclusive: too few tokens to judge); `version` names the version a fleet alert judges (target is then empty).", "alertname", "target", "model_name", "cause", "severity", "state", "version", target_labels=False),
+    _m("alert_state", "gauge", "1 for each alert of ours that is not inactive, by `state` (pending, firing, inconclusive: too few tokens to judge); `version` names the version a fleet alert judges (target is then empty) and `scope` the replicas it judges, by analysis.scope_labels (namespace=prod,owner=vllm; empty for a target's alert).", "alertname", "target", "model_name", "cause", "severity", "state", "version", "scope", target_labels=False),
     _m("deploy_events", "counter", "Deploy events and the other events the rules weigh, by `source`: api, annotations_file, config_change, change_point (deploys); restart, sleep and wake (vLLM's sleep mode: a wake is a cold start), replicas (the number of replicas serving a model changed: an event of every replica of it, with an empty target); with the target's labels; target is empty for fleet-wide events.", "target", "source"),
     _m("last_deploy_timestamp_seconds", "gauge", "Unix time of the newest deploy event (restarts excluded), for Grafana annotations, with the target's labels; target is empty for fleet-wide events.", "target"),
     # delivery to Alertmanager
@@ -148,8 +161,9 @@ def _fmt_window_help(help_text: str, windows: str) -> str:
 
 
 class PrefixCacheCollector(Collector):
-    def __init__(self, state: State, windows: Iterable[str]):
+    def __init__(self, state: State, windows: Iterable[str], top_groups: int = 10):
         self.state = state
+        self.top_groups = top_groups
         self.windows = ", ".join(windows)
 
     def describe(self) -> list[Metric]:
@@ -239,8 +253,8 @@ class PrefixCacheCollector(Collector):
         p = reading.published
         for a in p.alerts or ():
             labels = dict(a.labels)
-            f.add("prefixcache_alert_state", (a.alertname, a.target, a.model, labels.get("cause", ""), labels.get("severity", ""), a.state, a.version),
-                  1.0, target=None)
+            f.add("prefixcache_alert_state", (a.alertname, a.target, a.model, labels.get("cause", ""), labels.get("severity", ""), a.state, a.version,
+                                              scope_text(a.scope)), 1.0, target=None)
         # from zero for every source, so that increase() sees the first event (each target's are with its families)
         fleet = p.deploys.counts.get("", {}) if p.deploys is not None else {}
         for source in sorted(set(DEPLOY_SOURCES) | set(fleet)):
@@ -337,6 +351,8 @@ class PrefixCacheCollector(Collector):
                 pressure = tiers.evicted_before_reuse(s.kv_idle_before_evict, s.kv_reuse_gap)
                 if pressure is not None:
                     f.add("prefixcache_kv_evicted_before_reuse", (s.model_name, engine), 1.0 if pressure else 0.0, target=t)
+        if v.kv is not None:
+            _kv_families(f, v.kv, t, self.top_groups)
         mine = deploys or {}
         for source in sorted(set(DEPLOY_SOURCES) | set(mine)):
             f.add("prefixcache_deploy_events", (source,), mine.get(source, 0), target=t)
@@ -403,6 +419,39 @@ def _ttft_totals(snap) -> dict[str, tuple[float, float]]:
         count, total = out.get(s.model_name, (0.0, 0.0))
         out[s.model_name] = (count + h.count, total + h.sum)
     return out
+
+
+def _kv_families(f: "Families", kv, t: Target, top: int) -> None:
+    f.add("prefixcache_kv_events_connected", (), 1.0 if kv.connected else 0.0, target=t)
+    f.add_present("prefixcache_kv_events_last_batch_timestamp_seconds", (), kv.last_message, target=t)
+    for result, n in (("received", kv.received), ("replayed", kv.replayed), ("dropped", kv.dropped),
+                      ("decode_error", kv.errors), ("shed", kv.shed)):
+        f.add("prefixcache_kv_events_batches", (result,), n, target=t)
+    f.add("prefixcache_kv_events_publisher_restarts", (), kv.restarts, target=t)
+    f.add("prefixcache_kv_events_indexed_blocks", (), dict(kv.size).get("blocks", 0), target=t)
+    w = kv.recent
+    if w is None:
+        return
+    span = max(1.0, w.seconds)
+    labels = dict(kv.group_labels)
+    for group, n in top_and_other(w.counts.by_group, top):
+        f.add("prefixcache_kv_new_tokens_per_second", (group, labels.get(group, "")), n / span, target=t)
+    for salt, n in top_and_other(w.counts.by_salt, top):
+        f.add("prefixcache_kv_new_tokens_per_second_by_cache_salt", (salt,), n / span, target=t)
+    for lora, n in top_and_other(w.counts.by_lora, top):
+        f.add("prefixcache_kv_new_tokens_per_second_by_lora", (lora,), n / span, target=t)
+    if w.counts.stores:
+        f.add("prefixcache_kv_missed_requests_ratio", ("first_block_new",), w.counts.new_first / w.counts.stores, target=t)
+        f.add("prefixcache_kv_missed_requests_ratio", ("volatile",), w.counts.volatile / w.counts.stores, target=t)
+    if w.counts.blocks:
+        f.add("prefixcache_kv_restored_blocks_ratio", (), w.counts.restored / w.counts.blocks, target=t)
+
+
+def top_and_other(counts: dict, top: int) -> list[tuple[str, float]]:
+    """The `top` keys by value, then the rest summed as "other" (with any "other" already counted)."""
+    ranked = sorted(((k, v) for k, v in counts.items() if k != OTHER), key=lambda kv: (-kv[1], kv[0]))
+    rest = sum(v for _, v in ranked[top:]) + counts.get(OTHER, 0)
+    return ranked[:top] + ([(OTHER, rest)] if rest else [])
 
 
 class Families:

@@ -92,7 +92,7 @@ class Published:
     config_reload_time: float | None = None
     counters: Counters = Counters()
     alerts: tuple[Alert, ...] | None = None  # None until the first evaluation
-    verdicts: Mapping[str, Verdict] = field(default_factory=lambda: _EMPTY)  # model -> the rollout gate's verdict at the last evaluation
+    verdicts: Mapping[tuple, Verdict] = field(default_factory=lambda: _EMPTY)  # (model, scope) -> the rollout gate's verdict at the last evaluation
     # router target -> model -> window -> (predicted, delivered)
     routing: Mapping[str, Mapping[str, Mapping[str, tuple[Prediction, Delivered]]]] = field(default_factory=lambda: _EMPTY)
     deploys: Deploys | None = None  # None until the engine first published

@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from typing import Callable, Sequence
 
 from ..alerting import analysis
+from ..alerting.rollouts import scope_text
 from ..alerting.rules_state import FIRING, PENDING, Alert
 from ..monitor.targetview import TargetView
 from ..series.samples import Samples
@@ -51,7 +52,7 @@ class PageInput:
     targets: tuple[TargetView, ...]
     alerts: tuple[Alert, ...] = ()
     deploys: tuple[dict, ...] = ()  # recent events, oldest first, as DeployEvent.to_json()
-    verdicts: dict[str, analysis.Verdict] = field(default_factory=dict)  # model -> the gate's verdict
+    verdicts: dict[tuple, analysis.Verdict] = field(default_factory=dict)  # (model, scope) -> the gate's verdict
     links: tuple[str, ...] = ()
     version: str = ""
     warning: str = ""
@@ -261,15 +262,15 @@ def _deploys_section(deploys: Sequence[dict], now: float) -> str:
             f'<tr><th>when</th><th>target</th><th>source</th><th>version</th><th>description</th></tr>{rows}</table></div></section>')
 
 
-def _fleet_section(verdicts: dict[str, analysis.Verdict]) -> str:
+def _fleet_section(verdicts: dict[tuple, analysis.Verdict]) -> str:
     if not verdicts:
         return ""
     blocks = []
-    for model in sorted(verdicts):
-        v = verdicts[model]
+    for v in sorted(verdicts.values(), key=lambda v: (v.model, v.scope)):
         kind = v.verdict if v.verdict in (analysis.PASS, analysis.FAIL, analysis.INCONCLUSIVE) else analysis.INCONCLUSIVE
+        scope = f' <span class="dim">{_e(scope_text(v.scope))}</span>' if v.scope else ""
         blocks.append(
-            f'<div class="card"><h3>{_e(model)} <span class="badge v-{kind}">gate: {kind}</span></h3>'
+            f'<div class="card"><h3>{_e(v.model)}{scope} <span class="badge v-{kind}">gate: {kind}</span></h3>'
             f'<div class="scroll"><table><tr><th>version</th><th>replicas</th><th>hit ratio</th><th>query tokens</th></tr>'
             f'<tr><td>{_e(v.version)} <span class="dim">(new)</span></td><td>{v.replicas}</td><td>{_pct(v.hit_ratio)}</td><td>{_num(v.query_tokens)}</td></tr>'
             f'<tr><td>{_e(v.baseline_version or "–")} <span class="dim">(baseline)</span></td><td>{v.baseline_replicas}</td>'

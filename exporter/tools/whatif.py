@@ -276,8 +276,16 @@ def _share(prepared, hits: Sequence[int]) -> float:
     return hit / total if total else 0.0
 
 
-def _first_block(r: Request, shorter: bool) -> str:
-    """A group's name: its first request's first block, as the user can find it."""
+NAME_CHARS, NAME_BEFORE = 40, 12  # a group's name: this long, from this far before where it differs from the others
+
+
+def _text(r: Request) -> str:
+    return " ".join((r.prompt if r.prompt is not None else render(r.body)).split())
+
+
+def _first_block(r: Request, shorter: bool, differs_at: int = 0) -> str:
+    """A group's name: its first request's first block, as the user can find it; a text
+    from where it differs from the other groups' (`differs_at`)."""
     if shorter:
         return "prompts shorter than one block"
     if r.hash_ids is not None:
@@ -285,7 +293,8 @@ def _first_block(r: Request, shorter: bool) -> str:
     if r.tokens is not None:
         name = "tokens " + " ".join(map(str, r.tokens[:6])) + " ..."
     else:
-        name = repr(" ".join((r.prompt if r.prompt is not None else render(r.body)).split())[:40])
+        start = max(0, differs_at - NAME_BEFORE)
+        name = ("…" if start else "") + repr(_text(r)[start:start + NAME_CHARS])
     return name + "".join(f" ({key} {value})" for key, value in (("lora", r.lora), ("cache_salt", r.salt)) if value)
 
 
@@ -441,9 +450,15 @@ def _group(a: Analysis, requests: Sequence[Request], prepared, ceiling_hits: Seq
     kinds = [None if r.request_type is None else r.request_type if r.request_type in hashtrace.REQUEST_TYPES else "other"
              for r in requests]
     tagged = any(k is not None for k in kinds)
+    firsts: dict = {}
+    for i, key in enumerate(keys):
+        if counted[i] and key is not None and requests[i].is_text:
+            firsts.setdefault(key, i)
+    differs = whatif_groups.distinct_starts({key: _text(requests[i]) for key, i in firsts.items()})
     a.prefix_groups = whatif_groups.groups(
         keys, tokens, counted, ceiling_hits, by_policy,
-        lambda i: {"first_block": _first_block(requests[i], keys[i] is None), "example_line": requests[i].line},
+        lambda i: {"first_block": _first_block(requests[i], keys[i] is None, differs.get(keys[i], 0)),
+                   "example_line": requests[i].line},
         tags=kinds if tagged else None)
     if tagged:
         named = [k or "unknown" for k in kinds]

@@ -22,6 +22,19 @@ def turn_bucket(turn: int | None) -> str | None:
     return next((label for top, label in TURN_BUCKETS if turn <= top), "9+")
 
 
+def distinct_starts(texts: dict[Hashable, str]) -> dict[Hashable, int]:
+    """Where each text first differs from every other: the characters it shares with its
+    closest text (its neighbours in sorted order), so prompts that differ only in a
+    timestamp are told apart by the timestamp, not by the template they share."""
+    ordered = sorted(texts.items(), key=lambda kv: kv[1])
+    shared = lambda a, b: next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    out = {}
+    for n, (key, text) in enumerate(ordered):
+        near = [ordered[m][1] for m in (n - 1, n + 1) if 0 <= m < len(ordered)]
+        out[key] = max((shared(text, other) for other in near), default=0)
+    return out
+
+
 def groups(keys: Sequence[Hashable], tokens: Sequence[int], counted: Sequence[bool], ceiling_hits: Sequence[int],
            hits: dict[str, Sequence[int]], describe: Callable[[int], dict], top: int | None = TOP_GROUPS,
            tags: Sequence[str | None] | None = None) -> dict:
