@@ -97,7 +97,20 @@ TWO_TIERS = (("device", 0.30), ("external", 0.58))
     pytest.param(dict(ratio=0.03, events=(fleet(200),)), causes.UNKNOWN, id="deeper-than-the-fleet-explains"),
     pytest.param(dict(ratio=0.3, events=(fleet(200),), per_request=(700.0, 5000.0), per_request_before_fleet=(1500.0, 2580.0)),
                  causes.UNKNOWN, id="the-requests-changed-not-only-where-they-go"),
-    pytest.param(dict(ratio=0.3, events=(fleet(200, was=6, now=2),)), causes.UNKNOWN, id="fewer-replicas-explain-no-fall"),
+    pytest.param(dict(ratio=0.3, ratio_earlier=0.3, events=(fleet(200, was=6, now=2),)), causes.UNKNOWN,
+                 id="fewer-replicas-and-a-fall-that-does-not-refill"),
+    pytest.param(dict(ratio=0.3, ratio_earlier=0.2, events=(fleet(200, was=4, now=3, ratio_before=0.93),)),
+                 causes.REPLICAS_CHANGED, id="a-scale-in-under-hash-mod-routing-refills"),
+    pytest.param(dict(ratio=0.3, ratio_earlier=0.9, events=(fleet(30, was=4, now=3, ratio_before=0.93),)),
+                 causes.REPLICAS_CHANGED, id="a-scale-in-still-falling-at-first"),
+    pytest.param(dict(ratio=0.3, ratio_earlier=0.9, events=(ev("change_point", 45), fleet(30, was=4, now=3, ratio_before=0.93))),
+                 causes.REPLICAS_CHANGED, id="the-change-point-seen-before-the-new-count-is-its-fall"),
+    pytest.param(dict(ratio=0.02, ratio_earlier=0.9, events=(fleet(30, was=4, now=3, ratio_before=0.93), ev("api", 20))),
+                 causes.PROMPT_PREFIX_CHANGE, id="a-deploy-during-a-scale-in-is-a-deploy"),
+    pytest.param(dict(ratio=0.02, ratio_earlier=0.9, events=(ev("change_point", 40), fleet(30, was=4, now=3, ratio_before=0.93))),
+                 causes.PROMPT_PREFIX_CHANGE, id="a-collapse-at-a-scale-in-is-no-refill"),
+    pytest.param(dict(ratio=0.02, ratio_earlier=0.02, events=(ev("change_point", 240), fleet(200, was=3, now=4, ratio_before=0.93))),
+                 causes.PROMPT_PREFIX_CHANGE, id="flat-near-zero-after-the-grace-is-no-refill"),
     pytest.param(dict(ratio=0.03, events=(fleet(600), ev("api", 20))), causes.PROMPT_PREFIX_CHANGE,
                  id="a-deploy-after-the-scale-out-is-a-deploy"),
     pytest.param(dict(ratio=0.3, events=(fleet(200),), kv_usage_max=0.97), causes.EVICTION_PRESSURE,
@@ -122,6 +135,12 @@ def test_a_grown_fleet_says_when_and_what_routing_gets_it_back():
     _, why = classify(evidence(ratio=0.3, events=(fleet(200),)))
     assert "6 replicas since" in why and "(was 2)" in why and "the model hit 56% before" in why
     assert "prefix-hash or session-affinity routing" in why and "whatif --routing" in why
+
+
+def test_a_shrunk_fleet_says_which_prefixes_moved_and_that_they_refill():
+    _, why = classify(evidence(ratio=0.3, ratio_earlier=0.2, events=(fleet(200, was=4, now=3, ratio_before=0.93),)))
+    assert "3 replicas since" in why and "(was 4)" in why and "the model hit 93% before" in why
+    assert "replicas that left" in why and "refill" in why and "consistent hashing" in why
 
 
 def test_a_lost_tier_says_how_much_of_the_cache_it_carried():

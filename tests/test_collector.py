@@ -53,6 +53,32 @@ def test_derived_values_and_target_labels():
     assert {s.labels["target"] for s in fams["prefixcache_vllm_prefix_cache_queries"].samples} == {"vllm-0"}
 
 
+def test_token_rates_are_tokens_for_a_block_counting_target_too():
+    """vLLM 0.7.3-0.8.x counts lookups in blocks: its *_tokens_per_second were blocks per
+    second (16x too small beside the tokens of a newer pod; /api/v1/status already gave
+    tokens). The same traffic now exports about the same rates under either generation."""
+    from helpers import simulated_view
+    from exporter.serve.state import State
+
+    def rates(generation):
+        state = State()
+        view = simulated_view(generation=generation)
+        state.set_targets([view])
+        fams = {f.name: f for f in text_string_to_metric_families(exposition(state).decode())}
+        out = {name: {s.labels["window"]: s.value for s in fams[f"prefixcache_{name}_tokens_per_second"].samples}
+               for name in ("query", "hit", "recomputed")}
+        return out, view
+
+    blocks, view = rates("v0.8")
+    tokens, _ = rates("current")
+    assert view.stats["demo/llama-3-8b"]["5m"].unit == "blocks"  # no cache_config_info: 16 tokens a block, vLLM's default
+    for name in ("query", "hit", "recomputed"):
+        for window in ("1m", "5m"):
+            assert abs(blocks[name][window] / tokens[name][window] - 1.0) < 0.1, (name, window, blocks[name], tokens[name])
+    raw = view.stats["demo/llama-3-8b"]["5m"].query_rate  # the counter's own unit, still what the windows keep
+    assert blocks["query"]["5m"] == raw * 16
+
+
 def test_a_target_whose_engine_series_are_withheld_exports_the_rest():
     """A vLLM pod read from a Prometheus: the engine's own series are there already, so the
     `as_read` families are not exported again (most of them the TTFT histogram's buckets);

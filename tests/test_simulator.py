@@ -175,3 +175,18 @@ def test_kv_pressure_evicts_a_prompts_tail_first_as_vllm_and_whatif_do():
     whatif_pool = BlockPool(14, chained=True)
     hashes = {tuple(p): simulator._chain(p, (), 16) for p in (first, second)}
     assert [whatif_pool.serve(hashes[tuple(p)], len(p), 16) for p in (first, second, first)] == [0, 0, 6 * 16]
+
+
+def test_routes_with_affinity_move_the_sessions_their_kind_moves():
+    """A prefix hash modulo the replica count moves most sessions when a replica leaves;
+    consistent (rendezvous) hashing only the departed replica's; each session has one owner."""
+    from exporter.sim.simulator import Route
+    four, three = ("a", "b", "c", "d"), ("a", "b", "c")
+    for kind, kept_at_least, kept_at_most in (("hash_mod", 0.15, 0.4), ("consistent", 0.7, 0.8)):
+        owners4 = [Route(kind, "a", four).owner(s) for s in range(2000)]
+        owners3 = [Route(kind, "a", three).owner(s) for s in range(2000)]
+        kept = sum(o4 == o3 for o4, o3 in zip(owners4, owners3)) / 2000
+        assert kept_at_least <= kept <= kept_at_most, (kind, kept)
+        assert sorted(s for m in four for s in Route(kind, m, four).sessions(2000)) == list(range(2000))
+        if kind == "consistent":  # only the departed replica's sessions move
+            assert all(o4 == o3 for o4, o3 in zip(owners4, owners3) if o4 != "d")

@@ -149,3 +149,38 @@ def test_the_timestamp_incident_after_a_wake_is_still_caught():
     drop = firing([t for t in transitions if t["alertname"] == "PrefixCacheHitRateDropAfterDeploy"])
     assert {t["labels"]["target"] for t in drop} == {"vllm-0", "vllm-1"}
     assert all(t["labels"]["cause"] == "prompt_prefix_change" and t["t"] - (START + 1200) <= 30 for t in drop)
+
+
+# --- the replica count changed under routers with affinity (issue 56 item 1) --------------------
+RESCALE_AT, INCIDENT_IN_REFILL = 600.0, 660.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("routing, before, after", [("hash_mod", 4, 3), ("hash_mod", 3, 4), ("consistent", 4, 3), ("consistent", 3, 4)])
+def test_a_change_of_the_replica_count_under_routing_with_affinity_is_replicas_changed_never_a_page(routing, before, after):
+    """A scale-in of a fleet routed by a prefix hash modulo the replica count (4 -> 3: most
+    sessions move to a replica that never saw them) paged PrefixCacheHitRateDropAfterDeploy
+    critical with cause=prompt_prefix_change: the change point of the fall came before the
+    new count was seen, and a shrinking fleet explained no fall. In either direction and
+    under consistent hashing too, the ratio refills: nothing pages, what warns says
+    replicas_changed."""
+    transitions, engine, warnings = replay("rescale", duration=1500.0, at=RESCALE_AT, routing=routing, before=before, after=after)
+    assert warnings == []
+    fired = firing(transitions)
+    assert not [t for t in fired if t["labels"]["severity"] == "critical"], fired
+    assert {t["labels"]["cause"] for t in fired} <= {"replicas_changed"}, fired
+    # a drop alert the change point raised ends as the new count is seen, before its `for`
+    pending = [t for t in transitions if t["alertname"] == "PrefixCacheHitRateDropAfterDeploy" and t["state"] == "pending"]
+    assert all(t["t"] - (START + RESCALE_AT) <= 60 for t in pending)
+    (event,) = [e for e in engine.events if e.source == "replicas"]
+    assert event.replicas == (before, after) and 0.85 < event.ratio_before < 1.0
+
+
+@pytest.mark.slow
+def test_the_timestamp_incident_while_a_scale_in_refills_is_still_a_prompt_change_that_pages():
+    transitions, _, _ = replay("rescale", duration=1000.0, at=RESCALE_AT, routing="hash_mod", before=4, after=3,
+                               incident_at=INCIDENT_IN_REFILL)
+    drop = firing([t for t in transitions if t["alertname"] == "PrefixCacheHitRateDropAfterDeploy"])
+    assert {t["labels"]["target"] for t in drop} == {f"vllm-{i}" for i in range(3)}
+    assert all(t["labels"]["cause"] == "prompt_prefix_change" and t["labels"]["severity"] == "critical" for t in drop)
+    assert all(t["t"] - (START + INCIDENT_IN_REFILL) <= 45 for t in drop)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from ..series.blockindex import KVView
-from .deploys import REPLICAS, WAKE, DeployEvent
+from .deploys import CHANGE_POINT, REPLICAS, WAKE, DeployEvent
 from .warmth import cold_restart, is_warm_after
 
 PROMPT_PREFIX_CHANGE = "prompt_prefix_change"
@@ -24,7 +24,7 @@ TRAFFIC_MIX = "traffic_mix"  # as many tokens hit as before; more arrive that sh
 UNKNOWN = "unknown"
 ROUTING_INDEX_STALE = "routing_index_stale"  # the router predicts far more hits than the engines deliver
 CACHE_TIER_LOST = "cache_tier_lost"  # one cache tier (a KV connector, CPU offload) stopped serving while the others hold
-REPLICAS_CHANGED = "replicas_changed"  # more replicas of the model: each sees fewer of a conversation's turns
+REPLICAS_CHANGED = "replicas_changed"  # more or fewer replicas of the model: its prefixes are spread or moved
 CAUSES = (PROMPT_PREFIX_CHANGE, COLD_START, EVICTION_PRESSURE, CACHING_DISABLED, LOAD_BALANCER_SCATTER, INSTRUMENTATION,
           TRAFFIC_MIX, UNKNOWN, ROUTING_INDEX_STALE, CACHE_TIER_LOST, REPLICAS_CHANGED)
 
@@ -74,6 +74,12 @@ TIER_MIN_SHARE, TIER_LOST_LEFT, TIER_OTHERS_HELD = 0.1, 0.2, 0.8
 # most after/before; a fall well past that (FLEET_SLACK) is not the fleet, nor are requests
 # whose size changed (a query tokens per request outside PER_REQUEST_HELD of before)
 FLEET_SLACK, PER_REQUEST_HELD = 0.8, (0.8, 1.25)
+# the fleet is seen changing a few polls (and a discovery refresh) after the router moved the
+# traffic: a change point up to FLEET_LAG seconds before is that change's fall. Under routing
+# with affinity the moved prefixes refill: a ratio that climbs FLEET_CLIMB over the short window,
+# or, in the first FLEET_REFILL_GRACE seconds, keeps FLEET_COLLAPSED of its level before (a
+# prompt change loses nearly all of it at once), is the fleet's refill
+FLEET_LAG, FLEET_CLIMB, FLEET_REFILL_GRACE, FLEET_COLLAPSED = 120.0, 0.02, 180.0, 0.15
 PREEMPTED_SHARE = 0.05  # of requests preempted, for preemptions alone to be pressure
 SCATTER_LOW, SCATTER_HIGH, SCATTER_SPREAD = 0.1, 0.65, 0.15
 # hit tokens/s at least this share of before while query tokens/s grew this much: the
@@ -230,29 +236,47 @@ def tier_lost(e: Evidence) -> TierLoss | None:
 
 
 def replicas_changed(e: Evidence, recent, deploys) -> str:
-    """Why the fall is the model's fleet growing, or "": its replica count rose (an
-    event of every replica of the model), no deploy came after it, and the fall is no
-    deeper than spreading the turns over more replicas explains, with requests of the
-    same size as before."""
-    # a scale-out seen in steps (2 -> 4 -> 6, as discovery finds the pods) is one change
+    """Why the fall is the model's fleet changing size, or "": its replica count rose or
+    fell (an event of every replica of the model), no deploy came after it (a change point
+    that began up to FLEET_LAG before the new count was seen is that change's own fall),
+    requests of the same size as before, and a fall the change explains: under routing
+    without affinity, no deeper than spreading the turns over more replicas; under routing
+    with affinity (a prefix hash modulo the count, consistent hashing, sessions), the moved
+    prefixes are found nowhere at first and the ratio refills: it is climbing, or still
+    within FLEET_REFILL_GRACE of the change and not collapsed (a prompt change breaks
+    every prefix at once and stays down)."""
+    # a change seen in steps (2 -> 4 -> 6, as discovery finds the pods) is one change
     steps = [ev for ev in recent if ev.source == REPLICAS and ev.replicas is not None]
-    if not steps or any(d.t >= steps[0].t for d in deploys):
+    if not steps:
         return ""
     ev = steps[0]
-    was, now = ev.replicas[0], steps[-1].replicas[1]
-    if now <= was:
+    if any(d.t >= ev.t - (FLEET_LAG if d.source == CHANGE_POINT else 0.0) and not (d.source == CHANGE_POINT and d.t <= ev.t)
+           for d in deploys):
         return ""
-    if e.ratio is not None and ev.ratio_before is not None and e.ratio < ev.ratio_before * was / now * FLEET_SLACK:
-        return ""  # deeper than the fleet explains
+    was, now = ev.replicas[0], steps[-1].replicas[1]
+    if now == was:
+        return ""
     if e.per_request is not None and e.per_request_before_fleet is not None and e.per_request_before_fleet[1] > 0:
         low, high = PER_REQUEST_HELD
         if not low <= e.per_request[1] / e.per_request_before_fleet[1] <= high:
             return ""  # the requests changed, not only where they go
+    if e.ratio is not None and ev.ratio_before is not None:
+        spread = now > was and e.ratio >= ev.ratio_before * was / now * FLEET_SLACK
+        climbing = e.ratio_earlier is not None and e.ratio - e.ratio_earlier >= FLEET_CLIMB
+        early = e.now - ev.t <= FLEET_REFILL_GRACE and e.ratio >= ev.ratio_before * FLEET_COLLAPSED
+        if not (spread or climbing or early):
+            return ""  # deeper than the fleet explains, and not refilling
     since = datetime.fromtimestamp(ev.t, timezone.utc).strftime("%H:%M:%S")
     before = f" (the model hit {ev.ratio_before:.0%} before)" if ev.ratio_before is not None else ""
-    return (f"{now} replicas since {since} UTC (was {was}){before}: under routing without prefix or session affinity "
-            f"each replica sees 1/{now} of a conversation's turns and holds the rest of its context nowhere it is asked for; "
-            "prefix-hash or session-affinity routing gets the hits back (`whatif --routing` quantifies it)")
+    if now > was:
+        return (f"{now} replicas since {since} UTC (was {was}){before}: under routing without prefix or session affinity "
+                f"each replica sees 1/{now} of a conversation's turns and holds the rest of its context nowhere it is asked for; "
+                "prefix-hash or session-affinity routing gets the hits back (`whatif --routing` quantifies it); under a prefix "
+                "hash modulo the replica count the prefixes that moved refill the caches with their next requests")
+    return (f"{now} replicas since {since} UTC (was {was}){before}: the prefixes the router sent to the replicas that left "
+            "(under a prefix hash modulo the replica count, most of the others' too) are cached nowhere they are asked for now, "
+            "until their next requests refill the caches; consistent hashing moves only the departed replicas' share "
+            "(`whatif --routing` quantifies it)")
 
 
 def traffic_mix(e: Evidence) -> str:

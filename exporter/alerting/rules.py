@@ -19,7 +19,7 @@ from ..series.window import WindowStats, last_hit_time, stats_between
 from . import causes
 from .analysis import token_rates
 from ..parse import tiers
-from .deploys import REPLICAS, ChangePointSettings, DeployEvent
+from .deploys import CHANGE_POINT, REPLICAS, ChangePointSettings, DeployEvent
 from .rules_state import FALSE, INCONCLUSIVE, Condition
 from .warmth import cold_restart, is_warm_after
 
@@ -140,9 +140,11 @@ def rule_drop_after_deploy(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condit
     emptied = [e for e in f.events if e.is_restart and e.t >= ev.t - 1.0]
     if _in_cold_start(f, rc.cold_start_grace) or (emptied and not is_warm_after(emptied[-1], f.warm_since)):
         return FALSE  # the cache was emptied: a cold start, not (yet) a prompt change
-    if not anchored and any(e.source == REPLICAS and e.replicas is not None and e.replicas[1] > e.replicas[0] and e.t >= ev.t
-                            for e in f.events):
-        return FALSE  # the fleet grew since: before and after straddle it (the low-ratio rules judge that, replicas_changed)
+    fleet = [e for e in f.events if e.source == REPLICAS and e.replicas is not None and e.replicas[1] != e.replicas[0] and e.t >= ev.t]
+    if fleet and (not anchored or ev.source == CHANGE_POINT and fleet[0].t - ev.t <= causes.FLEET_LAG):
+        # the fleet grew or shrank since (a change point just before was its fall, seen before the new count):
+        # before and after straddle it (the low-ratio rules judge that, replicas_changed)
+        return FALSE
     baseline = stats_between(f.samples, f.model, ev.t - s.baseline, ev.t, 0.0, f.block_size)
     edge = max((x.t for x in f.samples if x.t <= ev.t), default=ev.t)
     start = max(edge - 1e-6, f.now - s.after)

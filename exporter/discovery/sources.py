@@ -192,13 +192,13 @@ class Discovery:
             return [t for s in self.states.values() for t in s.targets]
 
     def _ask(self, name: str, source) -> "_Ask | tuple[None, str] | None":
-        """The source's ask: the one in flight within its deadline (a refresh whose budget
-        ran out left it), else a new one on a thread of its own; an error where the one in
-        flight is past its deadline; None once closed."""
+        """The source's ask: the one a refresh whose budget ran out left, within its deadline
+        (in flight, or answered and not settled yet), else a new one on a thread of its own;
+        an error where the one in flight is past its deadline; None once closed."""
         previous = self._asking.get(name)
+        if previous is not None and not previous.taken and self.monotonic() - previous.began < source.deadline:
+            return previous  # left by a refresh out of budget: still asking, or answered since and not yet settled
         if previous is not None and previous.thread.is_alive():
-            if self.monotonic() - previous.began < source.deadline and not previous.taken:
-                return previous
             return None, f"{source.describe()}: the ask before this one is still unanswered after its {source.deadline:g}s deadline"
         ask = _Ask(self.monotonic())
         if previous is not None:

@@ -66,6 +66,14 @@ def hit_tokens(ws) -> float:
     return 0.0 if ws is None else max(0.0, _in_tokens(ws, ws.hit_increase))
 
 
+def token_rates(ws) -> tuple[float | None, float | None]:
+    """(query, hit) tokens per second of the lookup counters over the window: a block
+    counter's rate times the target's tokens per block (vLLM 0.7.3-0.8.x), so rates of a
+    mixed fleet add up in one unit; None where the window has no rate."""
+    size = getattr(ws, "block_size", None)
+    return tuple(None if r is None else tokens(r, ws.unit, size) for r in (ws.query_rate, ws.hit_rate))  # type: ignore[return-value]
+
+
 def lookup_ratio(ws) -> float | None:
     """The lookup counters' (GPU-local) ratio over the window, or None without a query."""
     if ws.hit_increase is None or not ws.query_increase:

@@ -107,8 +107,8 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in (
     _m("kv_restored_blocks_ratio", "gauge", "Of the blocks stored, the share removed from the cache shortly before (kv: evicted before their reuse).", "target"),
     # derived per window
     _m("hit_ratio", "gauge", "Token-weighted prefix-cache hit ratio increase(hits)/increase(queries), summed over engines, " + _W + "; absent below global.min_query_tokens.", "target", "model_name", "window"),
-    _m("query_tokens_per_second", "gauge", "Prefix-cache query tokens per second " + _W + " (blocks for 0.8.x targets).", "target", "model_name", "window"),
-    _m("hit_tokens_per_second", "gauge", "Prefix-cache hit tokens per second " + _W + " (blocks for 0.8.x targets).", "target", "model_name", "window"),
+    _m("query_tokens_per_second", "gauge", "Prefix-cache query tokens per second " + _W + " (a block-counting target's blocks times its block size).", "target", "model_name", "window"),
+    _m("hit_tokens_per_second", "gauge", "Prefix-cache hit tokens per second " + _W + " (a block-counting target's blocks times its block size).", "target", "model_name", "window"),
     _m("recomputed_tokens_per_second", "gauge", "Prompt tokens per second that missed the prefix cache and were prefilled again " + _W + ".", "target", "model_name", "window"),
     _m("admitted_hit_ratio", "gauge", "Token-weighted hit ratio from the admitted-prefill counters (vLLM 0.16+: local cache hits / prompt tokens, each request counted once when scheduled) " + _W + "; the rules judge it, with what other tiers brought, as prefixcache_effective_hit_ratio.", "target", "model_name", "window"),
     _m("effective_hit_ratio", "gauge", "Token-weighted hit ratio of every cache tier: prompt tokens served from the GPU prefix cache or brought by a KV connector or offload tier, over the prompt tokens queried, summed over engines, " + _W + "; from the admitted-prefill counters where the engine has them; the ratio the rules judge; absent below global.min_query_tokens.", "target", "model_name", "window"),
@@ -388,10 +388,9 @@ def label_names(reading: Reading) -> tuple[str, ...]:
 # derived per-window gauges: (metric, value or None); absent values are not exported
 _WINDOW_GAUGES_BEFORE_TTFT = (
     ("prefixcache_hit_ratio", lambda ws: ws.hit_ratio),
-    ("prefixcache_query_tokens_per_second", lambda ws: ws.query_rate),
-    ("prefixcache_hit_tokens_per_second", lambda ws: ws.hit_rate),
-    ("prefixcache_recomputed_tokens_per_second",
-     lambda ws: ws.query_rate - ws.hit_rate if ws.query_rate is not None and ws.hit_rate is not None else None),
+    ("prefixcache_query_tokens_per_second", lambda ws: hitratio.token_rates(ws)[0]),
+    ("prefixcache_hit_tokens_per_second", lambda ws: hitratio.token_rates(ws)[1]),
+    ("prefixcache_recomputed_tokens_per_second", lambda ws: _recomputed(*hitratio.token_rates(ws))),
     ("prefixcache_admitted_hit_ratio", lambda ws: ws.admitted_hit_ratio),
     ("prefixcache_effective_hit_ratio", lambda ws: ws.effective_hit_ratio),
     ("prefixcache_hit_ratio_disagreement",
@@ -404,6 +403,10 @@ _WINDOW_GAUGES_AFTER_TTFT = (
     ("prefixcache_ttft_change_per_10pt_hit_ratio_seconds", lambda ws: ws.ttft_per_10_points),
     ("prefixcache_kv_cache_usage_max_ratio", lambda ws: ws.kv_cache_usage_max),
 )
+
+
+def _recomputed(queries: float | None, hits: float | None) -> float | None:
+    return queries - hits if queries is not None and hits is not None else None
 
 
 def _ttft_totals(snap) -> dict[str, tuple[float, float]]:

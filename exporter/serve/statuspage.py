@@ -26,7 +26,7 @@ from ..alerting.rollouts import scope_text
 from ..alerting.rules_state import FIRING, PENDING, Alert
 from ..monitor.targetview import TargetView
 from ..series.samples import Samples
-from ..series.hitratio import shown_ratio, tier_shares, tiers_in_use
+from ..series.hitratio import shown_ratio, tier_shares, tiers_in_use, token_rates
 from ..series.window import WindowStats
 from .state import State
 
@@ -299,8 +299,7 @@ def _model_block(view: TargetView, model: str, windows: dict[str, WindowStats], 
         rows.append(row("hit ratio (lookup)", lambda ws: _pct(ws.hit_ratio)))
     rows.append(row("TTFT p50", lambda ws: _secs(ws.ttft_quantiles.get(0.5))))
     rows.append(row("TTFT p99", lambda ws: _secs(ws.ttft_quantiles.get(0.99))))
-    per = "blocks/s" if any(ws.unit == "blocks" for ws in ordered) else "tokens/s"
-    rows.append(row(f"query {per}", lambda ws: _num(ws.query_rate)))
+    rows.append(row("query tokens/s", lambda ws: _num(token_rates(ws)[0])))
     rows.append(row("KV-cache usage (max)", lambda ws: _pct(ws.kv_cache_usage_max)))
     mine = [a for a in alerts if a.target == view.target.name and a.model == model]
     badges = "".join(f'<li><span class="badge {_e(a.state)}">{_e(a.state)}</span> {_e(a.alertname)} · cause '

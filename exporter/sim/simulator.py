@@ -18,6 +18,7 @@ import json
 import math
 import random
 import threading
+import zlib
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Iterator, Sequence
@@ -45,7 +46,8 @@ class Event:
     "output_tokens", "request_rate", "kv_blocks", "hits_broken", "prefix_caching",
     "counter_bug" (None, or one of COUNTER_BUGS: vLLM's known bookkeeping bugs),
     "connector" (False: the KV connector's store is gone; True: back), "sleep" (the
-    sleep level, 1 or 2: vLLM's sleep mode, the KV cache discarded), "wake" (value ignored)."""
+    sleep level, 1 or 2: vLLM's sleep mode, the KV cache discarded), "wake" (value ignored),
+    "route" (a Route: which conversations the router sends this replica, or None: any)."""
 
     at: float
     what: str
@@ -72,6 +74,7 @@ class Scenario:
     # after the system prompt (Conversations, shared by the replicas); 0: single requests
     conversation_tokens: int = 0
     counter_bug: str | None = None  # see COUNTER_BUGS
+    route: "Route | None" = None  # which conversations this replica is sent; None: any (round robin)
     prompt: str = "static"
     events: tuple[Event, ...] = ()
     # TTFT model: seconds = base + per_uncached * uncached + per_cached * cached, x noise
@@ -142,6 +145,37 @@ class Conversations:
             turn = self.turns[session]
             self.turns[session] = turn + 1
             return turn
+
+
+@dataclass(frozen=True)
+class Route:
+    """How a router with affinity sends conversations (Conversations' sessions) over the
+    replicas `members`, as `me` sees it: "hash_mod", a hash of the session modulo the
+    replica count (most sessions move when the count changes), or "consistent", rendezvous
+    hashing (only the sessions of a replica that came or went move)."""
+
+    kind: str
+    me: str
+    members: tuple[str, ...]
+
+    def owner(self, session: int) -> str:
+        key = _mix(session)
+        if self.kind == "hash_mod":
+            return self.members[key % len(self.members)]
+        if self.kind == "consistent":
+            return max(self.members, key=lambda m: _mix(key ^ zlib.crc32(m.encode())))
+        raise ValueError(f"unknown routing {self.kind!r}")
+
+    def sessions(self, n: int) -> list[int]:
+        return [s for s in range(n) if self.owner(s) == self.me]
+
+
+def _mix(x: int) -> int:
+    """A 64-bit mix (splitmix64's finalizer): the same in every process, unlike hash()."""
+    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
 
 
 # --- a replica -------------------------------------------------------------------------
@@ -227,8 +261,10 @@ class Replica:
             "prompt": scenario.prompt, "output_tokens": scenario.output_tokens,
             "request_rate": scenario.request_rate, "kv_blocks": scenario.kv_blocks,
             "hits_broken": scenario.hits_broken, "prefix_caching": scenario.prefix_caching,
-            "counter_bug": scenario.counter_bug, "connector": True, "sleep": 0,
+            "counter_bug": scenario.counter_bug, "connector": True, "sleep": 0, "route": None,
         }
+        self._routed: list[int] | None = None  # the sessions the route sends here (None: any)
+        self._route(scenario.route)
         self._system = [self._system_prompt(k) for k in range(scenario.tenants)]
         self._chains: list[tuple[int, ...] | None] = [None] * scenario.tenants  # each tenant's block hashes, once
         self.sample: list[dict] | None = None  # set to a list to record the traffic as a whatif sample
@@ -287,10 +323,16 @@ class Replica:
             for engine in self.engines:  # both levels discard the KV cache; counters and the process live on
                 engine.pool.clear()
                 engine.kv_usage = 0.0
+        elif event.what == "route":
+            self._route(event.value)
         elif event.what in self._state:
             self._state[event.what] = event.value
         else:
             raise ValueError(f"unknown event {event.what!r}")
+
+    def _route(self, route: Route | None) -> None:
+        self._state["route"] = route
+        self._routed = route.sessions(self.conversations.sessions) if route is not None and self.conversations else None
 
     def _prompt_tokens(self, tenant: int, t: float, context: Sequence[int] = ()) -> list[int]:
         system = self._system[tenant]
@@ -337,7 +379,7 @@ class Replica:
         follows = None  # a conversation's next context: cached here once this turn is served
         if tokens is None:
             conv = self.conversations
-            session = self._rng.randrange(conv.sessions) if conv is not None else 0
+            session = 0 if conv is None else self._rng.choice(self._routed) if self._routed else self._rng.randrange(conv.sessions)
             tenant = self._rng.randrange(sc.tenants) if conv is None else session % sc.tenants
             context: list[int] = []
             if conv is not None:

@@ -1,6 +1,7 @@
 """The stories a fleet tells besides a deploy, as recordings (`record`'s format) that
-`backtest`, the tests and the demo share: a scale-out under round-robin routing, a cache
-tier lost, an engine put to sleep and woken. Each can carry the timestamp incident too,
+`backtest`, the tests and the demo share: a scale-out under round-robin routing, a change
+of the replica count under routers with affinity, a cache tier lost, an engine put to
+sleep and woken. Each can carry the timestamp incident too,
 for the tests that it is still caught in that setup.
 
 Times are seconds after `start`, the recording's first line; replicas that serve before
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from .simulator import Conversations, Event, Replica, Scenario
+from .simulator import Conversations, Event, Replica, Route, Scenario
 
 WARM = 900.0
 MODEL = "demo/llama-3-8b"
@@ -23,6 +24,7 @@ class Pod:
     scenario: Scenario  # its events count in seconds after the recording's start (shifted per pod below)
     started: float  # seconds after the recording's start its process started (negative: before it)
     seed: int
+    stopped: float | None = None  # seconds after the recording's start it was removed (a scale-in), or never
 
 
 def fleet_lines(pods: Sequence[Pod], start: float, duration: float, interval: float = 5.0,
@@ -42,7 +44,7 @@ def fleet_lines(pods: Sequence[Pod], start: float, duration: float, interval: fl
             at, target, version = events.pop(0)
             out.append({"t": start + at, "event": "deploy", "target": target, "version": version})
         for p, r in replicas:
-            if start + p.started <= t:
+            if start + p.started <= t and (p.stopped is None or t < start + p.stopped):
                 r.advance(t)
                 out.append({"t": t, "target": p.name, "body": r.render()})
     return out
@@ -91,6 +93,37 @@ def scale_out(start: float, duration: float, at: float, before: int = 2, after: 
     new = replace(base, request_rate=total_rate / after, events=_timestamp(incident_at))
     pods = [Pod(f"vllm-{i}", old, -WARM, 100 + i) for i in range(before)]
     pods += [Pod(f"vllm-{i}", new, at, 100 + i) for i in range(before, after)]
+    deploys = [(incident_at, None, "v42")] if incident_at is not None else []
+    return fleet_lines(pods, start, duration, interval, deploys, conv)
+
+
+ROUTINGS = ("round_robin", "hash_mod", "consistent")
+
+
+def rescale(start: float, duration: float, at: float, before: int = 4, after: int = 3, routing: str = "hash_mod",
+            total_rate: float = 4.0, sessions: int = 800, interval: float = 5.0, incident_at: float | None = None) -> list[dict]:
+    """Conversation turns over `before` replicas behind a router (ROUTINGS: round robin; a
+    hash of the session modulo the replica count, as prefix-hash routing without a ring
+    does; consistent hashing, as session affinity and ring-based prefix routers do); at
+    `at` the count becomes `after`: pods leave (a scale-in) or come cold (a scale-out), the
+    router spreads the same traffic over the new set, and each session whose owner changed
+    finds its context nowhere on its first turn there: the ratio falls and refills as the
+    sessions come back (every sessions / total_rate seconds each). No prompt changes."""
+    conv = Conversations(sessions=sessions, context_tokens=2000)
+    names = [f"vllm-{i}" for i in range(max(before, after))]
+    route = (lambda members, me: None) if routing == "round_robin" else \
+        (lambda members, me: Route(routing, me, tuple(members)))
+    pods = []
+    for i, name in enumerate(names):
+        events = _timestamp(incident_at)
+        base = replace(conversations(total_rate / before), tenants=10, kv_blocks=120000)
+        if i < before:
+            sc = replace(base, route=route(names[:before], name), events=events + (
+                (Event(at, "request_rate", total_rate / after), Event(at, "route", route(names[:after], name))) if i < after else ()))
+            pods.append(Pod(name, sc, -WARM, 100 + i, stopped=at if i >= after else None))
+        else:
+            pods.append(Pod(name, replace(base, request_rate=total_rate / after, route=route(names[:after], name), events=events),
+                            at, 100 + i))
     deploys = [(incident_at, None, "v42")] if incident_at is not None else []
     return fleet_lines(pods, start, duration, interval, deploys, conv)
 
