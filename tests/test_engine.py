@@ -619,3 +619,14 @@ def test_one_version_rolled_in_two_namespaces_makes_two_alerts_not_one():
     firing_ = [a for a in engine.active_alerts() if a.state == "firing" and a.version]
     assert sorted(dict(a.labels)["namespace"] for a in firing_) == ["prod", "staging"]
     assert {a.version for a in firing_} == {"v2"} and len({a.key for a in firing_}) == 2
+
+
+def test_staging_scaling_up_is_no_event_of_prod_s_replicas():
+    """Counted by model alone, staging's second replica was a `replicas` event of every
+    replica of the model, prod's too: the cause of prod's next drop, and its change point
+    kept quiet for the event's span."""
+    pods = {**TWO_NAMESPACES, "vllm-q4pbsphzf-uvwxy": ({"version": "q4pbsphzf", **STAGING}, 0.60, START + 300)}
+    engine, _ = serve_in_scopes(pods, until=400.0)
+    (grew,) = [e for e in engine.events if e.source == "replicas"]
+    assert grew.replicas == (1, 2) and dict(grew.scope) == STAGING
+    assert {n for n in engine.last_event_t if n} == {"vllm-q4pbsphzf-klmno", "vllm-q4pbsphzf-uvwxy"}
