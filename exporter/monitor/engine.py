@@ -461,8 +461,7 @@ class Engine:
                 else:
                     block = view.snapshot.block_size if view.snapshot else None
                     ws = stats_between(view.samples, model, max(now - window, warm_from), now, 0.0, block)
-            labels = dict(track.target.labels)
-            out.append(analysis.Member(name, labels.get(cfg.version_label), ws, cold, rollouts.scope_of(labels, cfg.scope_labels)))
+            out.append(analysis.Member(name, dict(track.target.labels).get(cfg.version_label), ws, cold, self._scope(track)))
         return out
 
     def analyze(self, now: float, model: str, version: str, baseline: str | None = None,
@@ -481,15 +480,14 @@ class Engine:
 
     def _version_starts(self) -> dict[rollouts.Key, dict[str, float]]:
         """(model, scope) -> version -> when its first replica there started."""
-        cfg = self.config.analysis
+        label = self.config.analysis.version_label
         out: dict[rollouts.Key, dict[str, float]] = {}
         for name, track in list(self.tracks.items()):
-            labels = dict(track.target.labels)
-            version = labels.get(cfg.version_label)
+            version = dict(track.target.labels).get(label)
             started = self._started(name, track.view)
             if version is None or started is None:
                 continue
-            scope = rollouts.scope_of(labels, cfg.scope_labels)
+            scope = self._scope(track)
             for model in track.view.stats:
                 starts = out.setdefault((model, scope), {})
                 starts[version] = min(starts.get(version, math.inf), started)
