@@ -619,3 +619,24 @@ def test_one_version_rolled_in_two_namespaces_makes_two_alerts_not_one():
     firing_ = [a for a in engine.active_alerts() if a.state == "firing" and a.version]
     assert sorted(dict(a.labels)["namespace"] for a in firing_) == ["prod", "staging"]
     assert {a.version for a in firing_} == {"v2"} and len({a.key for a in firing_}) == 2
+
+
+def test_staging_scaling_up_is_no_event_of_prod_s_replicas():
+    """Counted by model alone, staging's second replica was a `replicas` event of every
+    replica of the model, prod's too: the cause of prod's next drop, and its change point
+    kept quiet for the event's span."""
+    pods = {**TWO_NAMESPACES, "vllm-q4pbsphzf-uvwxy": ({"version": "q4pbsphzf", **STAGING}, 0.60, START + 300)}
+    engine, _ = serve_in_scopes(pods, until=400.0)
+    (grew,) = [e for e in engine.events if e.source == "replicas"]
+    assert grew.replicas == (1, 2) and dict(grew.scope) == STAGING
+    assert {n for n in engine.last_event_t if n} == {"vllm-q4pbsphzf-klmno", "vllm-q4pbsphzf-uvwxy"}
+
+
+def test_two_deployments_of_one_model_in_one_namespace_are_two_owners_not_a_rollout():
+    """"Any Deployment whose normal ratio sits 25 points below another serving the same model
+    gets a permanent critical": a second Deployment with args of its own, beside the first."""
+    pods = {"vllm-ngq2cd9wf-abcde": ({"version": "ngq2cd9wf", "namespace": "prod", "owner": "vllm"}, 0.89, START - 900),
+            "vllm-long-7c5d9b8f4-fghij": ({"version": "7c5d9b8f4", "namespace": "prod", "owner": "vllm-long"}, 0.60, START + 60)}
+    engine, transitions = serve_in_scopes(pods, until=600.0)
+    assert transitions == [] and not engine.rollouts
+    assert "no baseline" in engine.analyze(START + 600, "m", "7c5d9b8f4", None, {"namespace": "prod"}).reason

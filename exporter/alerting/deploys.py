@@ -42,6 +42,14 @@ class DeployEvent:
     model: str | None = None  # an event of one model's replicas (REPLICAS), else None
     replicas: tuple[int, int] | None = None  # REPLICAS: (before, after)
     ratio_before: float | None = None  # REPLICAS: the model's judged ratio over its replicas before the change
+    # REPLICAS: the scope whose replicas were counted ((label, value) of analysis.scope_labels): an
+    # event of those replicas only, staging's count is none of prod's business
+    scope: tuple[tuple[str, str], ...] = ()
+
+    def concerns(self, model: str, scope: tuple[tuple[str, str], ...]) -> bool:
+        """Whether the event is one of the replicas of `model` in `scope` (one that names no
+        model is every model's)."""
+        return self.model is None or (self.model == model and self.scope == scope)
 
     @property
     def is_restart(self) -> bool:
@@ -59,6 +67,8 @@ class DeployEvent:
         out = {"t": self.t, "target": self.target, "version": self.version, "source": self.source, "description": self.description}
         if self.model is not None:
             out["model"] = self.model
+        if self.scope:
+            out["scope"] = dict(self.scope)
         if self.replicas is not None:
             out["replicas"] = {"before": self.replicas[0], "after": self.replicas[1]}
         return out

@@ -38,10 +38,9 @@ from ..config.sections import Config, Target
 from ..parse import roles
 from ..parse.snapshot import Snapshot
 from ..series.history import History
-from ..series.hitratio import shown_ratio
 from ..series.samples import Samples
 from ..series.window import WindowStats, interval_sums, recent_intervals, stats_between, summarize
-from .fleetsize import ReplicaCounts
+from .fleetsize import ReplicaCounts, fleet_ratios
 from .targetview import TargetView
 
 # every sample of the last 5 minutes, one per 30 s to 15 minutes, one a minute to Config.anchored_seconds, then History.far_step
@@ -190,10 +189,10 @@ class Engine:
         self.events.append(event)
         key = (event.target or "", event.source)
         self.event_counts[key] = self.event_counts.get(key, 0) + 1
-        # an event of one model's replicas is each of theirs (a fleet-wide one would keep
-        # the change point of every other model quiet too)
+        # an event of one model's replicas (in one scope) is each of theirs (a fleet-wide one would
+        # keep the change point of every other model quiet too)
         targets = [event.target or ""] if event.model is None or event.target else \
-            [name for name, t in list(self.tracks.items()) if event.model in t.view.stats]
+            [name for name, t in list(self.tracks.items()) if event.model in t.view.stats and self._scope(t) == event.scope]
         # observe() reads these two without the poller's engine lock: replaced whole, never changed in place
         self.last_event_t = {**self.last_event_t, **{n: max(self.last_event_t.get(n, event.t), event.t) for n in targets}}
         if event.is_restart:
@@ -304,7 +303,8 @@ class Engine:
         rc = self.config.rules
         transitions: list[Transition] = []
         window_names = {secs: name for name, secs in self.config.global_.windows}
-        by_model = self._fleet_ratios()
+        scopes = {name: self._scope(track) for name, track in list(self.tracks.items())}
+        by_model = self._fleet_ratios(scopes)
         by_target: dict[str, list[DeployEvent]] = {}
         for e in events:
             by_target.setdefault(e.target or "", []).append(e)
@@ -316,20 +316,20 @@ class Engine:
             events_of[name] = tuple(sorted(mine, key=lambda e: e.t))
         evaluated: set[tuple] = set()  # the Alert.key of every alert evaluated
         references: dict[tuple[str, str], tuple[float, float]] = {}  # rebuilt: gone targets and models drop out
-        # per model, its fleet once (not a list of peers per target: that was quadratic in the targets)
-        fleets = {model: tuple(ratios) for model, ratios in by_model.items()}
-        with_events = {model: {other for other, _ in ratios if any(e.model is None or e.model == model for e in events_of.get(other, ()))}
-                       for model, ratios in by_model.items()}
+        # per model and scope, its fleet once (not a list of peers per target: that was quadratic in the targets)
+        fleets = {key: tuple(ratios) for key, ratios in by_model.items()}
+        with_events = {key: {other for other, _ in ratios if any(e.concerns(*key) for e in events_of.get(other, ()))}
+                       for key, ratios in by_model.items()}
         target_rules, model_rules = rules_to_run(rc)
         for name, track in list(self.tracks.items()):
             view = track.view
             # a decode pod's prompt arrives as KV from prefill pods: its ratio is near zero by design
             for model in [""] + ([] if self._decode(track) else sorted(view.stats)):
-                eventful = with_events.get(model, ()) if model else ()
-                mine = tuple(e for e in events_of[name] if e.model is None or e.model == model)
+                eventful = with_events.get((model, scopes[name]), ()) if model else ()
+                mine = tuple(e for e in events_of[name] if e.concerns(model, scopes[name]))
                 base = Facts(now=now, target=name, model=model, up=view.up, down_since=view.down_since,
                              snapshot=view.snapshot, samples=view.samples, stats=view.stats.get(model, {}),
-                             windows=window_names, events=mine, fleet_ratios=fleets.get(model, ()) if model else (),
+                             windows=window_names, events=mine, fleet_ratios=fleets.get((model, scopes[name]), ()) if model else (),
                              peers_had_events=len(eventful) > (name in eventful),
                              block_size=view.snapshot.block_size if view.snapshot else None,
                              ever_up=view.ever_up, last_error=view.last_error, fleet_baseline=self.fleet_baselines.get((name, model)),
@@ -366,14 +366,15 @@ class Engine:
     def _fleet_changes(self, now: float) -> list[DeployEvent]:
         """An event of every replica of a model whose replica count changed: targets that
         serve it appeared or went (configured or discovered)."""
-        serving: dict[str, list[str]] = {}
+        serving: dict[rollouts.Key, list[str]] = {}
         views = {}
         for name, track in list(self.tracks.items()):
             if track.router is not None or self._decode(track):
                 continue
             views[name] = track.view
+            scope = self._scope(track)
             for model in track.view.stats:
-                serving.setdefault(model, []).append(name)
+                serving.setdefault((model, scope), []).append(name)
         return self.replicas.changes(now, serving, views, self.config.rules.rules[HIT_RATE_LOW].window)
 
     def _hits_reference(self, name: str, model: str, view: TargetView,
@@ -460,8 +461,7 @@ class Engine:
                 else:
                     block = view.snapshot.block_size if view.snapshot else None
                     ws = stats_between(view.samples, model, max(now - window, warm_from), now, 0.0, block)
-            labels = dict(track.target.labels)
-            out.append(analysis.Member(name, labels.get(cfg.version_label), ws, cold, rollouts.scope_of(labels, cfg.scope_labels)))
+            out.append(analysis.Member(name, dict(track.target.labels).get(cfg.version_label), ws, cold, self._scope(track)))
         return out
 
     def analyze(self, now: float, model: str, version: str, baseline: str | None = None,
@@ -480,15 +480,14 @@ class Engine:
 
     def _version_starts(self) -> dict[rollouts.Key, dict[str, float]]:
         """(model, scope) -> version -> when its first replica there started."""
-        cfg = self.config.analysis
+        label = self.config.analysis.version_label
         out: dict[rollouts.Key, dict[str, float]] = {}
         for name, track in list(self.tracks.items()):
-            labels = dict(track.target.labels)
-            version = labels.get(cfg.version_label)
+            version = dict(track.target.labels).get(label)
             started = self._started(name, track.view)
             if version is None or started is None:
                 continue
-            scope = rollouts.scope_of(labels, cfg.scope_labels)
+            scope = self._scope(track)
             for model in track.view.stats:
                 starts = out.setdefault((model, scope), {})
                 starts[version] = min(starts.get(version, math.inf), started)
@@ -543,20 +542,16 @@ class Engine:
         else:
             self.alerts[key] = new
 
-    def _fleet_ratios(self) -> dict[str, list[tuple[str, float]]]:
-        """model -> [(target, judged hit ratio over the hit-rate rule's window)] (config
+    def _fleet_ratios(self, scopes: dict[str, analysis.Scope]) -> dict[rollouts.Key, list[tuple[str, float]]]:
+        """(model, scope) -> [(target, judged ratio over the hit-rate rule's window)] (config
         refuses a window the rule names that global.windows do not keep)."""
         seconds = self.config.rules.rules[HIT_RATE_LOW].window
-        name = next((n for n, s in self.config.global_.windows if s == seconds), None)
-        out: dict[str, list[tuple[str, float]]] = {}
-        for target, track in list(self.tracks.items()):
-            if self._decode(track):
-                continue
-            for model, windows in track.view.stats.items():
-                r = shown_ratio(windows.get(name)) if name else None
-                if r is not None:
-                    out.setdefault(model, []).append((target, r))
-        return out
+        views = {name: t.view for name, t in list(self.tracks.items()) if name in scopes and not self._decode(t)}
+        return fleet_ratios(views, scopes, next((n for n, s in self.config.global_.windows if s == seconds), None))
+
+    def _scope(self, track: Track) -> analysis.Scope:
+        """What owns the target (analysis.scope_labels): its replicas are its peers and its rollouts'."""
+        return rollouts.scope_of(dict(track.target.labels), self.config.analysis.scope_labels)
 
     def _describe(self, alert: Alert, cond: Condition, facts: Facts) -> Alert:
         """Labels and annotations from the evidence now. `step` calls this while an alert

@@ -304,7 +304,9 @@ def _model_block(view: TargetView, model: str, windows: dict[str, WindowStats], 
     mine = [a for a in alerts if a.target == view.target.name and a.model == model]
     badges = "".join(f'<li><span class="badge {_e(a.state)}">{_e(a.state)}</span> {_e(a.alertname)} · cause '
                      f'<strong>{_e(dict(a.labels).get("cause", "unknown"))}</strong></li>' for a in mine)
-    fleet = [d for d in deploys if d.get("source") == "replicas" and d.get("model") == model
+    labels = dict(view.target.labels)
+    fleet = [d for d in deploys if d.get("source") == "replicas" and d.get("model") == model  # of its scope's replicas
+             and all(labels.get(k) == v for k, v in (d.get("scope") or {}).items())
              and isinstance(d.get("t"), (int, float)) and 0 <= now - d["t"] <= TREND_SECONDS]
     note = (f'<p class="fleet">fleet: {_e(_clip(fleet[-1].get("description") or ""))} '
             f'<span class="dim">({_when(fleet[-1]["t"], now)})</span></p>') if fleet else ""
