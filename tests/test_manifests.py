@@ -1113,3 +1113,43 @@ def test_the_central_variant_never_blocks_a_drain_and_lets_in_and_out_only_what_
 
 def build_overlay_of(example: str) -> list[dict]:
     return _kustomize(DEPLOY / "examples" / example)
+
+
+def _doc_yaml_blocks(page: Path, containing: str) -> list[dict]:
+    import re
+    import textwrap
+    blocks = re.findall(r"^( *)```yaml\n(.*?)^\1```", page.read_text(), re.S | re.M)
+    return [yaml.safe_load(textwrap.dedent("\n".join(line[len(indent):] for line in body.splitlines())))
+            for indent, body in blocks if containing in body]
+
+
+def test_the_documented_central_configs_select_the_series_the_shipped_podmonitor_gives_the_vllm_pods():
+    """The central configs a user copies (the variant's own, docs/kubernetes.md's and
+    docs/configuration.md's, reading Prometheus or its targets) select by the labels the
+    shipped vLLM PodMonitor gives a pod: prometheus-operator's job `<namespace>/<name>`,
+    namespace and pod, then the PodMonitor's relabelings (job vllm). configuration.md said
+    `job: llm/vllm`, which nothing carries once that relabeling has run.
+    tests/test_central_operator.py plays the same on a real Prometheus."""
+    (monitor,) = [d for d in build("central") if d["kind"] == "PodMonitor" and d["metadata"]["name"] == "vllm"]
+    ns, name = monitor["metadata"]["namespace"], monitor["metadata"]["name"]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    operator = {"namespace": ns, "pod": "vllm-7f9c8d6b5-abcde", "container": "vllm", "job": f"{ns}/{name}",
+                "endpoint": endpoint["port"], "__meta_kubernetes_pod_label_pod_template_hash": "7f9c8d6b5"}
+    labels = {k: v for k, v in _relabel(endpoint["relabelings"], operator).items() if not k.startswith("__")}
+    assert labels["job"] == "vllm" and labels["version"] == "7f9c8d6b5"
+    configs = [("deploy/kubernetes/central/config.yml", yaml.safe_load((DEPLOY / "central" / "config.yml").read_text()))]
+    configs += [("docs/kubernetes.md", c) for c in _doc_yaml_blocks(KUBERNETES_DOC, "read_prometheus:")]
+    configs += [("docs/configuration.md", c) for c in _doc_yaml_blocks(ROOT / "docs" / "configuration.md", "match_labels:")]
+    selections = []
+    for where, config in configs:
+        for kind in ("prometheus", "read_prometheus"):
+            source = (config.get("discovery") or {}).get(kind)
+            if source:
+                selections.append((where, kind, source))
+    assert {(w, k) for w, k, _ in selections} >= {("deploy/kubernetes/central/config.yml", "prometheus"),
+                                                  ("docs/kubernetes.md", "read_prometheus"),
+                                                  ("docs/configuration.md", "prometheus"), ("docs/configuration.md", "read_prometheus")}
+    for where, kind, source in selections:
+        wanted = source.get("match_labels") or ({"job": source["job"]} if "job" in source else {})
+        assert wanted and wanted.items() <= labels.items(), (where, kind, wanted, labels)
+        assert source.get("target_label", "pod") in labels, (where, kind)
