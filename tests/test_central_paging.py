@@ -8,6 +8,7 @@ its own process, and a real Alertmanager pair in a cluster delivering to a webho
   the ratio is down, and the receiver is notified once for it.
 - A pod removed from Prometheus's targets leaves without a TargetDown; one still listed
   whose scrapes fail (up == 0) gets one."""
+import contextlib
 import json
 import signal
 import subprocess
@@ -143,6 +144,59 @@ def _epoch(rfc3339: str) -> float:
 RESEND = 5.0  # alertmanager.resend_interval: each send's endsAt is 4 of them ahead (20 s)
 
 
+INCIDENT_AFTER = 40.0  # seconds after the pods are first scraped: vllm-0's prompt gets a timestamp
+
+
+@contextlib.contextmanager
+def incident_with_an_alertmanager_pair(tmp_path: Path):
+    """vllm-0 and vllm-1 scraped by a real Prometheus every second, vllm-0's prompt getting a
+    timestamp INCIDENT_AFTER seconds in; two Alertmanagers in one cluster (joined before
+    this yields) delivering to a webhook. Yields (started, prometheus, the pair, the webhook);
+    everything is stopped after."""
+    started = time.time()
+    replicas = [simulator.Replica("vllm-0", simulator.incident(900.0 + INCIDENT_AFTER), start=started - 900.0, seed=1,
+                                  model_names=[MODEL]),
+                simulator.Replica("vllm-1", simulator.Scenario(), start=started - 900.0, seed=2, model_names=[MODEL])]
+    pods = Pods(tmp_path / "pods.json", replicas)
+    prom = Prometheus(tmp_path, [{"job_name": "vllm", "file_sd_configs": [{"files": [str(pods.path)], "refresh_interval": "1s"}]}])
+    hook = Webhook()
+    server = FakeServer({"/hook": hook}).__enter__()
+    ams = cluster_pair(tmp_path, server.base + "/hook", peer_timeout="3s")
+    try:
+        prom.start()
+        for am in ams:
+            am.start()
+        assert wait_for(lambda: all(len(requests.get(am.url + "/api/v2/status", timeout=5).json()["cluster"]["peers"]) == 2
+                                    for am in ams), timeout=30, step=0.5), "the Alertmanagers did not join one cluster"
+        yield started, prom, ams, hook
+    finally:
+        for am in ams:
+            am.stop()
+        prom.stop()
+        server.__exit__(None, None, None)
+        pods.fleet.stop()
+
+
+def paging_config(prom, ams) -> dict:
+    """A change point, as nobody announces the prompt's change; its reference window
+    shortened to the history a test gives it (the rest as shipped)."""
+    return central_config(prom.url, [am.url for am in ams], alertmanager={"resend_interval": f"{RESEND:g}s"},
+                          rules={"change_point": {"reference": "30s"}})
+
+
+def delivered(exporter: "Exporter") -> dict[str, float]:
+    """Alertmanager -> the POSTs to it that succeeded, as the exporter counts them on its /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+    text = requests.get(exporter.url + "/metrics", timeout=5).text
+    return {s.labels["alertmanager"]: s.value for f in text_string_to_metric_families(text)
+            if f.name == "prefixcache_alertmanager_notifications"
+            for s in f.samples if s.name.endswith("_total") and s.labels.get("result") == "success"}
+
+
+def firing(exporter: "Exporter", alertname: str = DROP) -> list[dict]:
+    return [a for a in exporter.alerts() if a["alertname"] == alertname and a["state"] == "firing"]
+
+
 def test_a_restart_of_the_central_exporter_mid_incident_keeps_the_one_page_firing_in_an_alertmanager_pair(tmp_path):
     """vllm-0's prompt gets a timestamp; the exporter pages (critical, prompt_prefix_change)
     to an Alertmanager pair; 2 s later it gets SIGTERM and a new process starts on the same
@@ -151,76 +205,82 @@ def test_a_restart_of_the_central_exporter_mid_incident_keeps_the_one_page_firin
     both Alertmanagers hold one alert, active at every look over the restart and past the
     last endsAt the old process could have sent; the receiver got one notification of
     its group, from one of the pair, never a resolved one."""
-    incident_after = 40.0  # seconds after the pods are first scraped: vllm-0's prompt gets a timestamp
-    started = time.time()
-    replicas = [simulator.Replica("vllm-0", simulator.incident(900.0 + incident_after), start=started - 900.0, seed=1,
-                                  model_names=[MODEL]),
-                simulator.Replica("vllm-1", simulator.Scenario(), start=started - 900.0, seed=2, model_names=[MODEL])]
-    pods = Pods(tmp_path / "pods.json", replicas)
-    prom = Prometheus(tmp_path, [{"job_name": "vllm", "file_sd_configs": [{"files": [str(pods.path)], "refresh_interval": "1s"}]}])
-    hook = Webhook()
-    server = FakeServer({"/hook": hook}).__enter__()
-    ams = cluster_pair(tmp_path, server.base + "/hook", peer_timeout="3s")
     exporter = None
-    try:
-        prom.start()
-        for am in ams:
-            am.start()
-        assert wait_for(lambda: all(len(requests.get(am.url + "/api/v2/status", timeout=5).json()["cluster"]["peers"]) == 2
-                                    for am in ams), timeout=30, step=0.5), "the Alertmanagers did not join one cluster"
-        # a change point, as nobody announces the prompt's change; its reference window
-        # shortened to the history a test gives it (the rest as shipped)
-        exporter = Exporter(tmp_path, central_config(prom.url, [am.url for am in ams],
-                                                     alertmanager={"resend_interval": f"{RESEND:g}s"},
-                                                     rules={"change_point": {"reference": "30s"}})).start()
+    with incident_with_an_alertmanager_pair(tmp_path) as (started, prom, ams, hook):
+        try:
+            exporter = Exporter(tmp_path, paging_config(prom, ams)).start()
+            assert wait_for(lambda: firing(exporter), timeout=INCIDENT_AFTER + 90, step=0.5), exporter.tail()
+            fired = time.time()
+            (page,) = firing(exporter)
+            labels = page["labels"]
+            assert (labels["cause"], labels["severity"], labels["target"]) == ("prompt_prefix_change", "critical", "vllm-0"), labels
+            assert wait_for(lambda: all(am_alerts(am, DROP) for am in ams), timeout=20, step=0.2), "the pair never held the page"
+            assert wait_for(lambda: hook.of(DROP), timeout=30, step=0.2), "no notification reached the receiver"
+            notified = time.time()
 
-        def firing_here() -> list[dict]:
-            return [a for a in exporter.alerts() if a["alertname"] == DROP and a["state"] == "firing"]
+            # the restart, mid-incident (a rollout of the exporter, a node drain): SIGTERM, then
+            # a new process on the same config and address
+            time.sleep(2)
+            stopped = time.time()
+            assert exporter.stop() == 0, exporter.tail()
+            exporter.start()
+            looks, refired = 0, None
+            last_old_ends = stopped + 4 * RESEND  # the latest endsAt the old process can have sent
+            while time.time() < last_old_ends + 3 * RESEND:
+                held = [am_alerts(am, DROP) for am in ams]
+                looks += 1
+                assert all(len(h) == 1 and h[0]["labels"] == labels for h in held), (time.time() - stopped, held, exporter.tail())
+                if refired is None and wait_for(lambda: firing(exporter), timeout=0.01):
+                    refired = time.time()
+                time.sleep(0.5)
+            assert refired is not None, exporter.tail()
+            (again,) = firing(exporter)
+            assert again["labels"] == labels
+            # sent by the new process: an endsAt the old one cannot have sent
+            assert all(_epoch(am_alerts(am, DROP)[0]["endsAt"]) > last_old_ends for am in ams)
+            said = [line for line in exporter.log.read_text().splitlines() if f"alert={DROP}" in line]
+            assert not [line for line in said if "state=pending" in line], said  # firing at its first evaluation
+            notifications = hook.of(DROP)
+            assert [n["status"] for _, n in notifications] == ["firing"], notifications  # once, by one of the pair
+            print(f"fired {fired - started:.1f}s after the pods' first scrape, the receiver notified {notified - fired:.1f}s "
+                  f"later; the new process firing {refired - stopped:.1f}s after SIGTERM; {looks} looks at both Alertmanagers "
+                  f"over {time.time() - stopped:.0f}s")
+        finally:
+            if exporter is not None:
+                exporter.stop()
 
-        assert wait_for(firing_here, timeout=incident_after + 90, step=0.5), exporter.tail()
-        fired = time.time()
-        (page,) = firing_here()
-        labels = page["labels"]
-        assert (labels["cause"], labels["severity"], labels["target"]) == ("prompt_prefix_change", "critical", "vllm-0"), labels
-        assert wait_for(lambda: all(am_alerts(am, DROP) for am in ams), timeout=20, step=0.2), "the pair never held the page"
-        assert wait_for(lambda: hook.of(DROP), timeout=30, step=0.2), "no notification reached the receiver"
-        notified = time.time()
 
-        # the restart, mid-incident (a rollout of the exporter, a node drain): SIGTERM, then
-        # a new process on the same config and address
-        time.sleep(2)
-        stopped = time.time()
-        assert exporter.stop() == 0, exporter.tail()
-        exporter.start()
-        looks, refired = 0, None
-        last_old_ends = stopped + 4 * RESEND  # the latest endsAt the old process can have sent
-        while time.time() < last_old_ends + 3 * RESEND:
-            held = [am_alerts(am, DROP) for am in ams]
-            looks += 1
-            assert all(len(h) == 1 and h[0]["labels"] == labels for h in held), (time.time() - stopped, held, exporter.tail())
-            if refired is None and wait_for(firing_here, timeout=0.01):
-                refired = time.time()
-            time.sleep(0.5)
-        assert refired is not None, exporter.tail()
-        (again,) = firing_here()
-        assert again["labels"] == labels
-        # sent by the new process: an endsAt the old one cannot have sent
-        assert all(_epoch(am_alerts(am, DROP)[0]["endsAt"]) > last_old_ends for am in ams)
-        said = [line for line in exporter.log.read_text().splitlines() if f"alert={DROP}" in line]
-        assert not [line for line in said if "state=pending" in line], said  # firing at its first evaluation
-        notifications = hook.of(DROP)
-        assert [n["status"] for _, n in notifications] == ["firing"], notifications  # once, by one of the pair
-        print(f"fired {fired - started:.1f}s after the pods' first scrape, the receiver notified {notified - fired:.1f}s "
-              f"later; the new process firing {refired - stopped:.1f}s after SIGTERM; {looks} looks at both Alertmanagers "
-              f"over {time.time() - stopped:.0f}s")
-    finally:
-        if exporter is not None:
-            exporter.stop()
-        for am in ams:
-            am.stop()
-        prom.stop()
-        server.__exit__(None, None, None)
-        pods.fleet.stop()
+def test_two_replicas_of_the_central_exporter_page_once_through_an_alertmanager_pair(tmp_path):
+    """docs/kubernetes.md says two replicas would each send every alert and Alertmanager
+    dedups them by their labels, none of which is the exporter's own. Two processes on one
+    config read the same Prometheus: each fires the page with the same labels, each
+    Alertmanager of the pair holds one alert of it, and the receiver is notified once.
+    Then one replica is evicted (SIGTERM): the page stays, the other's sends keep it."""
+    replicas = []
+    with incident_with_an_alertmanager_pair(tmp_path) as (started, prom, ams, hook):
+        try:
+            for i in range(2):
+                (tmp_path / f"replica-{i}").mkdir()
+                replicas.append(Exporter(tmp_path / f"replica-{i}", paging_config(prom, ams)).start())
+            assert wait_for(lambda: all(firing(r) for r in replicas), timeout=INCIDENT_AFTER + 90, step=0.5), \
+                [r.tail() for r in replicas]
+            pages = [firing(r)[0]["labels"] for r in replicas]
+            assert pages[0] == pages[1] and pages[0]["cause"] == "prompt_prefix_change", pages
+            assert wait_for(lambda: hook.of(DROP), timeout=30, step=0.2), "no notification reached the receiver"
+            notified = time.time()
+            # both delivered it, to both of the pair: the one notification is Alertmanager's dedup
+            assert wait_for(lambda: all(len(d) == 2 and min(d.values()) >= 1 for d in map(delivered, replicas)), timeout=20, step=0.5), \
+                [delivered(r) for r in replicas]
+            assert replicas[0].stop() == 0, replicas[0].tail()  # evicted
+            while time.time() < notified + 6 * RESEND:  # past the endsAt of the evicted one's last send, and the peers' timeout
+                held = [am_alerts(am, DROP) for am in ams]
+                assert all(len(h) == 1 and h[0]["labels"] == pages[0] for h in held), held
+                time.sleep(0.5)
+            assert [n["status"] for _, n in hook.of(DROP)] == ["firing"], hook.of(DROP)
+            print(f"both replicas fired and delivered; one notification {notified - started:.1f}s after the pods' first scrape")
+        finally:
+            for r in replicas:
+                r.stop()
 
 
 TARGET_DOWN = "PrefixCacheTargetDown"
