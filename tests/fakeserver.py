@@ -15,6 +15,9 @@ class FakeServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # headers and body go out in two writes: with Nagle's algorithm the body waited
+            # for the client's delayed ACK, 40 ms an answer on a kept-alive connection
+            disable_nagle_algorithm = True
 
             def log_message(self, *args):
                 pass

@@ -1066,3 +1066,132 @@ def test_the_central_variant_works_on_a_default_kube_prometheus_stack_and_is_siz
     (service,) = [d for d in docs if d["kind"] == "Service"]  # test_central_config_is_valid loads the config whole
     assert yaml.safe_load(cm["data"]["config.yml"])["web"]["external_url"] == \
         f"http://{service['metadata']['name']}.{service['metadata']['namespace']}.svc:9464/"
+
+
+# --- the central variant's PodDisruptionBudget and NetworkPolicy ---------------------------------
+def _peer_matches(peer: dict, own_namespace: str, namespace: str, ns_labels: dict, pod_labels: dict) -> bool:
+    """One `from`/`to` entry of a NetworkPolicy (pods only, no ipBlock) on a peer pod."""
+    if "namespaceSelector" in peer:
+        if not _selects(peer["namespaceSelector"], ns_labels):
+            return False
+    elif namespace != own_namespace:  # a podSelector alone: the policy's own namespace
+        return False
+    return _selects(peer.get("podSelector", {}), pod_labels)
+
+
+def network_allows(policy: dict, direction: str, namespace: str, pod_labels: dict, port: int, port_name: str = "",
+                   protocol: str = "TCP") -> bool:
+    """Whether `policy` lets the peer pod (in `namespace`, whose namespace carries the label
+    kubernetes.io/metadata.name as Kubernetes sets it) reach the selected pods (ingress),
+    or be reached by them (egress), on `port` (or the port of that name on the pod that
+    listens)."""
+    rules = policy["spec"].get("ingress" if direction == "ingress" else "egress", [])
+    key = "from" if direction == "ingress" else "to"
+    ns_labels = {"kubernetes.io/metadata.name": namespace}
+    for rule in rules:
+        peers = rule.get(key)
+        if peers and not any(_peer_matches(p, policy["metadata"]["namespace"], namespace, ns_labels, pod_labels) for p in peers):
+            continue
+        ports = rule.get("ports")
+        if not ports or any(p.get("protocol", "TCP") == protocol and p.get("port") in (port, port_name) for p in ports):
+            return True
+    return False
+
+
+# the pods that talk to the exporter on a default install of each, as their manifests label them
+KPS_PROMETHEUS = ("monitoring", {"app.kubernetes.io/name": "prometheus", "app.kubernetes.io/managed-by": "prometheus-operator",
+                                 "app.kubernetes.io/instance": "kube-prometheus-stack-prometheus",
+                                 "prometheus": "kube-prometheus-stack-prometheus"})  # prometheus-operator's pod labels
+KPS_ALERTMANAGER = ("monitoring", {"app.kubernetes.io/name": "alertmanager", "app.kubernetes.io/managed-by": "prometheus-operator",
+                                   "alertmanager": "kube-prometheus-stack-alertmanager"})
+ARGO_ROLLOUTS = ("argo-rollouts", {"app.kubernetes.io/name": "argo-rollouts", "app.kubernetes.io/component": "rollouts-controller"})
+FLAGGER = ("istio-system", {"app.kubernetes.io/name": "flagger", "app.kubernetes.io/instance": "flagger"})  # its chart's labels
+KUBE_DNS = ("kube-system", {"k8s-app": "kube-dns"})
+
+
+def test_the_central_variant_never_blocks_a_drain_and_lets_in_and_out_only_what_it_talks_to():
+    """Issue 54: a PodDisruptionBudget that lets a drain evict the one replica, and a
+    NetworkPolicy: in, Prometheus's scrape and the rollout controllers' gate calls on the
+    exporter's port, nothing else; out, Prometheus and Alertmanager on their configured
+    ports, the vLLM pods the PodMonitor scrapes, DNS. The manifests' examples of Argo and
+    Flagger (built on this variant) call the same port."""
+    from urllib.parse import urlsplit
+    docs = build("central")
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    (budget,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    assert _selects(budget["spec"]["selector"], pod_labels)
+    assert "minAvailable" not in budget["spec"] and budget["spec"]["maxUnavailable"] >= 1  # a drain can evict it
+    assert budget["spec"]["maxUnavailable"] < max(2, deployment["spec"]["replicas"])  # one at a time when there are two
+
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    assert _selects(policy["spec"]["podSelector"], pod_labels) and set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+    (port,) = deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
+    listens = (port["containerPort"], port["name"])
+    for peer in (KPS_PROMETHEUS, ARGO_ROLLOUTS, FLAGGER):
+        assert network_allows(policy, "ingress", *peer, *listens), peer
+    gate_ports = {urlsplit(u).port for u in gate_urls(build_overlay_of("argo-rollouts") + build_overlay_of("flagger"))}
+    assert gate_ports == {port["containerPort"]}
+    for stranger in (("llm", {"app.kubernetes.io/name": "vllm"}), ("monitoring", {"app.kubernetes.io/name": "grafana"}),
+                     ("default", {"app": "anything"})):
+        assert not network_allows(policy, "ingress", *stranger, *listens), stranger
+    assert not network_allows(policy, "ingress", *KPS_PROMETHEUS, 8000, "http")  # only the exporter's port
+
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and "config.yml" in d.get("data", {})]
+    config = yaml.safe_load(cm["data"]["config.yml"])
+    prometheus_port = urlsplit(config["discovery"]["prometheus"]["url"]).port
+    assert network_allows(policy, "egress", *KPS_PROMETHEUS, prometheus_port)
+    for url in config["alertmanager"]["urls"]:
+        assert network_allows(policy, "egress", *KPS_ALERTMANAGER, urlsplit(url).port)
+    (monitor,) = [d for d in docs if d["kind"] == "PodMonitor" and d["metadata"]["name"] == "vllm"]
+    vllm_pod = {**monitor["spec"]["selector"]["matchLabels"], "pod-template-hash": "7f9c8d6b5"}
+    assert network_allows(policy, "egress", deployment["metadata"]["namespace"], vllm_pod, 8000,
+                          monitor["spec"]["podMetricsEndpoints"][0]["port"])
+    for protocol in ("UDP", "TCP"):
+        assert network_allows(policy, "egress", *KUBE_DNS, 53, protocol=protocol)
+    for elsewhere in (("default", {"component": "apiserver"}, 443), ("other", {"app.kubernetes.io/name": "vllm"}, 8000)):
+        assert not network_allows(policy, "egress", *elsewhere, "http"), elsewhere  # no API server, no other namespace's pods
+
+
+def build_overlay_of(example: str) -> list[dict]:
+    return _kustomize(DEPLOY / "examples" / example)
+
+
+def _doc_yaml_blocks(page: Path, containing: str) -> list[dict]:
+    import re
+    import textwrap
+    blocks = re.findall(r"^( *)```yaml\n(.*?)^\1```", page.read_text(), re.S | re.M)
+    return [yaml.safe_load(textwrap.dedent("\n".join(line[len(indent):] for line in body.splitlines())))
+            for indent, body in blocks if containing in body]
+
+
+def test_the_documented_central_configs_select_the_series_the_shipped_podmonitor_gives_the_vllm_pods():
+    """The central configs a user copies (the variant's own, docs/kubernetes.md's and
+    docs/configuration.md's, reading Prometheus or its targets) select by the labels the
+    shipped vLLM PodMonitor gives a pod: prometheus-operator's job `<namespace>/<name>`,
+    namespace and pod, then the PodMonitor's relabelings (job vllm). configuration.md said
+    `job: llm/vllm`, which nothing carries once that relabeling has run.
+    tests/test_central_operator.py plays the same on a real Prometheus."""
+    (monitor,) = [d for d in build("central") if d["kind"] == "PodMonitor" and d["metadata"]["name"] == "vllm"]
+    ns, name = monitor["metadata"]["namespace"], monitor["metadata"]["name"]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    operator = {"namespace": ns, "pod": "vllm-7f9c8d6b5-abcde", "container": "vllm", "job": f"{ns}/{name}",
+                "endpoint": endpoint["port"], "__meta_kubernetes_pod_label_pod_template_hash": "7f9c8d6b5"}
+    labels = {k: v for k, v in _relabel(endpoint["relabelings"], operator).items() if not k.startswith("__")}
+    assert labels["job"] == "vllm" and labels["version"] == "7f9c8d6b5"
+    configs = [("deploy/kubernetes/central/config.yml", yaml.safe_load((DEPLOY / "central" / "config.yml").read_text()))]
+    configs += [("docs/kubernetes.md", c) for c in _doc_yaml_blocks(KUBERNETES_DOC, "read_prometheus:")]
+    configs += [("docs/configuration.md", c) for c in _doc_yaml_blocks(ROOT / "docs" / "configuration.md", "match_labels:")]
+    selections = []
+    for where, config in configs:
+        for kind in ("prometheus", "read_prometheus"):
+            source = (config.get("discovery") or {}).get(kind)
+            if source:
+                selections.append((where, kind, source))
+    assert {(w, k) for w, k, _ in selections} >= {("deploy/kubernetes/central/config.yml", "prometheus"),
+                                                  ("docs/kubernetes.md", "read_prometheus"),
+                                                  ("docs/configuration.md", "prometheus"), ("docs/configuration.md", "read_prometheus")}
+    for where, kind, source in selections:
+        wanted = source.get("match_labels") or ({"job": source["job"]} if "job" in source else {})
+        assert wanted and wanted.items() <= labels.items(), (where, kind, wanted, labels)
+        assert source.get("target_label", "pod") in labels, (where, kind)

@@ -561,6 +561,7 @@ def test_a_read_goes_part_by_part_and_a_failed_part_waits_for_the_next_read():
         raw["discovery"]["read_prometheus"]["partitions"] = 2
         state = State()
         poller = Poller(load(raw), state, clock=lambda: now)
+        poller.reader.stepped = 0.0  # the read back's slices of a regular reach: its last `for` a second at a time is another test's
         try:
             poller.read()
             assert [v.target.name for v in state.targets() if v.up] == ["vllm-a"]
@@ -614,6 +615,7 @@ def test_a_long_read_is_asked_in_slices_of_a_regular_reads_reach_and_feeds_every
         poller = Poller(load(raw), state, clock=lambda: clock[0])
         assert poller.reader.read_back == load(raw).anchored_seconds + 60  # what the rules look back on (read back on a restart)
         poller.reader.read_back = 300.0  # 5 minutes here: the slicing is what this test is about
+        poller.reader.stepped = 0.0  # and no tail stepped at poll_interval (the next test's)
         try:
             poller.read()
             assert len(asked) == 7 and [a for a, _ in asked] == sorted(a for a, _ in asked) and asked[-1][0] == now
@@ -628,6 +630,30 @@ def test_a_long_read_is_asked_in_slices_of_a_regular_reads_reach_and_feeds_every
             assert dict(state.target("vllm-a").scrapes)["success"] == len(bodies)
         finally:
             poller.stop(0.5)
+
+
+def test_a_read_back_steps_its_last_for_a_poll_interval_at_a_time_and_the_rest_in_a_regular_reads_reach():
+    """The slices of a read back meet end to end, oldest first, up to now: those of the
+    last `stepped` seconds (whole poll intervals) one interval each, as the live rules were
+    evaluated, the time before in spans of about a regular read's reach (45 s at 15 s).
+    By default `stepped` is the longest `for` or keep_firing_for of the enabled rules."""
+    from exporter.poll.promread import PrometheusReader
+    cfg = load(read_config("http://prometheus:9090"))
+    assert cfg.rules.longest_hold == 300.0  # router_prediction_gap's `for`
+    off = load({**read_config("http://prometheus:9090"), "rules": {"router_prediction_gap": {"enabled": False}}})
+    assert off.rules.longest_hold == 180.0  # counters_disagree's
+    reader = PrometheusReader(cfg.discovery, 15.0, 2160.0, cfg.rules.longest_hold)
+    try:
+        for reach, stepped, coarse, fine in ((300.0, 60.0, 5, 4), (300.0, 0.0, 7, 0), (2160.0, 300.0, 41, 20), (45.0, 300.0, 0, 3),
+                                             (300.0, 20.0, 6, 1)):
+            cuts = reader.slices(20_000.0, reach, stepped)
+            assert len(cuts) == coarse + fine, (reach, stepped, cuts)
+            assert [span for _, span in cuts[coarse:]] == [15.0] * fine
+            assert all(40.0 <= span <= 50.0 for _, span in cuts[:coarse])
+            assert cuts[-1][0] == 20_000.0 and abs(cuts[0][0] - cuts[0][1] - (20_000.0 - reach)) < 1e-6
+            assert all(abs(b_at - b_span - a_at) < 1e-6 for (a_at, _), (b_at, b_span) in zip(cuts, cuts[1:]))
+    finally:
+        reader.close()
 
 
 def test_a_read_reaches_30_s_past_the_last_one_and_back_to_a_lagging_fleets_next_scrapes():
@@ -847,7 +873,7 @@ def test_a_long_reads_slices_count_a_pods_dropped_labels_once():
         raw["global"]["poll_interval"] = "15s"
         state = State()
         poller = Poller(load(raw), state, clock=lambda: clock[0])
-        poller.reader.read_back = 300.0  # 5 minutes: 7 slices
+        poller.reader.read_back, poller.reader.stepped = 300.0, 0.0  # 5 minutes: 7 slices
         try:
             poller.read()
             (source,) = [s for s in state.published.discovery if s.name == "read_prometheus"]
@@ -1280,11 +1306,19 @@ def _history_prometheus(bodies: dict[float, str], pod_labels: dict[str, str]):
     from urllib.parse import parse_qs, urlsplit
     from fakeserver import FakeServer, reply
 
+    parsed: dict[float, list] = {}  # scrape time -> its series, each body parsed once: a read back asks for each many times
+
     def query(h):
         q = parse_qs(urlsplit(h.path).query)
         at, span = float(q["time"][0]), float(re.search(r"\[(\d+)s\]$", q["query"][0]).group(1))
-        inside = {t: b for t, b in bodies.items() if at - span < t <= at}
-        reply(h, 200, _compact(answer_of(inside, pod_labels)))
+        series: dict[tuple, list] = {}
+        for t in sorted(t for t in bodies if at - span < t <= at):
+            if t not in parsed:
+                parsed[t] = answer_of({t: bodies[t]}, pod_labels)["data"]["result"]
+            for s in parsed[t]:
+                series.setdefault(tuple(sorted(s["metric"].items())), []).extend(s["values"])
+        reply(h, 200, _compact({"status": "success", "data": {"resultType": "matrix",
+                                                              "result": [{"metric": dict(k), "values": v} for k, v in series.items()]}}))
     return FakeServer({"/api/v1/query": query})
 
 
@@ -1323,6 +1357,49 @@ def test_a_restart_of_ours_mid_incident_reads_back_the_baseline_and_the_page_is_
             assert alert.baseline is not None and alert.baseline > 0.6 and alert.value < 0.2
         finally:
             poller.stop(0.5)
+
+
+@pytest.mark.parametrize("after", [0.0, 15.0, 30.0, 60.0])
+def test_a_restart_just_after_the_page_fired_finds_it_firing_at_the_first_evaluation_as_the_live_rules_had_it(after):
+    """The live exporter fired the page; a restart `after` seconds later reads back. Its
+    rules stepped only at the ends of slices of a regular read's reach (45 s at 15 s), a
+    condition that began within the last slice went pending at the first live evaluation
+    and fired `for` later: the page pending again after a restart 2 s after it fired (a
+    real Prometheus and exporter process, tests/test_central_paging.py). The last
+    `for` of the read back is stepped at poll_interval, as the live rules ran."""
+    t0 = 60_000.0
+    replica = simulator.Replica("vllm-a", simulator.incident(300.0 + 480.0, request_rate=5.0), start=t0 - 300, seed=5,
+                                model_names=[MODEL])
+    bodies = {}
+    for k in range(1, 61):  # every 15 s of 15 minutes; the prompt changes at 8 minutes
+        replica.advance(t0 + 15 * k)
+        bodies[t0 + 15 * k] = replica.render()
+
+    def drops(poller):
+        return {a.state: dict(a.labels) for a in poller.engine.alerts.values() if a.alertname == "PrefixCacheHitRateDropAfterDeploy"}
+
+    with _history_prometheus(bodies, {"job": "vllm", "pod": "vllm-a"}) as prom:
+        raw = read_config(prom.base)
+        raw["global"].update(poll_interval="15s", min_query_tokens=1000)
+        clock = [t0 + 420.0]
+        live = Poller(load(raw), State(), clock=lambda: clock[0])
+        try:
+            while "firing" not in drops(live) and clock[0] < t0 + 900:
+                live.read()
+                live.evaluate()
+                clock[0] += 15
+            fired = clock[0] - 15
+            assert "firing" in drops(live) and fired > t0 + 480, (fired - t0, drops(live))
+        finally:
+            live.stop(0.5)
+        clock[0] = fired + after
+        restarted = Poller(load(raw), State(), clock=lambda: clock[0])
+        try:
+            restarted.read()
+            restarted.evaluate()
+            assert drops(restarted) == {"firing": drops(live)["firing"]}
+        finally:
+            restarted.stop(0.5)
 
 
 # --- samples at times a range selector never answers, values out of order -----------------------

@@ -420,3 +420,44 @@ def test_a_targets_kv_events_show_where_the_prompt_changes_and_who_computes_agai
     assert not {tag for tag, _ in parsed.tags} & {"script", "img", "iframe"}
     assert "KV events: connected" in parsed.all_text and "2 received, 1 lost" in parsed.all_text
     assert parsed.all_text.count(HOSTILE[0]) >= 3 and "tenant-b" in parsed.all_text
+
+
+@pytest.mark.slow
+def test_a_restarted_scraping_sidecar_says_on_its_page_in_its_status_and_its_log_that_it_knows_nothing_from_before(tmp_path):
+    """Direct (sidecar) mode restarted mid-incident: unlike central mode it has no
+    Prometheus to read the baseline back from. The new process says so where an on-call
+    looks: the status page, /api/v1/status and the start's log line."""
+    import signal
+    import sys
+
+    import requests
+
+    from exporter.poll.promread import SCRAPED_SINCE_START
+
+    from conftest import free_port, wait_for
+    from fakeserver import FakeServer, reply
+    from helpers import CounterPod
+
+    pod = CounterPod(time.time() - 900)
+    root = Path(__file__).resolve().parent.parent
+    port = free_port()
+    with FakeServer({"/metrics": lambda h: reply(h, 200, pod.body(0.8, 5000.0).encode())}) as vllm:
+        config = tmp_path / "sidecar.yml"
+        config.write_text(json.dumps({"global": {"poll_interval": "1s", "jitter": "0s", "connect_timeout": "500ms", "read_timeout": "1s"},
+                                      "targets": [{"name": "vllm-0", "url": vllm.base + "/metrics"}]}))
+        base = f"http://127.0.0.1:{port}"
+        for run in (1, 2):  # the first process, then the restart
+            log = tmp_path / f"sidecar-{run}.log"
+            proc = subprocess.Popen([sys.executable, "-m", "exporter", "run", f"--config.file={config}",
+                                     f"--web.listen-address=127.0.0.1:{port}", "--log.level=info"], cwd=root, stderr=open(log, "w"))
+            try:
+                assert wait_for(lambda: requests.get(base + "/api/v1/status", timeout=5).json()["targets"][0]["up"], 30, 0.2), \
+                    log.read_text()
+                status = requests.get(base + "/api/v1/status", timeout=5).json()
+                page = requests.get(base + "/", timeout=5).text
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                assert proc.wait(timeout=30) == 0, log.read_text()
+        assert status["samples_source"] == SCRAPED_SINCE_START
+        assert SCRAPED_SINCE_START in page.replace("&#x27;", "'")
+        assert SCRAPED_SINCE_START in log.read_text()  # the restart's own log, at its start

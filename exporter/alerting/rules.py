@@ -82,6 +82,12 @@ class RulesConfig:
         engine keeps from when the last hit was recent."""
         return self.event_lookback + max((s.baseline or 0.0 for s in self.rules.values()), default=0.0)
 
+    @property
+    def longest_hold(self) -> float:
+        """The longest an alert's state rests on evaluations past: a rule's `for` (pending
+        before firing) or keep_firing_for, of the enabled rules."""
+        return max((max(s.for_, s.keep_firing_for) for s in self.rules.values() if s.enabled), default=0.0)
+
 
 # --- facts and conditions ----------------------------------------------------------------------
 @dataclass(frozen=True)

@@ -410,8 +410,8 @@ class Poller:
             old.close()
         if self.scheduler.get_job("read"):
             self.scheduler.remove_job("read")
-        self.reader = PrometheusReader(config.discovery, config.global_.poll_interval, config.anchored_seconds + 60.0) if \
-            config.discovery.read_prometheus else None
+        self.reader = PrometheusReader(config.discovery, config.global_.poll_interval, config.anchored_seconds + 60.0,
+                                       config.rules.longest_hold) if config.discovery.read_prometheus else None
         if self.reader is not None and old is not None:
             self.reader.carry_over(old)  # what was read stays read: a reload never feeds a pod's samples twice
         if self.reader is None:

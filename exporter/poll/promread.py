@@ -50,7 +50,7 @@ FUTURE_SLACK = 1.0
 
 
 class PrometheusReader:
-    def __init__(self, cfg: DiscoveryConfig, poll_interval: float, read_back: float = MAX_RANGE):
+    def __init__(self, cfg: DiscoveryConfig, poll_interval: float, read_back: float = MAX_RANGE, stepped: float = 0.0):
         read = cfg.read_prometheus
         assert read is not None
         self.cfg = cfg
@@ -61,6 +61,9 @@ class PrometheusReader:
         # the middle of an incident judges it against the baseline from before it, from the
         # history Prometheus holds, instead of resolving the page
         self.read_back = max(read_back, MAX_RANGE)
+        # the last this many seconds of a read back are read and evaluated a poll_interval at
+        # a time, as the live rules ran: the longest `for` or keep_firing_for of a rule
+        self.stepped = stepped
         self.backfilling = False  # a read back is being stepped through: the live evaluation waits
         self.limits = Limits(cfg.target_limit, cfg.label_limit, cfg.label_value_length_limit)
         self.api = PrometheusAPI(read.url, read.timeout, read.bearer_token, read.username, read.password,
@@ -146,7 +149,7 @@ class PrometheusReader:
         """The next read is the first (or the first of a new selection): it reads back."""
         return self.last_read is None or self.reselected
 
-    def slices(self, now: float, reach: float) -> list[tuple[float, float]]:
+    def slices(self, now: float, reach: float, stepped: float = 0.0) -> list[tuple[float, float]]:
         """(evaluation time, range) of the queries a read asks of each part, oldest first. A
         read that reaches further back than a regular one (the first reads back what the
         rules look back on, one after failures up to 5 minutes) is asked in spans of about a regular read's reach, so that
@@ -155,11 +158,21 @@ class PrometheusReader:
         part and peaked at 1.41-1.48 GB (880-930 MB once running). Each range reaches back
         to the evaluation time of the one before (both ends are in a range before
         Prometheus 3, the start is out from 3 on): the spans meet, and a sample on an edge,
-        read twice, is left out the second time as every sample already read is."""
+        read twice, is left out the second time as every sample already read is.
+        The last `stepped` seconds (whole poll intervals) are spans of one poll interval:
+        a read back steps the rules at each span's end, and an alert whose condition began
+        within the last span of a regular read's reach went pending only at the live
+        evaluation after a restart (a restart 2 s after a page: pending again, firing
+        `for` later, and resolved by Alertmanager where endsAt came first)."""
         regular = max(self.poll_interval + MARGIN, 2 * self.poll_interval)
-        count = max(1, round(reach / regular))
-        span = reach / count
-        return [(now - reach + k * span, span) for k in range(1, count + 1)]
+        steps = int(min(stepped, reach) / self.poll_interval + 1e-9)
+        fine = steps * self.poll_interval
+        cuts = []
+        if reach - fine > 1e-6:
+            count = max(1, round((reach - fine) / regular))
+            span = (reach - fine) / count
+            cuts = [(now - reach + k * span, span) for k in range(1, count + 1)]
+        return cuts + [(now - fine + k * self.poll_interval, self.poll_interval) for k in range(1, steps + 1)]
 
     def parts(self) -> list[str]:
         return promseries.partitions(self.read.target_label, self.read.partitions)
@@ -455,7 +468,7 @@ def _read_slices(poller, reader: PrometheusReader, now: float, reach: float, rea
     reader.dropped.clear()
     reader.present.clear()
     polled = None  # (the poller.current it was taken at, ours, by_pod): 10,000 pods' maps, made again only on a change
-    cuts = reader.slices(now, reach)
+    cuts = reader.slices(now, reach, reader.stepped if reading_back else 0.0)
     for k, (at, span) in enumerate(cuts):
         for part in reader.parts():
             try:
