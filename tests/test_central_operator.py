@@ -60,6 +60,21 @@ def operator_scrape_config(monitor: dict, sd_file: Path) -> dict:
             "file_sd_configs": [{"files": [str(sd_file)]}], "relabel_configs": relabel}
 
 
+
+def run_sidecar(tmp_path, config: dict, port: int) -> subprocess.Popen:
+    """The exporter as its own process on `config`, its log in tmp_path/sidecar.log."""
+    (tmp_path / "config.yml").write_text(yaml.safe_dump(config))
+    return subprocess.Popen([sys.executable, "-m", "exporter", "run", f"--config.file={tmp_path / 'config.yml'}",
+                             f"--web.listen-address=127.0.0.1:{port}"], cwd=ROOT, stderr=open(tmp_path / "sidecar.log", "w"))
+
+
+def stop_all(sidecar: subprocess.Popen | None, prom, fleet) -> None:
+    if sidecar is not None:
+        sidecar.terminate()
+        sidecar.wait(timeout=20)
+    prom.stop()
+    fleet.stop()
+
 def test_the_central_variant_polls_every_pod_of_an_operator_managed_prometheus_and_never_passes_a_missing_version(tmp_path):
     from exporter.sim import simulator
     from exporter.sim.server import Fleet
@@ -107,9 +122,7 @@ def test_the_central_variant_polls_every_pod_of_an_operator_managed_prometheus_a
     try:
         prom.start()
         config["discovery"]["prometheus"]["url"] = prom.url
-        (tmp_path / "config.yml").write_text(yaml.safe_dump(config))
-        sidecar = subprocess.Popen([sys.executable, "-m", "exporter", "run", f"--config.file={tmp_path / 'config.yml'}",
-                                    f"--web.listen-address=127.0.0.1:{port}"], cwd=ROOT, stderr=open(tmp_path / "sidecar.log", "w"))
+        sidecar = run_sidecar(tmp_path, config, port)
         expected = {"vllm-7f9c8d6b5-abcde": "7f9c8d6b5", "vllm-7f9c8d6b5-fghij": "7f9c8d6b5", "vllm-5b8d9c7f6-pqrst": "prompt-v42",
                     "vllm-68d7c9f4b-klmno": "68d7c9f4b"}
 
@@ -132,11 +145,7 @@ def test_the_central_variant_polls_every_pod_of_an_operator_managed_prometheus_a
             "name": "vllm", "namespace": "llm", "phase": "Progressing", "metadata": {"model": model, "version": "v-typo"}})
         assert hook.status_code >= 400, hook.text  # Flagger takes any answer <= 202 as a pass
     finally:
-        if sidecar is not None:
-            sidecar.terminate()
-            sidecar.wait(timeout=20)
-        prom.stop()
-        fleet.stop()
+        stop_all(sidecar, prom, fleet)
 
 
 def test_two_namespaces_serving_one_model_with_their_own_versions_and_ratios_page_nothing(tmp_path):
@@ -189,9 +198,7 @@ def test_two_namespaces_serving_one_model_with_their_own_versions_and_ratios_pag
     try:
         prom.start()
         config["discovery"]["prometheus"]["url"] = prom.url
-        (tmp_path / "config.yml").write_text(yaml.safe_dump(config))
-        sidecar = subprocess.Popen([sys.executable, "-m", "exporter", "run", f"--config.file={tmp_path / 'config.yml'}",
-                                    f"--web.listen-address=127.0.0.1:{port}"], cwd=ROOT, stderr=open(tmp_path / "sidecar.log", "w"))
+        sidecar = run_sidecar(tmp_path, config, port)
 
         def families() -> dict:
             text = requests.get(base + "/metrics", timeout=5).text
@@ -229,8 +236,4 @@ def test_two_namespaces_serving_one_model_with_their_own_versions_and_ratios_pag
             time.sleep(2)
         assert "Rollouts: versions side by side" not in requests.get(base + "/", timeout=5).text
     finally:
-        if sidecar is not None:
-            sidecar.terminate()
-            sidecar.wait(timeout=20)
-        prom.stop()
-        fleet.stop()
+        stop_all(sidecar, prom, fleet)
