@@ -350,3 +350,9 @@ def test_target_down_says_why_the_target_could_not_be_polled():
     long = rules.rule_target_down(dataclasses.replace(base, last_error="x" * 5000), s, rc)
     assert len(long.description) < 400  # a body quoted in an error does not become the alert's text
     assert "()" not in rules.rule_target_down(base, s, rc).description
+
+
+def test_an_event_we_found_is_named_by_its_time_not_an_epoch():
+    from exporter.alerting.rules import utc_time
+
+    assert utc_time(1796680560.0) == "2026-12-07 21:56:00 UTC"

@@ -9,6 +9,8 @@ and runbook tests.
 """
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
@@ -158,7 +160,9 @@ def rule_drop_after_deploy(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condit
         start = max(start, f.warm_since)
     after = stats_between(f.samples, f.model, start, f.now, 0.0, f.block_size)
     before_ratio, after_ratio = judged_ratio(baseline), judged_ratio(after)
-    who = f"{ev.version} ({ev.source})"
+    # an event we found ourselves is named `kind@epoch`: an on-call reads its time instead
+    what = ev.version if "@" not in ev.version else f"{ev.version.split('@')[0]} at {utc_time(ev.t)[11:]}"
+    who = f"{what} ({ev.source})"
     if f.query_tokens(baseline) < s.min_query_tokens or f.query_tokens(after) < s.min_query_tokens or before_ratio is None or after_ratio is None:
         return Condition(INCONCLUSIVE, None, f"Not enough traffic yet to judge deploy {who} on {f.target}",
                          f"Baseline {f.query_tokens(baseline):.0f} and post-deploy {f.query_tokens(after):.0f} query tokens; "
@@ -170,9 +174,14 @@ def rule_drop_after_deploy(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condit
         dropped = True  # still short of where it was: the incident is not over
     return Condition("true" if dropped else "false", after_ratio,
                      f"Prefix-cache hit rate of {f.model} on {f.target} fell from {before_ratio:.0%} to {after_ratio:.0%} after deploy {who}",
-                     f"Token-weighted hit ratio {before_ratio:.1%} in the {s.baseline:.0f}s before the event at {ev.t:.0f}, "
+                     f"Token-weighted hit ratio {before_ratio:.1%} in the {s.baseline:.0f}s before the event at {utc_time(ev.t)}, "
                      f"{after_ratio:.1%} since. Uncached prompt tokens are prefilled again: TTFT and cost rise.",
                      anchor=ev.t, baseline=before_ratio)
+
+
+def utc_time(t: float) -> str:
+    """An event's time as an on-call reads it (an epoch in an alert's text is a lookup)."""
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _past_look_back(f: Facts, s: RuleSettings, rc: RulesConfig) -> Condition:
