@@ -66,13 +66,14 @@ def start(workdir: Path, history_seconds: float = 125.0, timeout: float = 300.0)
         r = simulator.Replica(name, scenario, start=now - warm, seed=11 + i, generation=generation, model_names=[model])
         r.advance(now)
         replicas.append(r)
-    fleet = Fleet(replicas, clock=time.time).start()
+    fleet = Fleet(replicas, clock=time.time, kv_events=True).start()  # each replica's KV events too
     router = _epp(now)
     port = free_port()
     config = workdir / "sidecar.yml"
     config.write_text(yaml.safe_dump({
         "global": {"poll_interval": "1s", "connect_timeout": "500ms", "read_timeout": "1s", "jitter": "0s"},
-        "targets": [{"name": r.name, "url": fleet.metrics_url(r.name), "labels": {"namespace": "llm", "pod": r.name}} for r in replicas]
+        "targets": [{"name": r.name, "url": fleet.metrics_url(r.name), "labels": {"namespace": "llm", "pod": r.name},
+                     "kv_events": {"endpoint": fleet.kv_endpoint(r.name), "topic": "kv"}} for r in replicas]
         + [{"name": "epp", "url": router.base + "/metrics", "labels": {"namespace": "llm", "pod": "epp"}}],
         "deploys": {"api_token": DEPLOY_TOKEN},
     }))

@@ -88,6 +88,7 @@ def test_every_query_filters_by_the_dashboards_variables():
             wanted = ("model_name",) if name == "prefixcache_alert_state" else \
                 ("namespace", "model_name") if name in ("prefixcache_predicted_hit_ratio", "prefixcache_router_delivered_hit_ratio") else \
                 ("namespace", "pod") if name in ("prefixcache_deploy_events_total", "prefixcache_last_deploy_timestamp_seconds") else \
+                ("namespace", "pod") if name.startswith("prefixcache_kv_") else \
                 ("namespace", "pod", "model_name")
             assert all(f"${v}" in selector for v in wanted), (title, name, selector)
         assert not re.search(r"\b(vllm:\w+|prefixcache_\w+)(\[|\))", expr), (title, "a series without a selector")

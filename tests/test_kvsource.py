@@ -109,6 +109,36 @@ def test_a_gap_is_asked_once_of_the_replay_socket_and_what_it_lacks_is_dropped(p
         ctx.destroy(linger=0)
 
 
+def test_at_our_start_the_publishers_history_says_whose_cached_blocks_are_whose_without_counting_as_now(publisher):
+    """A salt rides only on a prompt's first block: a sidecar that starts after the tenants'
+    prompts were cached asks the replay socket for what vLLM still holds."""
+    pub, source = publisher
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    replay_port = free_port()
+    router.bind(f"tcp://127.0.0.1:{replay_port}")
+    long_ago = time.time() - 3600
+
+    def serve():
+        if router.poll(10_000):
+            client, _, start = router.recv_multipart()
+            assert int.from_bytes(start, "big") == 0
+            router.send_multipart([client, b"", *frames(0, [stored([1], None, HEADER, salt="tenant-a")], ts=long_ago)])
+            router.send_multipart([client, b"", b"", b"\xff" * 8, b""])
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        src = source(replay=f"tcp://127.0.0.1:{replay_port}")
+        pub.send_multipart(frames(7, [stored([2], 1, list(range(300, 316)))]))  # a turn under tenant-a's cached prompt
+        view = wait_for(lambda: (lambda v: v if v.received == 1 else None)(src.view(time.time())))
+        server.join(5)
+        assert view.replayed == 1 and view.dropped == 0
+        assert view.recent.counts.stores == 1 and view.recent.counts.by_salt == {"tenant-a": 16}
+    finally:
+        ctx.destroy(linger=0)
+
+
 def test_a_publisher_that_starts_its_sequence_again_is_a_new_cache(publisher):
     pub, source = publisher
     src = source()

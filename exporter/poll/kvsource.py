@@ -185,13 +185,19 @@ class KVEventSource:
                 last = None
         if last is not None and batch.seq > last + 1:
             self._fill(last + 1, batch.seq, ctx, zmq)
+        elif last is None and batch.seq > 0 and self.replay and not self.stats.received:
+            # our first batch: what the publisher still holds says which prompt and tenant
+            # each cached block belongs to (a salt rides only on a prompt's first block)
+            self._fill(0, batch.seq, ctx, zmq, history=True)
         with self.lock:
             self.index.apply(batch, now)
             self.index.last_seq = batch.seq
             self.stats = replace(self.stats, received=self.stats.received + 1, last_message=now, connected=True)
 
-    def _fill(self, first: int, upto: int, ctx, zmq) -> None:
-        """Batches first..upto-1 from the replay socket, once, within one deadline."""
+    def _fill(self, first: int, upto: int, ctx, zmq, history: bool = False) -> None:
+        """Batches first..upto-1 from the replay socket, once, within one deadline. The
+        `history` before our start is placed at the publisher's time (at the latest now),
+        so it fills the index without counting as what the cache does now; a gap counts."""
         got = 0
         if self.replay:
             sock = ctx.socket(zmq.DEALER)
@@ -216,12 +222,13 @@ class KVEventSource:
                         self._note(errors=self.stats.errors + 1, error=f"replay: {exc}")
                         continue
                     if first <= batch.seq < upto:
+                        now = self.clock()
                         with self.lock:
-                            self.index.apply(batch, self.clock())
+                            self.index.apply(batch, min(batch.ts, now) if history else now)
                         got += 1
             finally:
                 sock.close(linger=0)
-        lost = upto - first - got
+        lost = 0 if history else upto - first - got  # what a publisher dropped before we came is no loss of ours
         self._note(dropped=self.stats.dropped + lost, replayed=self.stats.replayed + got)
         if lost:
             log.warning("kv events: %d batches lost (sequence %d..%d), %d replayed", lost, first, upto - 1, got,

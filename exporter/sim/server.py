@@ -3,7 +3,9 @@ endpoints `diagnose` and `whatif --target` use, each replica on the clock the ca
 from __future__ import annotations
 
 import json
+import socket
 import threading
+from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Sequence
 
@@ -14,9 +16,14 @@ class Fleet:
     """Replicas served by one HTTP server on 127.0.0.1: `/<name>/metrics`, and `/metrics`
     too when there is a single replica."""
 
-    def __init__(self, replicas: Sequence[Replica], clock, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, replicas: Sequence[Replica], clock, host: str = "127.0.0.1", port: int = 0, kv_events: bool = False):
         self.replicas = {r.name: r for r in replicas}
         self.clock = clock
+        # each replica's KV events on a ZeroMQ PUB socket of its own, bound as vLLM binds tcp://*:PORT
+        self.kv_ports: dict[str, int] = {}
+        self._kv = KVPublisher(self) if kv_events else None
+        for r in replicas:
+            self._publish_kv(r)
         self.down: set[str] = set()
         self.received: list[tuple[str, str, dict]] = []  # (replica, endpoint, JSON body) of every POST
         fleet = self
@@ -47,8 +54,17 @@ class Fleet:
     def metrics_url(self, name: str) -> str:
         return self.url(name) + "/metrics"
 
+    def kv_endpoint(self, name: str) -> str:
+        return f"tcp://127.0.0.1:{self.kv_ports[name]}"
+
+    def _publish_kv(self, replica: Replica) -> None:
+        if self._kv is not None:
+            replica.kv_events = deque(maxlen=KV_EVENTS_KEPT)
+            self.kv_ports[replica.name] = _free_port()
+
     def add(self, replica: Replica) -> None:
         """A new pod: served from now on under its name."""
+        self._publish_kv(replica)
         self.replicas = {**self.replicas, replica.name: replica}
 
     def remove(self, name: str) -> None:
@@ -57,9 +73,13 @@ class Fleet:
 
     def start(self) -> "Fleet":
         self._thread.start()
+        if self._kv is not None:
+            self._kv.start()
         return self
 
     def stop(self) -> None:
+        if self._kv is not None:
+            self._kv.stop()
         self.server.shutdown()
         self.server.server_close()
 
@@ -99,6 +119,58 @@ class Fleet:
                 answer = replica.serve_chat(body, self.clock())
             return _reply(req, 200, json.dumps(answer).encode(), "application/json")
         return _reply(req, 404, b"not found\n", "text/plain")
+
+
+KV_EVENTS_KEPT = 512  # requests' stored blocks a replica keeps until they are published
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class KVPublisher:
+    """Publishes every replica's stored blocks as vLLM 0.32 does: [topic, sequence, msgpack
+    EventBatch], a batch a replica every PERIOD seconds. Its sockets live on its thread."""
+
+    PERIOD = 0.25
+
+    def __init__(self, fleet: Fleet):
+        self.fleet = fleet
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="simulator kv events", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        import msgpack
+        import zmq
+
+        ctx = zmq.Context()
+        sockets, seq = {}, {}
+        try:
+            while not self._stop.wait(self.PERIOD):
+                for name, replica in list(self.fleet.replicas.items()):
+                    if name not in sockets and name in self.fleet.kv_ports:
+                        sockets[name] = ctx.socket(zmq.PUB)
+                        sockets[name].bind(self.fleet.kv_endpoint(name))
+                        seq[name] = 0
+                    events = replica.kv_events
+                    if name not in sockets or not events:
+                        continue
+                    with replica.lock:
+                        batch = [events.popleft() for _ in range(len(events))]
+                    sockets[name].send_multipart([b"kv", seq[name].to_bytes(8, "big"),
+                                                  msgpack.packb([self.fleet.clock(), batch, 0])])
+                    seq[name] += 1
+        finally:
+            ctx.destroy(linger=0)
 
 
 def _reply(req: BaseHTTPRequestHandler, status: int, body: bytes, content_type: str) -> None:

@@ -19,6 +19,7 @@ import math
 import random
 import threading
 import zlib
+from collections import deque
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Iterator, Sequence
@@ -269,6 +270,9 @@ class Replica:
         self._chains: list[tuple[int, ...] | None] = [None] * scenario.tenants  # each tenant's block hashes, once
         self.sample: list[dict] | None = None  # set to a list to record the traffic as a whatif sample
         self.sample_bodies = False  # record chat bodies (text) instead of token ids
+        # set to a deque to keep what vLLM's KV events would publish (the blocks each request
+        # computed and stored); the server publishes and empties it
+        self.kv_events: deque | None = None
         self._restart(start)
 
     # what /tokenize serves and the diagnose tests use
@@ -430,6 +434,14 @@ class Replica:
             matched = pool.matched(hashes)
             pool.capacity = free_for_cache
             pool.store(hashes, matched)
+            if self.kv_events is not None and len(hashes) > matched:
+                self.kv_events.append({"type": "BlockStored", "block_hashes": hashes[matched:],
+                                       "parent_block_hash": hashes[matched - 1] if matched else None,
+                                       "token_ids": list(tokens[matched * bs:len(hashes) * bs]), "block_size": bs,
+                                       "lora_id": None, "medium": "GPU", "lora_name": None,
+                                       # each tenant sends its cache_salt; vLLM keys a prompt's first block by it
+                                       "extra_keys": [[f"tenant-{tenant}"] if i == 0 and tenant is not None else None
+                                                      for i in range(matched, len(hashes))]})
             if follows is not None:  # the reply made this replica the one holding the session's context
                 pool.store(follows)
         hit_tokens = min(matched * bs, ((n - 1) // bs) * bs)
