@@ -35,7 +35,9 @@ def demo_config(fleet: Fleet, names: Sequence[str], listen: str, alertmanager_ur
         "global": {"poll_interval": "1s", "connect_timeout": "500ms", "read_timeout": "1s", "jitter": "0s",
                    "windows": ["10s", "1m", "5m"]},
         "web": {"listen_address": listen},
-        "targets": [{"name": n, "url": fleet.metrics_url(n)} for n in names],
+        # each replica's KV events too, as vLLM publishes them: the alert then names the changed tokens
+        "targets": [{"name": n, "url": fleet.metrics_url(n), **({"kv_events": {"endpoint": fleet.kv_endpoint(n), "topic": "kv"}}
+                                                                if n in fleet.kv_ports else {})} for n in names],
         "alertmanager": {"urls": list(alertmanager_urls), "resend_interval": "10s"},
         "rules": DEMO_RULES,
         # the demo announces its deploys itself, with a token of its own: the API is closed without one
@@ -65,7 +67,7 @@ def command(args) -> int:
         r.advance(now - 120.0)
         r.sample, r.sample_bodies = [], True  # the traffic from here on, for the what-if analysis at the end
         r.advance(now)
-    fleet = Fleet(replicas, clock=time.time).start()
+    fleet = Fleet(replicas, clock=time.time, kv_events=True).start()
     transitions: deque = deque()
     try:
         cfg = demo_config(fleet, names, args.listen_address, args.alertmanager_urls)
