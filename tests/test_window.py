@@ -6,7 +6,8 @@ from hypothesis import given, settings, strategies as st
 
 from exporter.parse.snapshot import CounterPair, Histogram, SeriesSnapshot, Snapshot
 from exporter.series.history import History
-from exporter.series.promql import histogram_quantile, histogram_quantiles, pearson
+from exporter.series.modellog import least_squares_fit
+from exporter.series.promql import histogram_quantile, histogram_quantiles
 from exporter.series.window import summarize, window_stats
 
 INF = math.inf
@@ -110,13 +111,18 @@ def test_histogram_quantiles_are_promqls_walk_whatever_the_buckets(buckets, with
         assert repr(got) == repr(_promql_walk(q, buckets)), (q, buckets)
 
 
-def test_pearson_and_slope_match_the_standard_library():
+def fit(xs, ys):
+    return least_squares_fit(len(xs), sum(xs), sum(ys), sum(x * y for x, y in zip(xs, ys)), sum(x * x for x in xs),
+                             sum(y * y for y in ys))
+
+
+def test_the_running_sums_fit_matches_the_standard_librarys_correlation_and_slope():
     xs, ys = [0.9, 0.8, 0.5, 0.1], [0.1, 0.12, 0.2, 0.3]
-    r, slope = pearson(xs, ys)
+    r, slope = fit(xs, ys)
     assert r == pytest.approx(statistics.correlation(xs, ys))
     assert slope == pytest.approx(statistics.linear_regression(xs, ys).slope)
-    assert pearson([1, 2], [3, 4]) is None
-    assert pearson([1, 1, 1], [1, 2, 3]) is None
+    assert fit([1, 2], [3, 4]) is None
+    assert fit([1, 1, 1], [1, 2, 3]) is None
 
 
 def history_of(points, keep=3600.0):

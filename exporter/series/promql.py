@@ -90,17 +90,3 @@ def _quantile(q: float, bounds: list[float], counts: list[float]) -> float:
     if count == 0:
         return math.nan  # 0/0, as PromQL computes it (q=0 with an empty first bucket)
     return start + (end - start) * (rank / count)
-
-
-def pearson(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float] | None:
-    """(r, slope of y on x), or None with fewer than three points or no spread."""
-    n = len(xs)
-    if n < 3:
-        return None
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    syy = sum((y - my) ** 2 for y in ys)
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    if sxx <= 0 or syy <= 0:
-        return None
-    return sxy / math.sqrt(sxx * syy), sxy / sxx
