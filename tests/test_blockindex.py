@@ -29,11 +29,11 @@ def stamped(i: int) -> list[int]:
 
 def test_a_static_prompt_stores_its_first_block_once_and_each_request_only_its_own_turn():
     index = BlockIndex()
-    feed(index, 0.0, stored([1], None, HEADER))
+    feed(index, 0.0, stored([1, 9], None, HEADER + list(range(600, 616))))  # the first request: the prompt and its turn
     for i in range(5):
         feed(index, 1.0 + i, stored([10 + i], 1, range(200 + 16 * i, 216 + 16 * i), salt=None))
     c = index.window(10.0, 60.0).counts
-    assert (c.stores, c.new_first, c.volatile, c.blocks, c.tokens) == (6, 1, 0, 6, 96)
+    assert (c.stores, c.new_first, c.volatile, c.blocks, c.tokens) == (6, 1, 0, 7, 112)
     assert index.window(10.0, 60.0).divergence is None
 
 
@@ -52,7 +52,7 @@ def test_a_timestamp_atop_the_prompt_makes_every_request_a_volatile_first_block_
 
 def test_a_change_deep_in_the_prompt_is_found_under_the_cached_parent_and_placed_by_its_depth():
     index = BlockIndex()
-    feed(index, 0.0, stored([1, 2], None, HEADER + list(range(300, 316))))
+    feed(index, 0.0, stored([1, 2, 20], None, HEADER + list(range(300, 316)) + stamped(7)))
     feed(index, 1.0, stored([3], 2, stamped(0)))
     feed(index, 2.0, stored([4], 2, stamped(1)))
     d = index.window(3.0, 60.0).divergence
@@ -132,7 +132,32 @@ def test_the_change_reads_as_the_line_it_is_in_with_a_tokenizer_and_as_ids_witho
     assert "[" in kvtext.divergence(d, None)
 
 
-def test_groups_are_named_by_where_they_differ_not_by_the_template_they_share():
-    shared = list(range(1, 11))
-    labels = kvtext.group_labels({"a": shared + [50, 51, 52], "b": shared + [60, 61, 62]}, None)
-    assert labels["a"].startswith("…") and "50 51 52" in labels["a"] and "60" in labels["b"]
+def test_groups_are_named_by_where_they_differ_not_by_the_template_they_share_and_keep_their_name():
+    index = BlockIndex()
+    template = list(range(1, 11))
+    feed(index, 0.0, stored([1], None, template + list(range(50, 72)), block_size=32))
+    feed(index, 1.0, stored([2], None, template + list(range(60, 82)), block_size=32))
+    labels = kvtext.group_labels(index.window(2.0, 60.0).groups, None)
+    first, second = labels.values()
+    assert first.startswith("[1 2 3") and second.startswith("…") and "60 61 62" in second
+    for i in range(3, 10):  # a third prompt later changes neither name
+        feed(index, float(i), stored([i], None, [99] * 32, block_size=32))
+    assert list(kvtext.group_labels(index.window(10.0, 60.0).groups, None).values())[:2] == [first, second]
+
+
+def test_one_prompt_with_a_timestamp_stays_one_group_however_many_requests_come():
+    index = BlockIndex(Limits(token_memory=10))
+    for i in range(5000):
+        feed(index, i / 100, stored([10_000 + i], None, stamped(i)))
+    assert len(index.groups) == 1 and index.window(50.0, 60.0).counts.volatile == 4999
+
+
+def test_the_chunks_of_one_prefill_are_one_request_and_a_salt_less_prompt_counts_as_none():
+    index = BlockIndex()
+    feed(index, 0.0, stored([1, 2], None, HEADER * 2))  # one request's prefill in two chunks
+    feed(index, 0.1, stored([3, 4], 2, HEADER * 2))
+    feed(index, 9.0, stored([5], 4, HEADER))  # long after: another request
+    feed(index, 9.5, stored([7], 999, HEADER))  # under a block we never saw
+    c = index.window(10.0, 60.0).counts
+    assert (c.stores, c.new_first, c.blocks) == (3, 1, 6)
+    assert c.by_salt == {"none": 80, "unknown": 16}

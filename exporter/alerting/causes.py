@@ -194,8 +194,9 @@ def from_events(e: Evidence, s: Settings) -> tuple[str, str] | None:
         where = f"; {kv.divergence_text}" if kv.divergence_text else ""
         of = f"{c.volatile} of the {e.requests:.0f} requests" if e.requests and e.requests >= c.volatile else f"{c.volatile} requests"
         return PROMPT_PREFIX_CHANGE, (f"vLLM's KV events: {of} in the last {span:.0f}s computed a block that differs from a cached "
-                                      f"one in a few tokens ({c.new_first} of them from their first block on; "
-                                      f"{before * span:.1f} in an earlier {span:.0f}s){where}")
+                                      f"one in a few tokens ({before * span:.1f} such requests in an average {span:.0f}s of the "
+                                      f"{(kv.earlier.seconds if kv.earlier else 0) / 60:.0f} minutes before; {c.new_first} requests stored even their "
+                                      f"first block){where}")
     return None
 
 

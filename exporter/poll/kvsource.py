@@ -34,6 +34,7 @@ REPLAY_MAX = 10_000  # batches taken from one replay
 TICK = 0.2  # seconds the thread waits on its socket before it looks at the stop flag again
 EARLIER = 10  # short windows before the recent one that say what is usual
 MAX_GAP = 1_000_000
+HISTORY = 2000  # batches asked of the replay socket at our start: the newest, what its deadline lets come
 REDIAL_MIN, REDIAL_MAX = 1.0, 30.0  # seconds before dialing a publisher again after it dropped us, doubling  # a jump further than this is a new publisher, not lost batches
 
 
@@ -188,7 +189,7 @@ class KVEventSource:
         elif last is None and batch.seq > 0 and self.replay and not self.stats.received:
             # our first batch: what the publisher still holds says which prompt and tenant
             # each cached block belongs to (a salt rides only on a prompt's first block)
-            self._fill(0, batch.seq, ctx, zmq, history=True)
+            self._fill(max(0, batch.seq - HISTORY), batch.seq, ctx, zmq, history=True)
         with self.lock:
             self.index.apply(batch, now)
             self.index.last_seq = batch.seq
@@ -230,6 +231,9 @@ class KVEventSource:
                 sock.close(linger=0)
         lost = 0 if history else upto - first - got  # what a publisher dropped before we came is no loss of ours
         self._note(dropped=self.stats.dropped + lost, replayed=self.stats.replayed + got)
+        if history:
+            log.info("kv events: %d of the %d batches before our start replayed (sequence %d..%d)", got, upto - first, first,
+                     upto - 1, extra=fields(target=self.target))
         if lost:
             log.warning("kv events: %d batches lost (sequence %d..%d), %d replayed", lost, first, upto - 1, got,
                         extra=fields(target=self.target))

@@ -10,6 +10,7 @@ evicts its oldest blocks, the token memory its least recent, the groups their qu
 """
 from __future__ import annotations
 
+import zlib
 from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from dataclasses import dataclass, field
 from ..parse.kvevents import Batch, Cleared, Removed, Stored
 
 OTHER = "other"  # the label of everything past a table's cap
+NO_SALT, UNKNOWN = "none", "unknown"  # a prompt sent without cache_salt; one whose first block we never saw
+CHUNK_GAP = 5.0  # seconds within which a store hanging on the last one's tail is that prefill's next chunk
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,7 @@ class Window:
     counts: Counts
     cleared_at: float | None  # the newest clear of the whole cache in the window
     divergence: Divergence | None  # the newest in the window
-    groups: dict  # group -> its representative first block's tokens, for the groups counted
+    groups: dict  # group -> (its first block's tokens, where they differ from the other groups'), for the groups counted
 
 
 def _span(a, b) -> tuple[int, int]:
@@ -109,7 +112,8 @@ class BlockIndex:
         self.blocks: OrderedDict = OrderedDict()  # hash -> (parent, group, depth, cache_salt)
         self.tokens: OrderedDict = OrderedDict()  # hash -> array of its tokens (least recent first)
         self.first_child: OrderedDict = OrderedDict()  # parent hash (None: the roots) -> the first block stored under it
-        self.groups: OrderedDict = OrderedDict()  # group -> its representative first block's hash (quietest first)
+        self.groups: OrderedDict = OrderedDict()  # group -> (its first block's tokens, where they differ from the others')
+        self.tails: OrderedDict = OrderedDict()  # the last block of each store -> when: the next chunk of one prefill hangs there
         self.removed_at: OrderedDict = OrderedDict()  # hash -> when it was removed
         self.buckets: deque = deque()  # (second, Counts)
         self.clears: deque = deque(maxlen=64)  # times
@@ -134,7 +138,7 @@ class BlockIndex:
 
     def reset(self, now: float, cleared: bool) -> None:
         """The cache is empty: a clear of it, or a new publisher (its sequence started again)."""
-        for table in (self.blocks, self.tokens, self.first_child, self.removed_at):
+        for table in (self.blocks, self.tokens, self.first_child, self.removed_at, self.tails):
             table.clear()
         if cleared:
             self._bucket(now).clears += 1
@@ -143,20 +147,26 @@ class BlockIndex:
     def _stored(self, ev: Stored, now: float) -> None:
         known = self.blocks.get(ev.parent) if ev.parent is not None else None
         depth = 0 if ev.parent is None else (known[2] + 1 if known is not None and known[2] is not None else None)
-        first = array("q", ev.tokens_of(0))
-        group, volatile = self._place(ev.parent, ev.hashes[0], first, known, depth, ev.block_size, now)
+        # chunked prefill stores one request's blocks in several events, each hanging on the last one's tail
+        tail = self.tails.pop(ev.parent, None) if ev.parent is not None else None
+        chunk = tail is not None and now - tail <= CHUNK_GAP and ev.parent not in self.first_child
+        if chunk:
+            group, volatile = (known[1] if known is not None else OTHER), False
+            self.first_child[ev.parent] = ev.hashes[0]
+        else:
+            group, volatile = self._place(ev.parent, ev.hashes[0], array("q", ev.tokens_of(0)), known, depth, ev.block_size, now)
         counts = self._bucket(now)
-        counts.stores += 1
-        counts.new_first += ev.parent is None
-        counts.volatile += volatile
+        if not chunk:
+            counts.stores += 1
+            counts.new_first += ev.parent is None
+            counts.volatile += volatile
         n_tokens = len(ev.token_ids)
         counts.blocks += len(ev.hashes)
         counts.tokens += n_tokens
         self._count(counts.by_group, group, n_tokens)
         # vLLM keys only a prompt's first block by its cache_salt: the blocks after it inherit it
-        salt = next((s for s in ev.salts if s is not None), known[3] if known is not None else None)
-        if salt is not None:
-            self._count(counts.by_salt, self._admit("salt", salt, now), n_tokens)
+        salt = next((s for s in ev.salts if s is not None), NO_SALT if ev.parent is None else known[3] if known is not None else UNKNOWN)
+        self._count(counts.by_salt, self._admit("salt", salt, now), n_tokens)
         if ev.lora is not None:
             self._count(counts.by_lora, self._admit("lora", ev.lora, now), n_tokens)
         parent = ev.parent
@@ -167,26 +177,25 @@ class BlockIndex:
             self.blocks[h] = (parent, group, None if depth is None else depth + i, salt)
             self.blocks.move_to_end(h)
             parent = h
+        self.tails[parent] = now
+        self._cap(self.tails, 4096)
         self.evicted += self._cap(self.blocks, self.limits.blocks)
 
     def _place(self, parent, head, tokens: array, known, depth, block_size: int, now: float) -> tuple[str, bool]:
         """(the prompt group of a new block, whether it is a volatile sibling of a cached one)."""
         short = max(self.limits.volatile_span, block_size // 4)
         if parent is None:
-            for group, rep in reversed(self.groups.items()):
-                rep_tokens = self.tokens.get(rep)
-                if rep_tokens is None:
-                    continue
+            for group, (rep_tokens, _) in reversed(self.groups.items()):
                 offset, span = _span(rep_tokens, tokens)
                 if span <= short:
-                    self._remember(head, tokens)
                     self.groups.move_to_end(group)
                     if span:
                         self.divergences.append(Divergence(now, group, 0, offset, block_size, tuple(rep_tokens), tuple(tokens)))
                     return group, span > 0
-            group = f"{hash(head) & 0xFFFFFFFF:08x}"
-            self.groups[group] = head
-            self._remember(head, tokens)
+            # named by its tokens: the same prompt is the same group after our restart too
+            group = f"{zlib.crc32(tokens.tobytes()):08x}"
+            start = max((_span(rep, tokens)[0] for rep, _ in self.groups.values()), default=0)
+            self.groups[group] = (tokens, start)
             while len(self.groups) > self.limits.groups:
                 self.groups.popitem(last=False)
             return group, False
@@ -257,7 +266,7 @@ class BlockIndex:
         total.by_group = _fold(total.by_group, self.limits.groups)
         cleared = next((t for t in reversed(self.clears) if since <= t <= now), None)
         divergence = next((d for d in reversed(self.divergences) if since <= d.t <= now), None)
-        reps = {g: tuple(self.tokens[h]) for g, h in self.groups.items() if g in total.by_group and h in self.tokens}
+        reps = {g: (tuple(tokens), start) for g, (tokens, start) in self.groups.items() if g in total.by_group}
         return Window(since, seconds, total, cleared, divergence, reps)
 
     def size(self) -> dict[str, int]:

@@ -34,20 +34,13 @@ def divergence(d: Divergence, decode: Decode | None) -> str:
     return f"{where}: {_quote(line)} then {_quote(cut(now))} where the cached prefix has {_quote(cut(was))}"
 
 
-def group_labels(reps: dict[str, Sequence[int]], decode: Decode | None, width: int = 40) -> dict[str, str]:
-    """Each group's first block from where it differs from every other group's, so groups
-    that share a long template do not all read as its first words."""
+def group_labels(reps: dict[str, tuple[Sequence[int], int]], decode: Decode | None, width: int = 40) -> dict[str, str]:
+    """Each group's first block from where it differs from the groups before it (`reps`:
+    group -> (tokens, that offset), fixed when the group was first seen, so its label
+    stays), not from the template they share."""
     show = decode or ids
     out = {}
-    for group, tokens in reps.items():
-        start = 0
-        for other, theirs in reps.items():
-            if other == group:
-                continue
-            shared = 0
-            while shared < min(len(tokens), len(theirs)) and tokens[shared] == theirs[shared]:
-                shared += 1
-            start = max(start, shared)
+    for group, (tokens, start) in reps.items():
         text = " ".join(show(tokens[max(0, start - 2):]).split())
         out[group] = ("…" if start > 2 else "") + text[:width]
     return out
