@@ -12,7 +12,7 @@ import pytest
 
 from exporter.config.sections import load
 from exporter.discovery import promseries
-from exporter.discovery.answercost import DECODED_PER_BYTE, AnswerTooCostly, decoded_budget, decoded_cost
+from exporter.discovery.answercost import AnswerTooCostly, decoded_budget, decoded_cost
 from exporter.parse.names import SAMPLE_NAMES
 from exporter.poll.poller import Poller
 from exporter.serve.state import State
@@ -99,7 +99,7 @@ def test_an_answer_over_its_budget_is_refused_before_any_of_it_is_decoded(shape)
     budget = decoded_budget(len(body) // 2)
     assert decoded_cost(body) > budget  # 20 times max_answer: over it at twice max_answer for each of these
     with pytest.raises(AnswerTooCostly) as refused:
-        peak = _peak_of(lambda: promseries.pods_of_answer(body, "pod", "test", budget=budget, partitions=2))
+        promseries.pods_of_answer(body, "pod", "test", budget=budget, partitions=2)
     said = str(refused.value)
     need = 2 * -(-decoded_cost(body) // budget)
     assert said.startswith(f"test: answer of {len(body)} bytes would cost up to") and f"partitions: {need} or more" in said
