@@ -4,6 +4,7 @@ DECODED_PER_BYTE): an answer over it is refused with the partitions that would b
 answer under it, before it costs anything. Pure."""
 from __future__ import annotations
 
+from ..peers.promapi import DECODED_PER_BYTE, WHOLE_COST
 from .targets import DiscoveryError
 
 # the start of every answer in the layout Prometheus writes (promseries reads it from its text)
@@ -18,11 +19,12 @@ PROLOGUE = b'{"status":"success","data":{"resultType":"matrix","result":['
 # byte (an answer of `{}` or `[]`). A fleet's answer (45 series a pod, 3 samples each)
 # measures 3.7-6.0 bytes a byte read from its text (1-12 samples a series) and is estimated at
 # 12.7-18.7: every estimate is 1.1 to 9 times what was measured, never under it.
-SERIES_COST, SAMPLE_COST, WIDE_COST, WHOLE_COST = 2_700, 450, 8, 25
-# the estimated cost an answer may have, per byte of max_answer: at least what a fleet's answer
-# at the cap is estimated at, so that one is refused only over max_answer, and every answer
-# accepted costs at most what such an answer may (64 MiB: 1.25 GiB)
-DECODED_PER_BYTE = 20
+# (WHOLE_COST is peers/promapi.py's, which decodes answers whole)
+SERIES_COST, SAMPLE_COST, WIDE_COST = 2_700, 450, 8
+# DECODED_PER_BYTE (peers/promapi.py): the estimated cost an answer may have, per byte of
+# max_answer: at least what a fleet's answer at the cap is estimated at, so that one is refused
+# only over max_answer, and every answer accepted costs at most what such an answer may (64 MiB: 1.25 GiB)
+__all__ = ["DECODED_PER_BYTE", "WHOLE_COST", "decoded_budget", "decoded_cost", "too_costly", "AnswerTooCostly"]
 
 
 def decoded_budget(max_answer: int) -> int:
