@@ -238,8 +238,6 @@ def test_stop_and_the_delivery_thread_never_post_one_batch_twice():
 
 # --- misbehaving Alertmanagers -----------------------------------------------------------------------
 def test_a_dripping_alertmanager_delays_only_its_own_alerts_and_never_the_stop():
-    import time
-
     from fakeserver import MisbehavingServer
     with MisbehavingServer() as server:
         cfg = AlertmanagerConfig(urls=(server.url("drip"), server.url("ok")), resend_interval=60.0, timeout=30.0)
@@ -248,23 +246,21 @@ def test_a_dripping_alertmanager_delays_only_its_own_alerts_and_never_the_stop()
         # the healthy one gets its alert at once, while the dripping one holds its POST
         assert wait_for(lambda: n.stats()[1].notifications_ok == 1, timeout=3.0), n.stats()
         assert n.stats()[0].pending == 1 and server.hits.get("drip") == 1
-        started = time.monotonic()
         n.stop(1.0)
-        assert time.monotonic() - started < 1.5  # not the drip's 30 s deadline, nor its send lock
+        # stopped with the drip's POST still in flight: neither its 30 s deadline (a failure)
+        # nor the end of its 1,000 s answer (a success) was waited for
+        s = n.stats()[0]
+        assert s.notifications_ok == s.notifications_failed == 0 and not server.stopping.is_set(), s
 
 
 @pytest.mark.slow
 def test_a_post_has_one_deadline_for_its_whole_answer():
-    import time
-
     from fakeserver import MisbehavingServer
     with MisbehavingServer() as server:
         for behaviour in ("drip", "drip-head", "silent"):
             n = notifier(server.url(behaviour), Clock(), timeout=1.0)
             n.transitions([Transition(1000.0, alert(), FIRING)])
-            started = time.monotonic()
-            n.deliver_once()
-            assert time.monotonic() - started < 1.5, behaviour
+            n.deliver_once()  # the drips last 1,000 s: only the one 1 s deadline over the whole answer ends them
             s = n.stats()[0]
             assert s.notifications_failed == 1 and s.pending == 1 and "1s deadline" in s.last_error, behaviour
 
@@ -272,15 +268,11 @@ def test_a_post_has_one_deadline_for_its_whole_answer():
 def test_an_endless_answer_is_cut_at_the_size_cap_not_read_whole():
     """A 200 whose body never ends (a misrouted stream): the old client read it all,
     RSS grew by GBs; it is a failure once over the cap, and the alert stays queued."""
-    import time
-
     from fakeserver import endless_chunks
     with FakeServer({"/api/v2/alerts": endless_chunks(b" " * 65536, 64 * 1024 * 1024)}) as server:
         n = notifier(server.base, Clock())
         n.transitions([Transition(1000.0, alert(), FIRING)])
-        started = time.monotonic()
-        n.deliver_once()
-        assert time.monotonic() - started < 1.0
+        n.deliver_once()  # "byte limit" below: cut once over the cap, not read to the 64 MiB end
     s = n.stats()[0]
     assert s.notifications_ok == 0 and s.pending == 1 and "byte limit" in s.last_error
 
@@ -376,21 +368,20 @@ def test_addresses_are_capped_per_name_the_same_ones_every_refresh():
 
 def test_a_resolver_that_hangs_costs_its_refresh_never_the_stop():
     import threading
-    import time
     release = threading.Event()
+    returned = threading.Event()
 
     def hanging(host, port):
         release.wait(30)
+        returned.set()
         return ["127.0.0.1"]
 
     n = named("http://am:9093", hanging, timeout=0.3).start()
     try:
-        started = time.monotonic()
         assert n.refresh_names() is False  # the resolver thread's lookup, or this one, waits at most 0.3 s
-        assert time.monotonic() - started < 1.0 and n.discovered() == 0
-        started = time.monotonic()
+        assert not returned.is_set() and n.discovered() == 0  # given up while the lookup still hangs
         n.stop(2.0)
-        assert time.monotonic() - started < 0.5  # nothing to flush, and a lookup in flight is not waited for
+        assert not returned.is_set()  # nothing to flush, and a lookup in flight is not waited for
     finally:
         release.set()
 

@@ -48,7 +48,7 @@ TESTED_THROUGH = {
     "exporter.config.reader": "test_sections.py", "exporter.stopping": "test_signals.py",
     "exporter.sim.tokenizer": "test_simulator.py", "exporter.sim.console": "test_cli.py", "exporter.sim.demo": "test_cli.py",
     "exporter.sim.serve": "test_simulator.py", "exporter.sim.metrics_text": "test_simulator.py", "exporter.sidecar": "test_signals.py",
-    "exporter.exitcodes": "test_cli.py", "exporter.logfields": "test_logs.py",
+    "exporter.exitcodes": "test_cli.py", "exporter.serve.deadlines": "test_server.py", "exporter.logfields": "test_logs.py",
     "exporter.alerting.rules_state": "test_rules.py", "exporter.alerting.rollouts": "test_analysis.py",
     "exporter.monitor.recording": "test_replay.py", "exporter.monitor.targetview": "test_poller.py",
     "exporter.tools.whatif_command": "test_whatif.py", "exporter.tools.parse": "test_cli.py", "exporter.tools.diagnose": "test_divergence.py",

@@ -71,3 +71,23 @@ def test_discovery_counts_a_broken_answer_as_a_failed_refresh(prom):
         assert d.refresh() == []
         (state,) = d.snapshot()
         assert not state.ok and state.failures == 1, behaviour
+
+
+def test_an_answer_whose_decoding_could_cost_over_20_times_the_size_limit_is_refused_before_it_is_decoded():
+    """Decoded whole, `[[],[],...]` costs 22-25 bytes a byte: an answer over 4/5 of max_answer
+    could cost more than 20 times it, and is refused; one under it is decoded."""
+    import tracemalloc
+    body = b'{"status":"success","data":{"resultType":"vector","result":[' + b",".join([b"[]"] * 40_000) + b"]}}"
+    with FakeServer({"/api/v1/query": lambda h: reply(h, 200, body)}) as server:
+        api = PrometheusAPI(server.base, 5.0, max_answer=len(body) + 1000)  # the bytes pass the size limit
+        tracemalloc.start()
+        try:
+            with pytest.raises(PrometheusAPIError) as err:
+                api.get("/api/v1/query", {"query": "up"})
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert f"answer of {len(body)} bytes could cost up to" in str(err.value) and server.base in str(err.value)
+        assert peak < 3 * len(body)  # its bytes, read; no list of them made (22 times)
+        roomy = PrometheusAPI(server.base, 5.0, max_answer=2 * len(body))
+        assert len(roomy.get("/api/v1/query", {"query": "up"})["data"]["result"]) == 40_000

@@ -46,7 +46,9 @@ class PrometheusReadConfig:
     username: str = ""
     password: str = ""
     stale_after: float = 0.0  # a target with no newer sample is down; 0: 3 of its scrape intervals, at least 2 reads
-    max_answer: int = 512 * 1024 * 1024  # bytes of one query's answer (10,000 pods: about 100 MB a read)
+    # bytes of one query's answer; what reading one may cost is bounded by it too (discovery/answercost.py:
+    # 20 times, 1.25 GiB; 10,000 pods of 45 series: about 127 MB a read, in 2 partitions or more)
+    max_answer: int = 64 * 1024 * 1024
     partitions: int = 1  # queries a read is split into, by the last character of target_label (memory: 1/N each)
     # "gzip": answers compressed (Prometheus compresses them, we inflate them: CPU on both
     # sides, a 25th of the bytes); "none": sent as they are, for a Prometheus in the same zone
@@ -179,7 +181,7 @@ def _read_prometheus(r: Reader, raw: Any) -> PrometheusReadConfig:
         username=r.value(auth, f"{path}.basic_auth", "username", nonempty_string, ""),
         password=read_secret(r, auth, f"{path}.basic_auth", "password"),
         stale_after=r.value(p, path, "stale_after", duration_or_zero, 0.0),
-        max_answer=r.value(p, path, "max_answer", parse_size, PrometheusReadConfig.max_answer),  # 512MiB, as body_size_limit
+        max_answer=r.value(p, path, "max_answer", parse_size, PrometheusReadConfig.max_answer),  # as body_size_limit
         partitions=r.value(p, path, "partitions", positive_int, 1),
         compression=r.value(p, path, "compression", nonempty_string, PrometheusReadConfig.compression),
         reexport_engine_series=r.value(p, path, "reexport_engine_series", boolean, False))

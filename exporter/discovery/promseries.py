@@ -35,6 +35,7 @@ from ..config.sections import Target
 from ..parse.names import PROCESS_START_TIME, SAMPLE_NAMES
 from ..parse.snapshot import Snapshot
 from ..parse.vllm_metrics import FUTURE_TIMESTAMP, NON_FINITE_TIMESTAMP, SamplePlan, long_labels, parse_samples
+from .answercost import PROLOGUE, WHOLE_COST, decoded_cost, too_costly
 from .targets import DiscoveryError, Limits, _bounded_labels, _own_labels, _without_userinfo
 
 # labels an engine puts on its own series: never a pod's
@@ -227,7 +228,7 @@ def target(pod: Pod, source_url: str, limits: Limits, dropped: Counter) -> Targe
 
 
 # The answer as Prometheus's API code (and the queriers that reuse it) writes it
-_PROLOGUE = '{"status":"success","data":{"resultType":"matrix","result":['
+_PROLOGUE = PROLOGUE.decode()
 _EPILOGUE = "]}}"
 _SERIES = '{"metric":'
 _VALUES = '},"values":[['
@@ -324,23 +325,34 @@ class PodMemo:
 
 def pods_of_answer(body: bytes, target_label: str, where: str, newer_than: dict[str, float] | None = None,
                    memo: PodMemo | None = None, present: set[str] | None = None, not_after: float = math.inf,
-                   refused: dict[str, Counter] | None = None) -> dict[str, Pod]:
+                   refused: dict[str, Counter] | None = None, budget: int | None = None,
+                   partitions: int = 1) -> dict[str, Pod]:
     """pods() of an answer's bytes, as pods(json.loads(body)) reads them. The layout
     Prometheus writes is read from the text (the module's doc); any other layout, or a
     text that is not what that layout promises, is decoded whole. `memo` learns only
-    from an answer read whole from its text; `refused` counts only the reading that is kept."""
+    from an answer read whole from its text; `refused` counts only the reading that is kept.
+    With a `budget` (decoded_budget of max_answer), an answer whose decoded_cost is over it is
+    AnswerTooCostly before a str or an object of it is made, and so is one read from its text
+    that must then be decoded whole at a cost over it (`partitions`: the read's, for the advice)."""
+    if budget is not None:
+        cost = decoded_cost(body)
+        if cost > budget:
+            raise too_costly(body, where, cost, budget, partitions)
     try:
         text = body.decode()
     except UnicodeDecodeError:
         text = None
     refused_here: dict[str, Counter] = {}
     read = _read_text(text, target_label, newer_than or {}, memo, present, not_after, refused_here) if text is not None else None
+    text = None  # not held while the answer is decoded whole
     if read is not None:
         if refused is not None:
             for pod, counts in refused_here.items():
                 if counts:
                     refused.setdefault(pod, Counter()).update(counts)
         return read
+    if budget is not None and WHOLE_COST * len(body) > budget:
+        raise too_costly(body, where, WHOLE_COST * len(body), budget, partitions)
     try:
         payload = json.loads(body)
     except (ValueError, RecursionError) as exc:

@@ -11,6 +11,11 @@ from .http import Endpoint, KeptConnection, PeerError, basic_auth, exchange
 from .urls import redact_url
 
 MAX_ANSWER = 64 * 1024 * 1024
+# a JSON answer decoded whole costs up to 25 bytes of Python objects a byte (one of `[]` or
+# `{}`; tracemalloc, exporter/discovery/answercost.py), and may cost what an answer at
+# max_answer may cost read from Prometheus's layout there, 20 times max_answer: get() decodes
+# an answer of up to 4/5 of max_answer
+WHOLE_COST, DECODED_PER_BYTE = 25, 20
 
 
 class PrometheusAPIError(Exception):
@@ -36,8 +41,14 @@ class PrometheusAPI:
 
     def get(self, path: str, params: dict) -> object:
         """The decoded JSON of a 200 answer within `timeout` seconds in all; PrometheusAPIError
-        for anything else (a redirect included: a sign-in page is not Prometheus)."""
-        return self.decode(self.get_bytes(path, params), self.where(path))
+        for anything else (a redirect included: a sign-in page is not Prometheus), an answer
+        whose decoding could cost over DECODED_PER_BYTE times max_answer included."""
+        body, budget = self.get_bytes(path, params), DECODED_PER_BYTE * self.max_answer
+        if WHOLE_COST * len(body) > budget:
+            raise PrometheusAPIError(f"{self.where(path)}: answer of {len(body)} bytes could cost up to "
+                                     f"{WHOLE_COST * len(body) >> 20} MiB decoded, over the {budget >> 20} MiB allowed "
+                                     f"({DECODED_PER_BYTE} times its size limit); refused before it is decoded")
+        return self.decode(body, self.where(path))
 
     def get_bytes(self, path: str, params: dict) -> bytes:
         """The body of a 200 answer, not decoded (a caller that reads Prometheus's layout

@@ -28,6 +28,7 @@ from ..config.discovery import DiscoveryConfig
 from ..config.sections import Target
 from ..discovery import promseries
 from ..monitor.targetview import STALE
+from ..discovery.answercost import decoded_budget
 from ..discovery.targets import DiscoveryError, Limits, SourceState, settle
 from ..peers.promapi import PrometheusAPI, PrometheusAPIError
 from ..peers.urls import redact_url
@@ -190,7 +191,9 @@ class PrometheusReader:
                                                         "time": f"{at:.3f}"})
             refused: dict[str, Counter] = {}
             found = promseries.pods_of_answer(body, self.read.target_label, self.where, self.newest, self.memo, self.present,
-                                              not_after=at + FUTURE_SLACK, refused=refused)
+                                              not_after=at + FUTURE_SLACK, refused=refused,
+                                              budget=decoded_budget(self.read.max_answer),
+                                              partitions=self.read.partitions)
             self._note_refused(refused, at)
             return found
         except PrometheusAPIError as exc:

@@ -30,6 +30,11 @@ Content-Length no larger than `max_body` (our largest route takes 64 KiB): a chu
 is answered 411, as RFC 9112 allows, since it could not be read ahead to a known end.
 The answer is written by the worker: a client that reads it slowly holds that worker until
 the answer's own deadline (`write_deadline`, 30 s), not for as long as it keeps reading.
+The selector's thread never waits for a worker: 280 clients that pipelined `GET /metrics`
+and read nothing held every worker in its write and filled their queue, and cheroot's put
+waited there for room: /-/healthy timed out at 15 s. A connection that finds the queue
+full is turned away (503 when its socket takes it at once, counted, logged); a stop gives
+the answers being written one second, not their write deadline.
 """
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ import errno
 import io
 import json
 import logging
+import queue
 import socket
 import ssl
 import threading
@@ -50,59 +56,10 @@ from cheroot.ssl import Adapter
 
 from ..config.reader import ConfigError
 from . import immediate
+from .deadlines import Deadlines
 from .webconfig import TLSContexts, WebSecurity
 
 log = logging.getLogger(__name__)
-
-
-class _Deadlines:
-    """One thread that ends the connections whose request is not in by its deadline:
-    shutting the socket down wakes whoever waits on it (the selector, or a worker blocked
-    reading it), whatever the read is (a handshake, a header line, the body)."""
-
-    def __init__(self, clock=time.monotonic):
-        self.clock = clock
-        self._cond = threading.Condition()
-        self._armed: dict[int, tuple[float, socket.socket]] = {}
-        self._stopped = False
-        self._thread = threading.Thread(target=self._run, name="http-deadlines", daemon=True)
-        self._thread.start()
-
-    def arm(self, key: int, sock: socket.socket, seconds: float) -> None:
-        with self._cond:
-            self._armed[key] = (self.clock() + seconds, sock)
-            self._cond.notify()
-
-    def armed(self, key: int) -> bool:
-        with self._cond:
-            return key in self._armed
-
-    def disarm(self, key: int) -> None:
-        # under the lock: once this returns the reaper never touches the socket again,
-        # so it cannot shut down a later connection that reuses the file descriptor
-        with self._cond:
-            self._armed.pop(key, None)
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopped = True
-            self._cond.notify()
-        self._thread.join(2.0)
-
-    def _run(self) -> None:
-        with self._cond:
-            while not self._stopped:
-                now = self.clock()
-                for key in [k for k, (deadline, _) in self._armed.items() if deadline <= now]:
-                    _, sock = self._armed.pop(key)
-                    try:
-                        # the plain socket's shutdown, also under TLS: SSLSocket.shutdown
-                        # would tear down the TLS object another thread is reading with
-                        _socket.socket.shutdown(sock, socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-                wake = min((d for d, _ in self._armed.values()), default=now + 3600.0)
-                self._cond.wait(max(0.0, wake - now))
 
 
 class _TLSAdapter(Adapter):
@@ -439,8 +396,9 @@ class _Server(wsgi.Server):
     `timeout`; the deadlines end one whose request is not whole in `read_deadline`."""
 
     ConnectionClass = _Connection
+    turned_away = 0  # connections closed because the workers' queue was full
     answer_now = None  # environ -> (status, headers, chunks) or None: the app's answers ready at once
-    deadlines: _Deadlines
+    deadlines: Deadlines
     read_deadline: float
     write_deadline: float
 
@@ -463,13 +421,30 @@ class _Server(wsgi.Server):
                 return self._wait(conn)
             if answered == CLOSE:
                 return conn.close()
-            return super().process_conn(conn)  # not answered, or its rest to write
+            return self._to_worker(conn)  # not answered, or its rest to write
         if state == WAIT:
             if conn.started and not self.deadlines.armed(id(conn)):
                 self.deadlines.arm(id(conn), conn.socket, self.read_deadline)
             return self._wait(conn)
         self.deadlines.disarm(id(conn))
         conn.close()
+
+    def _to_worker(self, conn) -> None:
+        """To a worker, never waiting for room: cheroot's put waited up to `timeout` in this
+        thread, which answers the probes, and clients that pipeline requests and read none
+        (each worker in its write until the write deadline) kept the queue full: /-/healthy
+        timed out. One that finds it full is told 503 if it takes that at once, and closed."""
+        try:
+            self.requests.put(conn)  # accepted_queue_timeout=0: Full at once
+        except queue.Full:
+            self.turned_away += 1
+            if self.turned_away == 1 or self.turned_away % 1000 == 0:
+                log.warning("every worker is busy and their queue full: turned away %s (%d so far); clients that send "
+                            "requests and read no answer hold workers until the write deadline",
+                            conn.remote_addr, self.turned_away)
+            if conn._unsent is None:
+                conn._send_now(_answer("503 Service Unavailable", "every worker is busy"))
+            conn.close()
 
     def put_conn(self, conn):
         """A kept-alive connection after its answer: its next request may be in already."""
@@ -535,7 +510,7 @@ class Server:
         self.app = _WithHeaders(app, security.headers if security is not None else ())
         self.httpd = _Server(bind, self.app, numthreads=threads, max=threads, request_queue_size=backlog,
                              timeout=int(max(1, timeout)), shutdown_timeout=1, accepted_queue_size=threads * 16,
-                             accepted_queue_timeout=int(max(1, timeout)))
+                             accepted_queue_timeout=0)  # the selector's thread never waits for a worker
         self.httpd.server_name = "vllm-prefix-cache-exporter"
         self.httpd.max_request_header_size = 64 * 1024
         self.httpd.max_request_body_size = max_body
@@ -545,7 +520,7 @@ class Server:
         if security is not None and security.tls is not None:
             self.httpd.ssl_adapter = _TLSAdapter(TLSContexts(security.tls))
         self.httpd.prepare()  # binds now, so a busy port fails at build time
-        self.httpd.deadlines = _Deadlines()
+        self.httpd.deadlines = Deadlines()
         self._thread = threading.Thread(target=self.httpd.serve, name="http", daemon=True)
 
     @property
@@ -578,7 +553,10 @@ class Server:
         return self
 
     def stop(self) -> None:
-        """Also for a server built and never started: prepare() started its workers."""
+        """Also for a server built and never started: prepare() started its workers. The
+        answers being written get a second (cheroot's stop queued its workers' end behind
+        every waiting connection, each held to its write deadline by a client not reading)."""
+        self.httpd.deadlines.cap(1.0)
         self.httpd.stop()
         self.httpd.deadlines.stop()
         if self._thread.ident is not None:
