@@ -187,6 +187,58 @@ def test_shards_split_the_pods_read_from_prometheus(stack):
     assert names[0] | names[1] >= {"vllm-a", "vllm-b"} and not names[0] & names[1]
 
 
+@pytest.mark.slow
+def test_limits_that_drop_pods_or_labels_are_said_once_as_they_start_and_stop_by_both_prometheus_sources(stack, caplog):
+    """The real Prometheus's three pods, target_limit 2 and label_limit 5 (each pod has six
+    labels): read_prometheus and discovery.prometheus each say once what they dropped, with
+    the numbers and the keys that raise the limits; reads and refreshes that follow say
+    nothing more; the status page and /api/v1/status show it; raising the limits by a
+    reload (the reader made anew with them) says once that nothing is dropped any more."""
+    from exporter.config.discovery import DiscoveryConfig, PrometheusSDConfig
+    from exporter.discovery.sources import Discovery
+    from exporter.serve.app import App, status_json
+    from test_app import call
+
+    prom, _ = stack
+    labels = "3 label(s) over discovery.label_limit=5 (raise it, or 0 for no limit)"
+    pods = "3 target(s) found, 2 kept: 1 over discovery.target_limit=2 (raise it, or 0 for no limit)"
+    state = State()
+    poller = Poller(load(read_config(prom.url, target_limit=2, label_limit=5)), state)
+    discovery = Discovery(DiscoveryConfig(prometheus=PrometheusSDConfig(url=prom.url, match_labels=(("job", "vllm"),)),
+                                          target_limit=2, label_limit=5), time.time)
+    try:
+        with caplog.at_level(logging.INFO):
+            for _ in range(3):
+                poller.read()
+                assert len(discovery.refresh()) == 2
+                time.sleep(1.1)  # a new scrape of every pod between reads
+        (read,) = [s for s in state.published.discovery if s.name == "read_prometheus"]
+        (found,) = discovery.snapshot()
+        assert read.over_limits == found.over_limits == f"{labels}; {pods}"
+        assert sorted(v.target.name for v in state.targets()) == ["vllm-a", "vllm-b"]
+        lines = [r.getMessage() for r in caplog.records if "limits" in r.getMessage()]
+        assert lines == [f"read_prometheus: over its limits, dropping {labels}; {pods}",
+                         f"discovery prometheus: over its limits, dropping {labels}; {pods}"], lines
+        page = call(App(state, CollectorRegistry(), ready=lambda: (True, "")), "GET", "/")[2].decode()
+        assert f"Discovery source read_prometheus is over its limits: {labels}; {pods}." in page
+        (source,) = status_json(state)["discovery"]
+        assert source["found"] == 3 and source["targets"] == 2 and source["dropped"] == {"label_limit": 3, "target_limit": 1}
+        caplog.clear()
+        poller.reload(load(read_config(prom.url, target_limit=0, label_limit=0)), refresh=False)
+        with caplog.at_level(logging.INFO):
+            for _ in range(2):
+                time.sleep(1.1)
+                poller.read()
+        lines = [r.getMessage() for r in caplog.records if "limits" in r.getMessage()]
+        assert lines == [f"read_prometheus: no longer over its limits (3 target(s) found, 3 kept; it was: {labels}; {pods})"], lines
+        assert sorted(v.target.name for v in state.targets()) == sorted(PODS)
+        assert dict(state.target("vllm-a").target.labels)["version"] == "v1"
+        assert "over its limits" not in call(App(state, CollectorRegistry(), ready=lambda: (True, "")), "GET", "/")[2].decode()
+    finally:
+        poller.stop(0.5)
+        discovery.close()
+
+
 def test_compression_none_asks_prometheus_for_its_answers_as_they_are_and_reads_the_same_samples(stack):
     """gzip (the default) and none against the real Prometheus: it compresses when asked,
     and the two answers are the same text; a compression it does not know is a config error."""
