@@ -70,6 +70,26 @@ def test_the_query_asks_every_name_the_parser_reads_of_the_matched_targets_only(
     assert "vllm:prefix_cache_queries_total|" in q and "vllm:time_to_first_token_seconds_bucket" in q
 
 
+def test_the_query_leaves_out_only_the_names_whose_fields_nothing_reads():
+    """What the Prometheus source does not ask for is filed by the parser and read by
+    nothing else: no rule, window, cause, export or page (a module outside parse/ that
+    came to read one of these fields fails here, and the name goes back into the query)."""
+    from pathlib import Path
+    from exporter.parse.names import QUERY_NAMES, ROLE_BY_NAME, SAMPLE_NAMES, UNREAD_FIELDS
+    left_out = set(SAMPLE_NAMES) - set(QUERY_NAMES)
+    assert {ROLE_BY_NAME[n][1] for n in left_out} == UNREAD_FIELDS
+    assert {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:generation_tokens_total",
+            "sglang:num_queue_reqs", "trtllm_num_requests_running"} <= left_out
+    query = promseries.query((("job", "vllm"),), 30.0)
+    assert all(f"{n}|" in query or f'{n}"' in query for n in QUERY_NAMES) and not any(f"{n}|" in query for n in left_out)
+    package = Path(promseries.__file__).parent.parent
+    for module in package.rglob("*.py"):
+        if module.parent.name in ("parse", "sim"):  # the parser files them; the simulator makes them
+            continue
+        text = module.read_text()
+        assert not [f for f in UNREAD_FIELDS if f in text], module
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """Three simulated pods on one clock that moves in whole seconds (so that a pod's

@@ -32,7 +32,7 @@ from operator import itemgetter
 from typing import Any
 
 from ..config.sections import Target
-from ..parse.names import PROCESS_START_TIME, SAMPLE_NAMES
+from ..parse.names import PROCESS_START_TIME, QUERY_NAMES
 from ..parse.snapshot import Snapshot
 from ..parse.vllm_metrics import FUTURE_TIMESTAMP, NON_FINITE_TIMESTAMP, SamplePlan, long_labels, parse_samples
 from .targets import DiscoveryError, Limits, _bounded_labels, _own_labels, _without_userinfo
@@ -65,9 +65,9 @@ def partitions(target_label: str, count: int) -> list[str]:
 
 
 def query(match_labels: tuple[tuple[str, str], ...], seconds: float, part: str = "") -> str:
-    """The range selector of every series the parser reads, of the matched targets (of
-    one partition of them)."""
-    names = "|".join(SAMPLE_NAMES)  # names hold no regex character but `:` and `_`
+    """The range selector of every series the parser reads and something reads on
+    (names.QUERY_NAMES), of the matched targets (of one partition of them)."""
+    names = "|".join(QUERY_NAMES)  # names hold no regex character but `:` and `_`
     matchers = [f'__name__=~"{names}"']
     matchers += [f'{k}="{_escape(v)}"' for k, v in match_labels]
     matchers += [part] if part else []
