@@ -1,9 +1,9 @@
 """The engines' series as a Prometheus holds them -> one /metrics text per pod and
 sample time. Pure: the reader (exporter/poll/promread.py) asks, this reads the answer.
 
-The question is one instant query of a range selector,
-`{__name__=~"<every name the parser reads>", <match_labels>}[<range>]`, whose answer is
-a matrix of the raw samples each series got in the range (Prometheus's API, which Thanos
+The question is one instant query of a range selector, `{__name__=~"<every name the
+parser reads but those nothing reads on>", <match_labels>}[<range>]`, whose answer is a
+matrix of the raw samples each series got in the range (Prometheus's API, which Thanos
 Querier, Mimir and VictoriaMetrics answer alike; no PromQL function is applied, so no
 server-side extrapolation either). The samples of one scrape share its timestamp, so
 grouping a pod's samples by timestamp gives back each scrape, whose samples the scrape
