@@ -2,6 +2,9 @@
 Prometheus every 15 s (discovery.read_prometheus) instead of scraping them. The pods are
 simulated 100 to an endpoint (benchmarks/podfarm.py) and scraped every 15 s by the real
 Prometheus with honor_labels, as many pods behind few targets. Measured in the same run:
+Prometheus's CPU alone first (scraping, before any read; with the series one read's
+queries select, of every name the parser reads and of those the reader asks), then per
+phase the CPU the reads add (ours plus what Prometheus spends over its own) against it,
 our CPU share and peak RSS over the measured reads, Prometheus's CPU share beside it, the
 reads that completed meanwhile (Prometheus's count of the queries it answered: a read is
 `partitions` queries; a read that outlasts the interval delays the next) and our CPU a
@@ -32,6 +35,7 @@ from procstat import cpu_seconds, peak_rss_mb, rss_mb  # noqa: E402
 from promserver import Prometheus, version  # noqa: E402
 
 from exporter.discovery import promseries  # noqa: E402
+from exporter.parse.names import QUERY_NAMES, SAMPLE_NAMES  # noqa: E402
 from exporter.poll.promread import MARGIN, MAX_RANGE  # noqa: E402
 
 
@@ -81,8 +85,22 @@ def _run(args, info: dict, groups: int) -> list[dict]:
             # samples, the next all 5 minutes; settled, every phase finds them (and a Prometheus that has
             # held 450,000 series for 5 minutes, as the phases after the first do)
             time.sleep(max(0.0, MAX_RANGE - (time.monotonic() - began)))
-        took = {}
+        # Prometheus alone, scraping the pods, before any read: what the reads' cost is compared with
+        alone0, a0 = cpu_seconds(prom.pid), time.monotonic()
+        time.sleep(args.interval * args.reads)
+        alone = (cpu_seconds(prom.pid) - alone0) / (time.monotonic() - a0)
+        print(f"prometheus source: Prometheus alone (scraping, no reads) {alone * 100:.1f}% of a core over "
+              f"{args.reads} intervals", flush=True)
         regular = args.interval + MARGIN  # a regular read's reach
+        every = promseries.query((("job", "pods"),), regular).replace("|".join(QUERY_NAMES), "|".join(SAMPLE_NAMES))
+        for names, asked in (("every name the parser reads", every), ("the names the reader asks", None)):
+            t0, n = time.monotonic(), 0
+            for part in promseries.partitions("pod", args.partitions):
+                query = asked.replace("}[", f",{part}}}[") if asked and part else asked or promseries.query((("job", "pods"),), regular, part)
+                n += len(requests.get(prom.url + "/api/v1/query", params={"query": query, "time": f"{time.time():.3f}"},
+                                      timeout=120).json()["data"]["result"])
+            print(f"prometheus source: one read's queries of {names}: {n} series, {time.monotonic() - t0:.2f} s", flush=True)
+        took = {}
         for encoding in ("gzip", "identity"):  # the reader asks for gzip; plain beside it
             q0, query_mb, series = time.monotonic(), 0.0, 0
             for part in promseries.partitions("pod", args.partitions):  # one read's queries, as the reader asks them
@@ -108,6 +126,11 @@ def _run(args, info: dict, groups: int) -> list[dict]:
     finally:
         prom.stop()
     for row in rows:
+        added = row["cpu_share"] + row["prometheus_cpu_share"] - alone
+        print(f"prometheus source ({row['code']}): added CPU (ours {row['cpu_share'] * 100:.1f}% + Prometheus's "
+              f"{(row['prometheus_cpu_share'] - alone) * 100:+.1f}% over its {alone * 100:.1f}% alone) = "
+              f"{added / alone:.2f}x Prometheus's own cost of scraping the pods", flush=True)
+        row.update(prometheus_alone_cpu_share=alone, added_over_alone=added / alone)
         row.update(query_seconds=query_s, query_plain_seconds=took["identity"], query_mb=query_mb, series=series)
     return rows
 

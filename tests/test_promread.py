@@ -70,6 +70,26 @@ def test_the_query_asks_every_name_the_parser_reads_of_the_matched_targets_only(
     assert "vllm:prefix_cache_queries_total|" in q and "vllm:time_to_first_token_seconds_bucket" in q
 
 
+def test_the_query_leaves_out_only_the_names_whose_fields_nothing_reads():
+    """What the Prometheus source does not ask for is filed by the parser and read by
+    nothing else: no rule, window, cause, export or page (a module outside parse/ that
+    came to read one of these fields fails here, and the name goes back into the query)."""
+    from pathlib import Path
+    from exporter.parse.names import QUERY_NAMES, ROLE_BY_NAME, SAMPLE_NAMES, UNREAD_FIELDS
+    left_out = set(SAMPLE_NAMES) - set(QUERY_NAMES)
+    assert {ROLE_BY_NAME[n][1] for n in left_out} == UNREAD_FIELDS
+    assert {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:generation_tokens_total",
+            "sglang:num_queue_reqs", "trtllm_num_requests_running"} <= left_out
+    query = promseries.query((("job", "vllm"),), 30.0)
+    assert all(f"{n}|" in query or f'{n}"' in query for n in QUERY_NAMES) and not any(f"{n}|" in query for n in left_out)
+    package = Path(promseries.__file__).parent.parent
+    for module in package.rglob("*.py"):
+        if module.parent.name in ("parse", "sim"):  # the parser files them; the simulator makes them
+            continue
+        text = module.read_text()
+        assert not [f for f in UNREAD_FIELDS if f in text], module
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """Three simulated pods on one clock that moves in whole seconds (so that a pod's
@@ -185,6 +205,58 @@ def test_shards_split_the_pods_read_from_prometheus(stack):
         assert all(v.polled for v in state.targets()) and not poller.dispatcher.entries  # read, never scraped
         poller.stop(0.5)
     assert names[0] | names[1] >= {"vllm-a", "vllm-b"} and not names[0] & names[1]
+
+
+@pytest.mark.slow
+def test_limits_that_drop_pods_or_labels_are_said_once_as_they_start_and_stop_by_both_prometheus_sources(stack, caplog):
+    """The real Prometheus's three pods, target_limit 2 and label_limit 5 (each pod has six
+    labels): read_prometheus and discovery.prometheus each say once what they dropped, with
+    the numbers and the keys that raise the limits; reads and refreshes that follow say
+    nothing more; the status page and /api/v1/status show it; raising the limits by a
+    reload (the reader made anew with them) says once that nothing is dropped any more."""
+    from exporter.config.discovery import DiscoveryConfig, PrometheusSDConfig
+    from exporter.discovery.sources import Discovery
+    from exporter.serve.app import App, status_json
+    from test_app import call
+
+    prom, _ = stack
+    labels = "3 label(s) over discovery.label_limit=5 (raise it, or 0 for no limit)"
+    pods = "3 target(s) found, 2 kept: 1 over discovery.target_limit=2 (raise it, or 0 for no limit)"
+    state = State()
+    poller = Poller(load(read_config(prom.url, target_limit=2, label_limit=5)), state)
+    discovery = Discovery(DiscoveryConfig(prometheus=PrometheusSDConfig(url=prom.url, match_labels=(("job", "vllm"),)),
+                                          target_limit=2, label_limit=5), time.time)
+    try:
+        with caplog.at_level(logging.INFO):
+            for _ in range(3):
+                poller.read()
+                assert len(discovery.refresh()) == 2
+                time.sleep(1.1)  # a new scrape of every pod between reads
+        (read,) = [s for s in state.published.discovery if s.name == "read_prometheus"]
+        (found,) = discovery.snapshot()
+        assert read.over_limits == found.over_limits == f"{labels}; {pods}"
+        assert sorted(v.target.name for v in state.targets()) == ["vllm-a", "vllm-b"]
+        lines = [r.getMessage() for r in caplog.records if "limits" in r.getMessage()]
+        assert lines == [f"read_prometheus: over its limits, dropping {labels}; {pods}",
+                         f"discovery prometheus: over its limits, dropping {labels}; {pods}"], lines
+        page = call(App(state, CollectorRegistry(), ready=lambda: (True, "")), "GET", "/")[2].decode()
+        assert f"Discovery source read_prometheus is over its limits: {labels}; {pods}." in page
+        (source,) = status_json(state)["discovery"]
+        assert source["found"] == 3 and source["targets"] == 2 and source["dropped"] == {"label_limit": 3, "target_limit": 1}
+        caplog.clear()
+        poller.reload(load(read_config(prom.url, target_limit=0, label_limit=0)), refresh=False)
+        with caplog.at_level(logging.INFO):
+            for _ in range(2):
+                time.sleep(1.1)
+                poller.read()
+        lines = [r.getMessage() for r in caplog.records if "limits" in r.getMessage()]
+        assert lines == [f"read_prometheus: no longer over its limits (3 target(s) found, 3 kept; it was: {labels}; {pods})"], lines
+        assert sorted(v.target.name for v in state.targets()) == sorted(PODS)
+        assert dict(state.target("vllm-a").target.labels)["version"] == "v1"
+        assert "over its limits" not in call(App(state, CollectorRegistry(), ready=lambda: (True, "")), "GET", "/")[2].decode()
+    finally:
+        poller.stop(0.5)
+        discovery.close()
 
 
 def test_compression_none_asks_prometheus_for_its_answers_as_they_are_and_reads_the_same_samples(stack):

@@ -273,16 +273,45 @@ def test_a_file_over_the_cap_is_refused_whatever_its_size_claims(tmp_path, monke
 
 
 # --- limits and a selector that never matches ---------------------------------------------------
-def test_targets_over_the_limit_are_dropped_counted_and_logged_once(tmp_path, caplog):
+def test_targets_over_the_limit_are_dropped_counted_and_said_once_as_it_starts_and_stops(tmp_path, caplog):
+    """A limit that drops targets says so once, with how many were found and kept, the
+    limit and its key; a count that moves while it still drops says nothing more; once it
+    drops nothing, one line says so. The state carries the sentence for the status page."""
+    from exporter.serve.app import App, status_json
+    from exporter.serve.state import State
+    from prometheus_client import CollectorRegistry
+    from test_app import call
+
     sd = tmp_path / "sd.json"
     write(sd, [group(*(f"127.0.0.1:{p}" for p in range(1, 31)))])
     d = Discovery(DiscoveryConfig(file_sd=(str(sd),), target_limit=10), Clock())
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO):
         assert len(d.refresh()) == 10
+        assert len(d.refresh()) == 10
+        write(sd, [group(*(f"127.0.0.1:{p}" for p in range(1, 36)))])
         assert len(d.refresh()) == 10
     (state,) = d.snapshot()
-    assert state.ok and state.dropped == (("target_limit", 20),)
-    assert caplog.text.count("over the limits, dropped 20 for target_limit") == 1
+    assert state.ok and state.dropped == (("target_limit", 25),) and state.found == 35
+    said = "35 target(s) found, 10 kept: 25 over discovery.target_limit=10 (raise it, or 0 for no limit)"
+    assert state.over_limits == said
+    lines = [r.getMessage() for r in caplog.records if "limits" in r.getMessage()]
+    assert lines == ["discovery file_sd: over its limits, dropping 30 target(s) found, 10 kept: 20 over discovery.target_limit=10 "
+                     "(raise it, or 0 for no limit)"]
+    published = State()
+    published.update(discovery=tuple(d.snapshot()))
+    page = call(App(published, CollectorRegistry(), ready=lambda: (True, "")), "GET", "/")[2].decode()
+    assert f"Discovery source file_sd is over its limits: {said}." in page
+    (source,) = status_json(published)["discovery"]
+    assert source == {"source": "file_sd", "ok": True, "error": "", "targets": 10, "found": 35,
+                      "dropped": {"target_limit": 25}, "over_limits": said}
+    caplog.clear()
+    write(sd, [group(*(f"127.0.0.1:{p}" for p in range(1, 9)))])
+    with caplog.at_level(logging.INFO):
+        assert len(d.refresh()) == 8
+        assert len(d.refresh()) == 8
+    lines = [r.getMessage() for r in caplog.records if "limits" in r.getMessage()]
+    assert lines == [f"discovery file_sd: no longer over its limits (8 target(s) found, 8 kept; it was: {said})"]
+    assert d.snapshot()[0].over_limits == "" and d.snapshot()[0].dropped == ()
 
 
 def operator_answer():

@@ -1,9 +1,9 @@
 """The engines' series as a Prometheus holds them -> one /metrics text per pod and
 sample time. Pure: the reader (exporter/poll/promread.py) asks, this reads the answer.
 
-The question is one instant query of a range selector,
-`{__name__=~"<every name the parser reads>", <match_labels>}[<range>]`, whose answer is
-a matrix of the raw samples each series got in the range (Prometheus's API, which Thanos
+The question is one instant query of a range selector, `{__name__=~"<every name the
+parser reads but those nothing reads on>", <match_labels>}[<range>]`, whose answer is a
+matrix of the raw samples each series got in the range (Prometheus's API, which Thanos
 Querier, Mimir and VictoriaMetrics answer alike; no PromQL function is applied, so no
 server-side extrapolation either). The samples of one scrape share its timestamp, so
 grouping a pod's samples by timestamp gives back each scrape, whose samples the scrape
@@ -32,7 +32,7 @@ from operator import itemgetter
 from typing import Any
 
 from ..config.sections import Target
-from ..parse.names import PROCESS_START_TIME, SAMPLE_NAMES
+from ..parse.names import PROCESS_START_TIME, QUERY_NAMES
 from ..parse.snapshot import Snapshot
 from ..parse.vllm_metrics import FUTURE_TIMESTAMP, NON_FINITE_TIMESTAMP, SamplePlan, long_labels, parse_samples
 from .answercost import PROLOGUE, WHOLE_COST, decoded_cost, too_costly
@@ -66,9 +66,9 @@ def partitions(target_label: str, count: int) -> list[str]:
 
 
 def query(match_labels: tuple[tuple[str, str], ...], seconds: float, part: str = "") -> str:
-    """The range selector of every series the parser reads, of the matched targets (of
-    one partition of them)."""
-    names = "|".join(SAMPLE_NAMES)  # names hold no regex character but `:` and `_`
+    """The range selector of every series the parser reads and something reads on
+    (names.QUERY_NAMES), of the matched targets (of one partition of them)."""
+    names = "|".join(QUERY_NAMES)  # names hold no regex character but `:` and `_`
     matchers = [f'__name__=~"{names}"']
     matchers += [f'{k}="{_escape(v)}"' for k, v in match_labels]
     matchers += [part] if part else []

@@ -26,7 +26,7 @@ from ..config.sections import Target
 from ..peers import files
 from ..peers.promapi import PrometheusAPI, PrometheusAPIError
 from ..peers.urls import redact_url
-from .targets import DiscoveryError, Found, Limits, Selector, SourceState, from_file_sd, from_targets_api, limit_targets, settle
+from .targets import DiscoveryError, Found, Limits, Selector, SourceState, from_file_sd, from_targets_api, limit_targets, limits_log, over_limits, settle
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class Discovery:
         self._asking: dict[str, _Ask] = {}
         self.monotonic = monotonic  # the refresh's deadlines and budget (the waits themselves are real)
         self._hinted: set[str] = set()
-        limits = Limits(cfg.target_limit, cfg.label_limit, cfg.label_value_length_limit)
+        self.limits = limits = Limits(cfg.target_limit, cfg.label_limit, cfg.label_value_length_limit)
         self.sources: dict[str, PrometheusSource | FileSource] = {}
         if cfg.prometheus:
             self.sources[PROMETHEUS] = PrometheusSource(cfg.prometheus, limits)
@@ -252,7 +252,9 @@ class Discovery:
         targets = limit_targets(found.targets, self.cfg.target_limit, found.dropped) if found is not None else None
         new = settle(old, self.clock(), targets, error, self.cfg.accept_empty_after)
         if found is not None:
-            new = replace(new, dropped=tuple(sorted(found.dropped.items())))
+            dropped = tuple(sorted(found.dropped.items()))
+            new = replace(new, dropped=dropped, found=len(found.targets),
+                          over_limits=over_limits(dropped, len(found.targets), len(targets), self.limits))
             if error:  # file_sd: some files were read, some were not
                 new = replace(new, ok=False, failures=old.failures + 1, error=error)
         if new.error and new.error != old.error:
@@ -260,10 +262,9 @@ class Discovery:
                         f"; keeping the last {len(new.targets)} target(s)" if not new.ok else "")
         elif not new.error and old.error:
             log.info("discovery %s: working again", name)
-        if new.dropped != old.dropped and new.dropped:
-            log.warning("discovery %s: over the limits, dropped %s (target_limit=%d, label_limit=%d, label_value_length_limit=%d)",
-                        name, ", ".join(f"{n} for {reason}" for reason, n in new.dropped),
-                        self.cfg.target_limit, self.cfg.label_limit, self.cfg.label_value_length_limit)
+        level, line = limits_log(old, new)
+        if line:
+            log.log(logging.WARNING if level == "warning" else logging.INFO, "discovery %s: %s", name, line)
         source = self.sources[name]
         # said when the answer held targets, none ours (an empty Prometheus is more often one that just started),
         # or when the server narrowed the answer to a pool that held nothing

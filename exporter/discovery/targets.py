@@ -332,6 +332,35 @@ class SourceState:
     empty_since: float | None = None  # an empty answer held since then
     matched_ever: bool = False  # some answer since start held a target: if never, suspect the selector
     dropped: tuple[tuple[str, int], ...] = ()  # what the last answer had over the limits, by reason
+    found: int = 0  # targets the last answer held before target_limit
+    over_limits: str = ""  # what the limits dropped from the last answer, with the numbers and the keys (over_limits())
+
+
+def over_limits(dropped: Sequence[tuple[str, int]], found: int, kept: int, limits: Limits) -> str:
+    """What a source's limits dropped from its answer, in one sentence with the numbers
+    and the key that raises each limit; "" when they dropped nothing."""
+    raise_it = "raise it, or 0 for no limit"
+    said = {"target_limit": lambda n: f"{found} target(s) found, {kept} kept: {n} over discovery.target_limit="
+                                      f"{limits.target_limit} ({raise_it})",
+            "url_length_limit": lambda n: f"{n} target(s) whose URL is over {MAX_URL_LENGTH} characters",
+            "label_limit": lambda n: f"{n} label(s) over discovery.label_limit={limits.label_limit} ({raise_it})",
+            "label_value_length_limit": lambda n: f"{n} label value(s) over discovery.label_value_length_limit="
+                                                  f"{limits.label_value_length_limit} ({raise_it})",
+            "invalid_label_name": lambda n: f"{n} label(s) whose name Prometheus would not take"}
+    return "; ".join(said[reason](n) if reason in said else f"{n} for {reason}" for reason, n in dropped if n)
+
+
+def limits_log(old: SourceState, new: SourceState) -> tuple[str, str]:
+    """(level, line) to log once a refresh settled: when a limit starts dropping (or another
+    one joins), with the numbers; when they all stop; else ("", ""): a count that moves
+    while the same limits drop is on the status page and in prefixcache_discovery_dropped,
+    not in a line every refresh."""
+    before, after = {r for r, n in old.dropped if n}, {r for r, n in new.dropped if n}
+    if after - before:
+        return "warning", f"over its limits, dropping {new.over_limits}"
+    if before and not after:
+        return "info", f"no longer over its limits ({new.found} target(s) found, {len(new.targets)} kept; it was: {old.over_limits})"
+    return "", ""
 
 
 def settle(old: SourceState, now: float, found: Sequence[Target] | None, error: str, accept_empty_after: float) -> SourceState:

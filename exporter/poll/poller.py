@@ -34,7 +34,7 @@ from ..parse.vllm_metrics import parse
 from ..serve.state import Deploys, State
 from . import kvsource
 from .dispatch import Dispatcher, dispatch_tick
-from .promread import SCRAPED_SINCE_START, PrometheusReader, how_read, read_once
+from .promread import SCRAPED_SINCE_START, PrometheusReader, read_once, reader_settings
 from .scrape import Scraper
 from .taskwatch import TaskWatch
 
@@ -403,8 +403,8 @@ class Poller:
 
     def _install_reader(self, config: Config) -> None:
         """discovery.read_prometheus: its reader and its job, anew when its settings changed."""
-        wanted = (how_read(config.discovery.read_prometheus), config.discovery.target_limit, config.global_.poll_interval)
-        if self.reader is not None and (how_read(self.reader.read), self.reader.cfg.target_limit, self.reader.poll_interval) == wanted:
+        wanted = reader_settings(config.discovery, config.global_.poll_interval)
+        if self.reader is not None and reader_settings(self.reader.cfg, self.reader.poll_interval) == wanted:
             return
         if (old := self.reader) is not None:
             old.close()

@@ -29,7 +29,7 @@ from ..config.sections import Target
 from ..discovery import promseries
 from ..monitor.targetview import STALE
 from ..discovery.answercost import decoded_budget
-from ..discovery.targets import DiscoveryError, Limits, SourceState, settle
+from ..discovery.targets import DiscoveryError, Limits, SourceState, limits_log, over_limits, settle
 from ..peers.promapi import PrometheusAPI, PrometheusAPIError
 from ..peers.urls import redact_url
 
@@ -79,9 +79,6 @@ class PrometheusReader:
         self.learnt: dict[str, tuple[dict, Target, Counter]] = {}  # pod -> (its labels, its target, the labels dropped)
         self.state = SourceState(READ_PROMETHEUS)
         self.query_seconds: float | None = None  # the last query's duration, for the status page and benchmarks
-        # pod -> its labels the limits dropped in this read: a pod is learnt once a slice of a long
-        # read, and counted once, as its last slice had it
-        self.dropped: dict[str, Counter] = {}
         self._empty_since: float | None = None  # the first read that answered and matched nothing
         self.reselected = False  # a reload changed what is selected, and no whole read followed yet
         self.present: set[str] = set()  # the pods this read's answers had series of, new samples or none
@@ -105,6 +102,7 @@ class PrometheusReader:
         TargetDown pointing the on-call at the pods, not at the config."""
         self.newest, self.gap, self.targets, self.last_read = dict(old.newest), dict(old.gap), dict(old.targets), old.last_read
         self.memo, self.outages = old.memo, list(old.outages)
+        self.learnt = dict(old.learnt) if old.limits == self.limits else {}  # the labels dropped stay counted till read again
         reselected = _selection(old.read) != _selection(self.read)
         self.reselected = old.reselected or reselected
         # how its reads went (a reload during an outage still knows it failed: judged by the
@@ -246,7 +244,7 @@ class PrometheusReader:
                                 name, self.read.target_label)
                 dropped = Counter()
                 learnt = self.learnt[name] = (pod.labels, promseries.target(pod, self.source_url, self.limits, dropped), dropped)
-            _, target, self.dropped[name] = learnt
+            target = learnt[1]
             known = self.targets.get(name)
             if known is not target and known != target:
                 self.targets[name] = target
@@ -262,10 +260,6 @@ class PrometheusReader:
     def update(self, now: float, seen: set[str]) -> list[Target]:
         """After a read whose parts were all learnt: who is known (long-silent pods out) ->
         the targets."""
-        dropped: Counter = Counter()
-        for of_pod in self.dropped.values():
-            dropped.update(of_pod)
-        self.dropped = {}
         if self.last_read is not None and self.state.refreshed and not self.state.ok:  # answering again
             self.outages = _with_outage(self.outages, (self.last_read, now), now, self.cfg.accept_empty_after)
         # after a reload that selects otherwise, a pod that was sending at the last read and of which
@@ -288,12 +282,22 @@ class PrometheusReader:
         self.last_read = now
         self.reselected = False
         limited = self.found()
+        # the labels dropped of every pod known, as its target was last made: counted of this read's
+        # pods alone, a read that found no new sample of some said the limit stopped, and the next that it started
+        dropped: Counter = Counter()
+        for name in self.targets:
+            dropped.update(self.learnt[name][2] if name in self.learnt else ())
         if len(limited) < len(self.targets):
             dropped["target_limit"] += len(self.targets) - len(limited)
         old = self.state
         # matched: the answers held series of the selector (a pod kept down from before is no match)
-        self.state = replace(settle(old, now, limited, "", self.cfg.accept_empty_after), dropped=tuple(sorted(dropped.items())),
+        said = tuple(sorted(dropped.items()))
+        self.state = replace(settle(old, now, limited, "", self.cfg.accept_empty_after), dropped=said, found=len(self.targets),
+                             over_limits=over_limits(said, len(self.targets), len(limited), self.limits),
                              matched_ever=old.matched_ever or bool(self.present))
+        level, line = limits_log(old, self.state)
+        if line:
+            log.log(logging.WARNING if level == "warning" else logging.INFO, "read_prometheus: %s", line)
         if old.error and not self.state.error:
             log.info("read_prometheus: working again")
         if not self.state.matched_ever and self._empty_since is None:
@@ -468,7 +472,6 @@ def _read(poller) -> None:
 
 def _read_slices(poller, reader: PrometheusReader, now: float, reach: float, reading_back: bool) -> None:
     seen = set()
-    reader.dropped.clear()
     reader.present.clear()
     polled = None  # (the poller.current it was taken at, ours, by_pod): 10,000 pods' maps, made again only on a change
     cuts = reader.slices(now, reach, reader.stepped if reading_back else 0.0)
@@ -571,6 +574,12 @@ def _ingest(reader: PrometheusReader, pods: dict[str, promseries.Pod], ours: dic
             if refused:
                 snapshot, refused = snapshot.noted((), refused), None
             target.ingest(t, snapshot)
+
+
+def reader_settings(d: DiscoveryConfig, poll_interval: float) -> tuple:
+    """What a reader is made with: a reload that changes any of it makes a new one (a
+    raised label_limit kept by the old reader dropped the labels on)."""
+    return how_read(d.read_prometheus), d.target_limit, d.label_limit, d.label_value_length_limit, poll_interval
 
 
 def how_read(read):

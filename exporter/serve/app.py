@@ -202,6 +202,8 @@ class App:
                 kept = ("its pods keep their last state and none is judged until it answers again" if src.name == "read_prometheus"
                         else f"its last {len(src.targets)} target(s) are kept")
                 warnings.append(f"Discovery source {src.name} fails ({src.failures} failure(s) since start): {src.error}; {kept}.")
+            if src.over_limits:  # a fleet cut to target_limit looks whole on every other line of the page
+                warnings.append(f"Discovery source {src.name} is over its limits: {src.over_limits}.")
         for task, stats in sorted(published.tasks.items()):
             if stats.behind:
                 took = f": its last run took {stats.last_seconds:.1f}s" if stats.last_seconds is not None else ""
@@ -374,6 +376,8 @@ def status_json(state: State, ready: tuple[bool, str] | None = None) -> dict:
         out["deploys"] = deploys.to_json()
     if reading.published.samples_source:
         out["samples_source"] = reading.published.samples_source
+    out["discovery"] = [{"source": s.name, "ok": s.ok, "error": s.error, "targets": len(s.targets), "found": s.found,
+                         "dropped": dict(s.dropped), "over_limits": s.over_limits} for s in reading.published.discovery]
     out["tasks"] = {task: {"interval_seconds": t.interval, "runs": t.runs, "missed": t.missed, "last_duration_seconds": t.last_seconds,
                            "behind": t.behind} for task, t in sorted(reading.published.tasks.items())}
     return out
