@@ -199,3 +199,24 @@ def test_stop_never_waits_on_a_publisher_and_a_silent_one_is_not_live():
     assert time.monotonic() - began < 0.5
     src._thread.join(2)
     assert not src._thread.is_alive()
+
+
+def test_a_reload_keeps_the_stream_while_its_settings_hold_and_replaces_it_when_they_change():
+    from dataclasses import replace
+
+    from exporter.config.kvevents import KVEndpoint
+    from exporter.config.sections import Target, load
+    from exporter.poll.kvsource import kept
+
+    cfg = load({})
+    target = Target("vllm-0", "http://127.0.0.1:1/metrics", kv_events=KVEndpoint(f"tcp://127.0.0.1:{free_port()}", topic="kv"))
+    first = kept(None, target, cfg, time.time)
+    try:
+        assert kept(first, target, cfg, time.time) is first  # an unrelated reload: the same reader, its index kept
+        moved = replace(target, kv_events=KVEndpoint(f"tcp://127.0.0.1:{free_port()}", topic="kv"))
+        second = kept(first, moved, cfg, time.time)
+        assert second is not first and first._stop.is_set() and second.endpoint == moved.kv_events.address
+        assert kept(second, replace(moved, kv_events=None), cfg, time.time) is None and second._stop.is_set()
+    finally:
+        for source in (first, second):
+            source.stop(timeout=2)
