@@ -7,6 +7,7 @@ import logging
 import math
 import re
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
@@ -1503,15 +1504,30 @@ def _fleet(names, clock):
             for i, name in enumerate(names)}
 
 
+@contextmanager
+def _reading(edit, clock):
+    """A Poller reading vllm-a from a fake Prometheus whose every answer goes through `edit`,
+    every 15 s of `clock`: (poller, state, the pod's scrapes, stop them by clearing it)."""
+    from fakeserver import FakeServer
+    query, scraping = _prometheus_of(_fleet(("vllm-a",), clock), clock, edit)
+    with FakeServer({"/api/v1/query": query}) as prom:
+        state = State()
+        cfg = read_config(prom.base)
+        cfg["global"]["poll_interval"] = "15s"
+        poller = Poller(load(cfg), state, clock=lambda: clock[0])
+        try:
+            yield poller, state, scraping
+        finally:
+            poller.stop(0.5)
+
+
 @pytest.mark.parametrize("bad_time", [3600.0, math.inf, math.nan], ids=["an-hour-ahead", "infinity", "nan"])
 def test_a_sample_after_the_querys_time_is_refused_counted_and_the_pod_still_goes_stale_when_it_stops(bad_time, caplog):
     """One sample of vllm-a an hour ahead of the query (or at JSON's Infinity, NaN): a
     range selector answers none there. Read, it was the pod's newest for good: every real
     sample after it "already read", the pod never stale. Refused and counted (by reason,
     said once in the log), the pod is fed every later scrape and goes down once stopped."""
-    from fakeserver import FakeServer
     clock = [20_000.0]
-    replicas = _fleet(("vllm-a",), clock)
     hostile = {"on": False}
 
     def edit(name, result):
@@ -1519,59 +1535,41 @@ def test_a_sample_after_the_querys_time_is_refused_counted_and_the_pod_still_goe
             for series in result:
                 series["values"].append([clock[0] + bad_time, series["values"][-1][1]])
         return result
-    query, scraping = _prometheus_of(replicas, clock, edit)
-    with FakeServer({"/api/v1/query": query}) as prom, caplog.at_level(logging.WARNING, "exporter.poll.promread"):
-        state = State()
-        cfg = read_config(prom.base)
-        cfg["global"]["poll_interval"] = "15s"
-        poller = Poller(load(cfg), state, clock=lambda: clock[0])
-        try:
-            for k in range(6):
-                hostile["on"] = k in (2, 3)
-                poller.read()
-                clock[0] += 15
-            view = state.target("vllm-a")
-            assert view.up and dict(view.scrapes)["success"] == 6  # every real scrape fed, none taken for read
-            assert math.isfinite(poller.reader.newest["vllm-a"]) and poller.reader.newest["vllm-a"] < clock[0]
-            reason = "future_timestamp" if math.isfinite(bad_time) else "non_finite_timestamp"
-            assert dict(view.rejected)[reason] > 0
-            assert len([r for r in caplog.records if "after the query's time" in r.getMessage()]) == 1
-            scraping.clear()  # the pod stops
-            for _ in range(5):
-                poller.read()
-                clock[0] += 15
-            assert not state.target("vllm-a").up
-            registry_of(state)  # our /metrics renders, no time that is not one in it
-        finally:
-            poller.stop(0.5)
+    with _reading(edit, clock) as (poller, state, scraping), caplog.at_level(logging.WARNING, "exporter.poll.promread"):
+        for k in range(6):
+            hostile["on"] = k in (2, 3)
+            poller.read()
+            clock[0] += 15
+        view = state.target("vllm-a")
+        assert view.up and dict(view.scrapes)["success"] == 6  # every real scrape fed, none taken for read
+        assert math.isfinite(poller.reader.newest["vllm-a"]) and poller.reader.newest["vllm-a"] < clock[0]
+        reason = "future_timestamp" if math.isfinite(bad_time) else "non_finite_timestamp"
+        assert dict(view.rejected)[reason] > 0
+        assert len([r for r in caplog.records if "after the query's time" in r.getMessage()]) == 1
+        scraping.clear()  # the pod stops
+        for _ in range(5):
+            poller.read()
+            clock[0] += 15
+        assert not state.target("vllm-a").up
+        registry_of(state)  # our /metrics renders, no time that is not one in it
 
 
 def test_series_whose_values_come_newest_first_are_read_whole_and_the_pod_stays_up():
     """A store that answers each series' values in reverse time order: the reading
     stopped at the first sample already read, which was now the oldest, took nothing, and
     marked the pod down while every answer had fresh samples."""
-    from fakeserver import FakeServer
     clock = [20_000.0]
-    replicas = _fleet(("vllm-a",), clock)
 
     def reverse(name, result):
         for series in result:
             series["values"].reverse()
         return result
-    query, _ = _prometheus_of(replicas, clock, reverse)
-    with FakeServer({"/api/v1/query": query}) as prom:
-        state = State()
-        cfg = read_config(prom.base)
-        cfg["global"]["poll_interval"] = "15s"
-        poller = Poller(load(cfg), state, clock=lambda: clock[0])
-        try:
-            for _ in range(8):
-                poller.read()
-                clock[0] += 15
-                assert state.target("vllm-a").up
-            assert dict(state.target("vllm-a").scrapes)["success"] == 8
-        finally:
-            poller.stop(0.5)
+    with _reading(reverse, clock) as (poller, state, _):
+        for _ in range(8):
+            poller.read()
+            clock[0] += 15
+            assert state.target("vllm-a").up
+        assert dict(state.target("vllm-a").scrapes)["success"] == 8
 
 
 @pytest.mark.parametrize("honor_labels", [False, True])
@@ -1581,9 +1579,7 @@ def test_a_pod_label_named_model_name_is_the_targets_exported_model_name_and_the
     engine's under the name). Taken for a pod label and stripped from every series, it
     left no series of vLLM: the pod was down for good. As the scrape path has it: the
     engine's model, the pod's label as the target's exported_model_name."""
-    from fakeserver import FakeServer
     clock = [20_000.0]
-    replicas = _fleet(("vllm-a",), clock)
 
     def relabelled(name, result):
         for series in result:
@@ -1593,21 +1589,13 @@ def test_a_pod_label_named_model_name_is_the_targets_exported_model_name_and_the
             if "model_name" not in metric or not honor_labels:
                 metric["model_name"] = "from-the-podmonitor"
         return result
-    query, _ = _prometheus_of(replicas, clock, relabelled)
-    with FakeServer({"/api/v1/query": query}) as prom:
-        state = State()
-        cfg = read_config(prom.base)
-        cfg["global"]["poll_interval"] = "15s"
-        poller = Poller(load(cfg), state, clock=lambda: clock[0])
-        try:
-            for _ in range(3):
-                poller.read()
-                clock[0] += 15
-            view = state.target("vllm-a")
-            assert view.up and {s.model_name for s in view.snapshot.series} == {MODEL}
-            assert dict(view.target.labels)["exported_model_name"] == "from-the-podmonitor"
-        finally:
-            poller.stop(0.5)
+    with _reading(relabelled, clock) as (poller, state, _):
+        for _ in range(3):
+            poller.read()
+            clock[0] += 15
+        view = state.target("vllm-a")
+        assert view.up and {s.model_name for s in view.snapshot.series} == {MODEL}
+        assert dict(view.target.labels)["exported_model_name"] == "from-the-podmonitor"
 
 
 def test_a_pod_gone_from_prometheus_is_removed_not_down_one_it_cannot_scrape_is_down_and_an_empty_answer_is_no_mass_removal(caplog):
