@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 
 from ..series.blockindex import KVView
 from .deploys import CHANGE_POINT, REPLICAS, WAKE, DeployEvent
-from .warmth import cold_restart, is_warm_after
+from .warmth import cold_restart, is_warm_after, warm_since_time
 
 PROMPT_PREFIX_CHANGE = "prompt_prefix_change"
 COLD_START = "cold_start"
@@ -176,8 +176,8 @@ def from_events(e: Evidence, s: Settings) -> tuple[str, str] | None:
     kv = e.kv
     if kv is None or kv.recent is None:
         return None
-    cleared = max((t for t in [kv.recent.cleared_at] if t is not None), default=None)
-    if cleared is not None and e.now - cleared <= s.cold_start_grace and not is_warm_after_time(cleared, e.warm_since):
+    cleared = kv.recent.cleared_at
+    if cleared is not None and e.now - cleared <= s.cold_start_grace and not warm_since_time(cleared, e.warm_since):
         return COLD_START, (f"vLLM's KV events: the whole cache was cleared {e.now - cleared:.0f}s ago (AllBlocksCleared: "
                             "sleep mode or reset_prefix_cache); it is refilling, the prompts did not change")
     if not kv.live(kv.recent.since):
@@ -198,10 +198,6 @@ def from_events(e: Evidence, s: Settings) -> tuple[str, str] | None:
                                       f"{(kv.earlier.seconds if kv.earlier else 0) / 60:.0f} minutes before; {c.new_first} requests stored even their "
                                       f"first block){where}")
     return None
-
-
-def is_warm_after_time(t: float, warm_since: float | None) -> bool:
-    return warm_since is not None and warm_since > t
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,12 @@ def cold_restart(events: Sequence[DeployEvent], now: float, grace: float, warm_s
 
 
 def is_warm_after(restart: DeployEvent, warm_since: float | None) -> bool:
-    return warm_since is not None and warm_since >= restart.t
+    return warm_since_time(restart.t, warm_since)
+
+
+def warm_since_time(t: float, warm_since: float | None) -> bool:
+    """The cache was seen warm at `t` or later (a restart's, or a clear of the whole cache)."""
+    return warm_since is not None and warm_since >= t
 
 
 def warm_because(samples: Sequence[TargetSample], models: Sequence[str], restart_t: float, now: float,

@@ -92,10 +92,10 @@ class KVEventSource:
             recent = self.index.window(now, self.window)
             earlier = self.index.window(now - self.window, EARLIER * self.window)
             size = tuple(sorted(self.index.size().items()))
-            stats = self.stats
+            stats, evicted = self.stats, self.index.evicted
         text = kvtext.divergence(recent.divergence, self.decode_tokens) if recent.divergence is not None else None
         labels = tuple(sorted(kvtext.group_labels(recent.groups, self.decode_tokens).items()))
-        return replace(stats, recent=recent, earlier=earlier, size=size, evicted=self.index.evicted, divergence_text=text, group_labels=labels)
+        return replace(stats, recent=recent, earlier=earlier, size=size, evicted=evicted, divergence_text=text, group_labels=labels)
 
     # --- the thread -----------------------------------------------------------------------
     def _run(self) -> None:
