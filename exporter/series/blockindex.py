@@ -96,14 +96,11 @@ def _span(a, b) -> tuple[int, int]:
     return start, max(len(a), len(b)) - start - end
 
 
-def _fold(table: dict, cap: int) -> dict:
-    """The `cap` largest entries, the rest summed into "other"."""
-    if len(table) <= cap:
-        return table
-    ranked = sorted(((k, v) for k, v in table.items() if k != OTHER), key=lambda kv: -kv[1])
-    folded = dict(ranked[:cap])
-    folded[OTHER] = table.get(OTHER, 0) + sum(v for _, v in ranked[cap:])
-    return folded
+def top_and_other(counts: dict, top: int) -> list[tuple[str, float]]:
+    """The `top` keys by value, then the rest summed as "other" (with any "other" already counted)."""
+    ranked = sorted(((k, v) for k, v in counts.items() if k != OTHER), key=lambda kv: (-kv[1], kv[0]))
+    rest = sum(v for _, v in ranked[top:]) + counts.get(OTHER, 0)
+    return ranked[:top] + ([(OTHER, rest)] if rest else [])
 
 
 class BlockIndex:
@@ -263,7 +260,7 @@ class BlockIndex:
             if second < since:
                 break
             total.add(counts)
-        total.by_group = _fold(total.by_group, self.limits.groups)
+        total.by_group = dict(top_and_other(total.by_group, self.limits.groups))
         cleared = next((t for t in reversed(self.clears) if since <= t <= now), None)
         divergence = next((d for d in reversed(self.divergences) if since <= d.t <= now), None)
         reps = {g: (tuple(tokens), start) for g, (tokens, start) in self.groups.items() if g in total.by_group}

@@ -17,7 +17,8 @@ from ..alerting.deploys import API, DeployEvent
 from ..logfields import fields
 from ..peers.urls import redact_url
 from ..series import hitratio
-from .collector import PrefixCacheCollector, top_and_other
+from ..series.blockindex import top_and_other
+from .collector import PrefixCacheCollector
 from .exposition import Exposition, WouldWait
 from .state import TASKS, State
 from .statuspage import CONTENT_SECURITY_POLICY, StatusPage

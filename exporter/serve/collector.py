@@ -28,7 +28,7 @@ from ..parse import roles, tiers
 from ..parse.vllm_metrics import REJECT_REASONS
 from ..peers.urls import redact_url
 from ..series import hitratio
-from ..series.blockindex import OTHER
+from ..series.blockindex import top_and_other
 from .state import Reading, State
 
 log = logging.getLogger(__name__)
@@ -445,13 +445,6 @@ def _kv_families(f: "Families", kv, t: Target, top: int) -> None:
         f.add("prefixcache_kv_missed_requests_ratio", ("volatile",), w.counts.volatile / w.counts.stores, target=t)
     if w.counts.blocks:
         f.add("prefixcache_kv_restored_blocks_ratio", (), w.counts.restored / w.counts.blocks, target=t)
-
-
-def top_and_other(counts: dict, top: int) -> list[tuple[str, float]]:
-    """The `top` keys by value, then the rest summed as "other" (with any "other" already counted)."""
-    ranked = sorted(((k, v) for k, v in counts.items() if k != OTHER), key=lambda kv: (-kv[1], kv[0]))
-    rest = sum(v for _, v in ranked[top:]) + counts.get(OTHER, 0)
-    return ranked[:top] + ([(OTHER, rest)] if rest else [])
 
 
 class Families:
