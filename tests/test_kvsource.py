@@ -220,3 +220,12 @@ def test_a_reload_keeps_the_stream_while_its_settings_hold_and_replaces_it_when_
     finally:
         for source in (first, second):
             source.stop(timeout=2)
+
+
+def test_every_pods_stream_shares_one_decoder_of_a_tokenizer_file(tiny_tokenizer):
+    """A discovered fleet reads one tokenizer.json per pod: parsed once, not once a pod."""
+    sources = [KVEventSource(f"vllm-{i}", f"tcp://127.0.0.1:{free_port()}", "kv", tokenizer=str(tiny_tokenizer)) for i in range(3)]
+    for s in sources:
+        s._read_tokenizer()
+    assert len({s.decode_tokens.__self__ for s in sources}) == 1
+    assert sources[0].decode_tokens([0]) == "<s>"

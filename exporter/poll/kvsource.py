@@ -11,8 +11,10 @@ on the publisher: the thread sees the flag within one poll of its socket.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import replace
@@ -59,6 +61,13 @@ def kept(source: KVEventSource | None, target, config, clock: Callable[[], float
     new.settings = wanted
     new.start()
     return new
+
+
+@functools.lru_cache(maxsize=4)
+def _token_text(path: str, mtime_ns: int, size: int) -> TokenText:
+    """One decoder a tokenizer file (as it is now), however many pods' streams use it: a
+    large vocabulary's is 10-20 MB of JSON and tens of MB decoded."""
+    return TokenText(json.loads(files.read_bytes(path, MAX_TOKENIZER_BYTES)))
 
 
 class KVEventSource:
@@ -142,7 +151,8 @@ class KVEventSource:
 
     def _read_tokenizer(self) -> None:
         try:
-            self.decode_tokens = TokenText(json.loads(files.read_bytes(self.tokenizer, MAX_TOKENIZER_BYTES))).decode
+            stat = os.stat(self.tokenizer)
+            self.decode_tokens = _token_text(self.tokenizer, stat.st_mtime_ns, stat.st_size).decode
         except (OSError, ValueError) as exc:
             log.error("kv events: tokenizer %s unreadable, token ids shown instead of text: %s", self.tokenizer, exc,
                       extra=fields(target=self.target))
